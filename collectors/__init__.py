@@ -1,0 +1,1 @@
+"""What runs inside a training job: phases, NVTX, communication hooks, NVML and host pollers."""

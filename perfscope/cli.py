@@ -1,0 +1,64 @@
+"""The `perfscope` command: dispatches to one module per verb in perfscope.commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+
+from .errors import PerfscopeError, PerfscopeWarning
+
+#: verb -> (module under perfscope.commands, one-line help). A verb is listed only once it works.
+VERBS: dict[str, tuple[str, str]] = {
+    "info": ("info", "summarise a store: runs, ranks, steps, time span, skipped files"),
+    "sql": ("sql", "run a read-only SQL query over a store's tables"),
+    "compact": ("compact", "merge a store's small segments into large files"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(
+        prog="perfscope",
+        description="Explains why a data-parallel training job does not scale.",
+    )
+    p.add_argument("--version", action="version", version=f"perfscope {__version__}")
+    sub = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb, (module, help_text) in VERBS.items():
+        mod = importlib.import_module(f"perfscope.commands.{module}")
+        sp = sub.add_parser(verb, help=help_text, description=mod.__doc__)
+        mod.add_arguments(sp)
+    return p
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # argparse already printed what was wrong
+        return int(exc.code or 0)
+    module = importlib.import_module(f"perfscope.commands.{VERBS[args.verb][0]}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PerfscopeWarning)
+        warnings.showwarning = _show_warning
+        try:
+            return int(module.run(args))
+        except PerfscopeError as exc:
+            print(f"perfscope {args.verb}: error: {exc.message}", file=sys.stderr)
+            return exc.exit_code
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

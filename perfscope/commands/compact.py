@@ -1,0 +1,28 @@
+"""Merge a store's small finished segments into large files; safe while jobs write and readers read."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..compact import compact
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", help="store folder")
+    p.add_argument(
+        "--dry-run", action="store_true", help="say what would be merged, change nothing"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    r = compact(args.store, dry_run=args.dry_run)
+    verb = "would merge" if args.dry_run else "merged"
+    print(f"{verb} {r.files_merged} segments in {r.partitions} partitions ({r.rows:,} rows)")
+    if not args.dry_run:
+        print(
+            f"wrote {r.files_written} files, removed {r.files_removed}; "
+            f"{r.bytes_before / 1e6:.2f} MB -> {r.bytes_after / 1e6:.2f} MB"
+        )
+    for s in r.skipped:
+        print(f"left alone {s.path}: {s.reason}")
+    return 0

@@ -1,0 +1,123 @@
+"""Merges a store's small finished segments into large files, never leaving data missing or doubled.
+
+A compacted file is renamed into place carrying the names of the segments it replaces; from that
+moment readers ignore those segments (no double counting), and only then are they deleted. A
+reader still holding the old list re-lists when a file disappears (Store.query does).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import StoreError
+from .schema import META_REPLACES, META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+from .store import Segment, SkippedFile, _check_root, list_store
+
+ROW_GROUP_ROWS = 1_000_000
+
+
+@dataclass
+class CompactResult:
+    partitions: int = 0
+    files_merged: int = 0
+    files_written: int = 0
+    rows: int = 0
+    files_removed: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+
+def _merge(table: str, segs: list[Segment], out: Path) -> int:
+    schema = TABLES[table].arrow_schema
+    meta = dict(schema.metadata or {})
+    meta[META_REPLACES] = json.dumps(sorted(s.path.name for s in segs)).encode()
+    meta[META_VERSION] = str(SCHEMA_VERSION).encode()
+    meta[META_TABLE] = table.encode()
+    schema = schema.with_metadata(meta)
+    tmp = out.with_name(f".{out.name}.tmp")
+    rows = 0
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+            for seg in segs:
+                t = pq.read_table(seg.path)
+                # older segments may lack columns added since: fill them with NULL
+                cols = [
+                    t.column(f.name).cast(f.type)
+                    if f.name in t.column_names
+                    else pa.nulls(t.num_rows, f.type)
+                    for f in schema
+                ]
+                pending.append(pa.Table.from_arrays(cols, schema=schema))
+                pending_rows += t.num_rows
+                if pending_rows >= ROW_GROUP_ROWS:
+                    w.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                    rows += pending_rows
+                    pending, pending_rows = [], 0
+            if pending:
+                w.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                rows += pending_rows
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return rows
+
+
+def compact(root: str | os.PathLike[str], *, dry_run: bool = False) -> CompactResult:
+    """Merge every partition holding two or more segments into one file per partition."""
+    root_path = Path(root).resolve()
+    _check_root(root_path)
+    result = CompactResult()
+    lock_path = root_path / ".compact.lock"
+    try:
+        lock = open(lock_path, "a+")  # noqa: SIM115 - held for the whole compaction
+    except OSError as exc:
+        raise StoreError(
+            f"cannot compact {root_path}: {exc.strerror}; is the store writable?"
+        ) from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(
+                f"another `perfscope compact` is running on {root_path}; wait for it."
+            ) from None
+        listing = list_store(root_path)
+        result.skipped = listing.skipped
+        # Finish what an interrupted compaction left: segments already replaced by a merged file.
+        if not dry_run:
+            for path in listing.superseded:
+                path.unlink(missing_ok=True)
+                result.files_removed += 1
+        for table, segs in listing.segments.items():
+            by_part: dict[Path, list[Segment]] = {}
+            for seg in segs:
+                by_part.setdefault(seg.path.parent, []).append(seg)
+            for part, group in sorted(by_part.items()):
+                if len(group) < 2:
+                    continue
+                result.partitions += 1
+                result.files_merged += len(group)
+                result.bytes_before += sum(s.path.stat().st_size for s in group)
+                if dry_run:
+                    result.rows += sum(s.num_rows for s in group)
+                    continue
+                out = part / f"c-{secrets.token_hex(6)}.parquet"
+                result.rows += _merge(table, group, out)
+                result.files_written += 1
+                result.bytes_after += out.stat().st_size
+                for seg in group:
+                    seg.path.unlink(missing_ok=True)
+                    result.files_removed += 1
+    return result

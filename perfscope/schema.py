@@ -1,0 +1,354 @@
+"""The store's schema: every table, column, type and unit. The contract between producers and consumers.
+
+Units live in column names (`_ns`, `_bytes`, `_pct`, `_mw`, `_mj`, `_mhz`, `_kbps`). Every table is
+hive-partitioned by `run_id`, so `run_id` is a column of every view but is never stored inside a file.
+`python -m perfscope.schema` prints docs/schema.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+#: Bump when a column changes meaning or type; adding a nullable column needs no bump
+#: (readers union columns by name and fill the missing ones with NULL).
+SCHEMA_VERSION = 1
+#: Oldest version this reader can migrate (union by name fills new nullable columns).
+MIN_READABLE_VERSION = 1
+
+META_VERSION = b"perfscope.schema_version"
+META_TABLE = b"perfscope.table"
+META_REPLACES = b"perfscope.replaces"
+
+PARTITION_KEY = "run_id"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema(
+            [pa.field(c.name, c.type) for c in self.columns],
+            metadata={META_TABLE: self.name.encode(), META_VERSION: str(SCHEMA_VERSION).encode()},
+        )
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+def _c(name: str, typ: pa.DataType, unit: str, doc: str) -> Column:
+    return Column(name, typ, unit, doc)
+
+
+i16, i32, i64, f32, f64, s = (
+    pa.int16(),
+    pa.int32(),
+    pa.int64(),
+    pa.float32(),
+    pa.float64(),
+    pa.string(),
+)
+
+RANK = _c("rank", i32, "", "global rank of the process that recorded the row")
+STEP = _c("step", i64, "", "optimizer step index, from 0, counted by the collector on each rank")
+CLOCK = _c(
+    "clock", s, "", "clock the durations came from: 'host' (perf_counter) or 'cuda' (CUDA events)"
+)
+
+RUNS = Table(
+    "runs",
+    "One row per run, written by rank 0 when the run starts (and rewritten with final values at close).",
+    (
+        _c("experiment", s, "", "user label grouping runs of one study"),
+        _c(
+            "source",
+            s,
+            "",
+            "'measured' (recorded by a collector) or 'simulated' (perfscope simulate)",
+        ),
+        _c("started_ns", i64, "ns since epoch", "wall-clock start of the run on rank 0"),
+        _c("world_size", i32, "", "number of ranks (GPUs or processes) in the run"),
+        _c("nodes", i32, "", "number of hosts"),
+        _c("gpus_per_node", i32, "", "ranks per host (local world size)"),
+        _c(
+            "backend", s, "", "collective backend: nccl, gloo, mpi, horovod-nccl, horovod-mpi, none"
+        ),
+        _c("device_model", s, "", "accelerator model, e.g. 'NVIDIA H200', or 'cpu'"),
+        _c(
+            "device_peak_flops",
+            f64,
+            "FLOP/s",
+            "peak FLOP/s of one device for the dtype used; NULL unknown",
+        ),
+        _c("cluster", s, "", "cluster or partition label"),
+        _c("model", s, "", "model name (class name unless the user sets one)"),
+        _c("batch_size_per_rank", i32, "samples", "samples per step on one rank"),
+        _c("global_batch_size", i32, "samples", "samples per step over all ranks"),
+        _c("param_count", i64, "", "trainable parameters"),
+        _c("grad_bytes", i64, "bytes", "bytes of gradients synchronised per step"),
+        _c("scaling_mode", s, "", "'strong', 'weak' or '' when the user did not say"),
+        _c("flops_per_step", f64, "FLOP", "FLOPs of one step on one rank; NULL unknown"),
+        _c(
+            "dataset_samples",
+            i64,
+            "samples",
+            "samples in one epoch of the training set; NULL unknown",
+        ),
+        _c("hostname", s, "", "host of rank 0"),
+        _c("perfscope_version", s, "", "perfscope version that recorded the run"),
+        _c("python_version", s, "", "Python version"),
+        _c("torch_version", s, "", "torch version, '' without torch"),
+        _c("cuda_version", s, "", "CUDA runtime version, '' without CUDA"),
+        _c("nccl_version", s, "", "NCCL version, '' without NCCL"),
+        _c("driver_version", s, "", "NVIDIA driver version, '' without NVML"),
+        _c("tags", s, "JSON", "user tags as a JSON object"),
+        _c(
+            "ended_ns",
+            i64,
+            "ns since epoch",
+            "wall-clock end on rank 0; NULL while running or killed",
+        ),
+    ),
+)
+
+RANKS = Table(
+    "ranks",
+    "One row per rank: where it ran and how its clock relates to rank 0's.",
+    (
+        RANK,
+        _c("local_rank", i32, "", "rank within its host"),
+        _c("node_rank", i32, "", "index of its host"),
+        _c("hostname", s, "", "host name"),
+        _c("pid", i64, "", "process id"),
+        _c("clock_offset_ns", i64, "ns", "add to this rank's timestamps to get rank 0's clock"),
+        _c("cpu_count", i32, "", "logical CPUs on the host"),
+        _c("device_index", i32, "", "CUDA device index; NULL on CPU"),
+        _c("device_name", s, "", "device model or 'cpu'"),
+        _c("started_ns", i64, "ns since epoch", "wall-clock start of the rank (offset-corrected)"),
+    ),
+)
+
+STEPS = Table(
+    "steps",
+    "One row per rank and optimizer step: the step's time split into canonical phases.",
+    (
+        RANK,
+        STEP,
+        _c("start_ns", i64, "ns since epoch", "step start, on rank 0's clock"),
+        _c(
+            "step_ns",
+            i64,
+            "ns",
+            "step duration, from the end of the previous step to the end of this one",
+        ),
+        _c("data_ns", i64, "ns", "waiting on the data loader"),
+        _c("forward_ns", i64, "ns", "forward phase"),
+        _c("backward_ns", i64, "ns", "backward phase, minus the exposed sync inside it"),
+        _c(
+            "sync_exposed_ns",
+            i64,
+            "ns",
+            "gradient synchronisation the step waited for (not overlapped)",
+        ),
+        _c("optimizer_ns", i64, "ns", "optimizer phase"),
+        _c("other_ns", i64, "ns", "rest of the step: step_ns minus the phases above"),
+        _c(
+            "comm_total_ns",
+            i64,
+            "ns",
+            "sum of the durations of the step's collectives (overlapped or not)",
+        ),
+        _c("comm_count", i32, "", "collectives issued in the step"),
+        _c("samples", i32, "samples", "samples processed by this rank in this step"),
+        CLOCK,
+    ),
+)
+
+SPANS = Table(
+    "spans",
+    "Every phase and user span, nested: canonical phases and arbitrary user-named ones.",
+    (
+        RANK,
+        STEP,
+        _c("name", s, "", "phase or span name"),
+        _c("parent", s, "", "enclosing span's name; NULL at the top of the step"),
+        _c("depth", i16, "", "nesting depth, 0 at the top"),
+        _c("start_ns", i64, "ns since epoch", "span start, on rank 0's clock"),
+        _c("dur_ns", i64, "ns", "span duration"),
+        CLOCK,
+        _c("error", s, "", "exception type raised inside the span; NULL when it ended normally"),
+    ),
+)
+
+COMM = Table(
+    "comm",
+    "One row per collective (per DDP bucket, Horovod tensor group or manual allreduce).",
+    (
+        RANK,
+        STEP,
+        _c("seq", i32, "", "index of the collective within the step, same on every rank"),
+        _c("op", s, "", "allreduce, allgather, broadcast, reduce_scatter ..."),
+        _c("bucket", i32, "", "DDP bucket index; NULL outside DDP"),
+        _c("bytes", i64, "bytes", "payload size of the collective"),
+        _c(
+            "start_ns",
+            i64,
+            "ns since epoch",
+            "when this rank entered the collective, on rank 0's clock",
+        ),
+        _c("dur_ns", i64, "ns", "duration of the collective on this rank"),
+        CLOCK,
+    ),
+)
+
+GPU_SAMPLES = Table(
+    "gpu_samples",
+    "NVML samples of every local GPU, one poller per host. NULL where the metric is unsupported.",
+    (
+        _c("ts_ns", i64, "ns since epoch", "sample time, on rank 0's clock"),
+        _c("hostname", s, "", "host name"),
+        _c("node_rank", i32, "", "index of the host"),
+        _c("gpu_index", i16, "", "NVML device index"),
+        _c("gpu_uuid", s, "", "NVML device UUID"),
+        _c(
+            "util_gpu_pct",
+            f32,
+            "%",
+            "nvmlDeviceGetUtilizationRates().gpu: share of the last 1/6-1 s in "
+            "which some kernel ran. Not an efficiency.",
+        ),
+        _c("util_mem_pct", f32, "%", "share of that period the memory controller was busy"),
+        _c("mem_used_bytes", i64, "bytes", "device memory used"),
+        _c("mem_total_bytes", i64, "bytes", "device memory total"),
+        _c("power_mw", f64, "mW", "board power draw"),
+        _c("energy_mj", f64, "mJ", "total energy counter since driver load (monotonic)"),
+        _c("sm_clock_mhz", f32, "MHz", "SM clock"),
+        _c("mem_clock_mhz", f32, "MHz", "memory clock"),
+        _c("temp_c", f32, "°C", "GPU temperature"),
+        _c("pcie_tx_kbps", f64, "KB/s", "PCIe transmit throughput"),
+        _c("pcie_rx_kbps", f64, "KB/s", "PCIe receive throughput"),
+        _c("nvlink_tx_kbps", f64, "KiB/s", "NVLink transmit throughput, all links"),
+        _c("nvlink_rx_kbps", f64, "KiB/s", "NVLink receive throughput, all links"),
+        _c(
+            "clocks_event_reasons", i64, "bitmask", "nvmlDeviceGetCurrentClocksEventReasons bitmask"
+        ),
+        _c("gpm_sm_active_pct", f32, "%", "GPM SM activity (Hopper and newer)"),
+        _c("gpm_tensor_active_pct", f32, "%", "GPM tensor-core activity (Hopper and newer)"),
+    ),
+)
+
+HOST_SAMPLES = Table(
+    "host_samples",
+    "psutil samples of the host, one poller per host.",
+    (
+        _c("ts_ns", i64, "ns since epoch", "sample time, on rank 0's clock"),
+        _c("hostname", s, "", "host name"),
+        _c("node_rank", i32, "", "index of the host"),
+        _c(
+            "proc_cpu_pct",
+            f32,
+            "% of one core",
+            "CPU of the training processes on this host, summed",
+        ),
+        _c("sys_cpu_pct", f32, "%", "system-wide CPU utilisation (100 = all cores busy)"),
+        _c(
+            "rss_bytes",
+            i64,
+            "bytes",
+            "resident memory of the training processes on this host, summed",
+        ),
+        _c("sys_mem_used_bytes", i64, "bytes", "system memory in use"),
+        _c("load1", f32, "", "1-minute load average"),
+        _c("cpu_count", i32, "", "logical CPUs"),
+    ),
+)
+
+METRICS = Table(
+    "metrics",
+    "User metrics logged with prof.log(...), one row per name and step.",
+    (
+        RANK,
+        STEP,
+        _c("ts_ns", i64, "ns since epoch", "when it was logged, on rank 0's clock"),
+        _c("name", s, "", "metric name (loss, accuracy ...)"),
+        _c("value", f64, "", "metric value"),
+    ),
+)
+
+EVENTS = Table(
+    "events",
+    "Things the collector noticed: a metric switched off, NVML missing, rows dropped on a full disk.",
+    (
+        RANK,
+        _c("ts_ns", i64, "ns since epoch", "when"),
+        _c("kind", s, "", "short machine-readable kind, e.g. 'nvml_unavailable'"),
+        _c("message", s, "", "the warning shown to the user"),
+    ),
+)
+
+TABLES: dict[str, Table] = {
+    t.name: t for t in (RUNS, RANKS, STEPS, SPANS, COMM, GPU_SAMPLES, HOST_SAMPLES, METRICS, EVENTS)
+}
+
+
+def table(name: str) -> Table:
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise KeyError(f"unknown table {name!r}; tables are {', '.join(TABLES)}") from None
+
+
+def markdown() -> str:
+    """docs/schema.md, generated so the documentation cannot drift from the code."""
+    out = [
+        "# perfscope store schema",
+        "",
+        f"Schema version **{SCHEMA_VERSION}**. Generated by `python -m perfscope.schema`; do not edit.",
+        "",
+        "A store is one folder. Each table is a folder of immutable Parquet segments, hive-partitioned",
+        "by run: `STORE/<table>/run_id=<run id>/<segment>.parquet`. `run_id` is therefore a column of",
+        "every table when read with `read_parquet(..., hive_partitioning=true, union_by_name=true)`",
+        "(or `perfscope.open_store`), though it is not stored inside the files.",
+        "",
+        "Every file carries Parquet key-value metadata `perfscope.table` and `perfscope.schema_version`.",
+        "A file without them is foreign and skipped with a warning. A file written by a newer schema is",
+        "an error that names both versions; older versions are migrated by reading columns by name",
+        "(columns added since are NULL). A compacted file lists the segments it replaces under",
+        "`perfscope.replaces`; readers ignore those segments, so a compaction never doubles data.",
+        "",
+        "Timestamps (`*_ns` since epoch) are on rank 0's clock: each rank adds its estimated clock",
+        "offset before writing. Durations (`*_ns`) are nanoseconds; `clock` says which clock measured them.",
+        "",
+    ]
+    for t in TABLES.values():
+        out += [
+            f"## `{t.name}`",
+            "",
+            t.doc,
+            "",
+            "| column | type | unit | meaning |",
+            "|---|---|---|---|",
+        ]
+        out.append("| `run_id` | string | | run identifier (hive partition key) |")
+        for c in t.columns:
+            out.append(f"| `{c.name}` | {c.type} | {c.unit} | {c.doc} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
