@@ -192,7 +192,10 @@ def _view_sql(table: str, segments: list[Segment]) -> str:
     sql = f"SELECT {', '.join(parts)} FROM {src}"
     if table == "runs":
         # runs are rewritten at close with their final values: the latest row per run wins.
-        sql += f" QUALIFY row_number() OVER (PARTITION BY {PARTITION_KEY} ORDER BY ended_ns DESC NULLS LAST) = 1"
+        sql += (
+            f" QUALIFY row_number() OVER (PARTITION BY {PARTITION_KEY} "
+            "ORDER BY ended_ns DESC NULLS LAST) = 1"
+        )
     return sql
 
 

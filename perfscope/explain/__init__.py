@@ -1,0 +1,1 @@
+"""The explainer: rules that turn analyses into ranked findings in plain words."""
