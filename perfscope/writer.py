@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -55,17 +56,42 @@ def write_segment(
         raise
 
 
-def rows_to_table(table: str, rows: list[Row]) -> pa.Table:
+def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
+    # numpy converts a list of Python numbers several times faster than pa.array does;
+    # a None (NULL) or an out-of-range value falls back to Arrow's own converter.
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        try:
+            return pa.array(np.array(values, dtype=typ.to_pandas_dtype()))
+        except (TypeError, ValueError, OverflowError):
+            pass
+    return pa.array(values, type=typ)
+
+
+def flat_to_table(table: str, flat: list[Any]) -> pa.Table:
+    """Rows laid end to end (`[r0c0, r0c1, ..., r1c0, ...]`) to an Arrow table of `table`'s schema."""
     schema = TABLES[table].arrow_schema
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
-    if len(columns) != len(schema):
-        raise ValueError(f"{table}: rows have {len(columns)} values, schema has {len(schema)}")
-    arrays = [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)]
+    width = len(schema)
+    if len(flat) % width:
+        raise ValueError(f"{table}: {len(flat)} values do not make whole rows of {width}")
+    arrays = [_column(flat[i::width], field.type) for i, field in enumerate(schema)]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def rows_to_table(table: str, rows: Iterable[Row]) -> pa.Table:
+    width = len(TABLES[table].columns)
+    flat: list[Any] = []
+    for row in rows:
+        if len(row) != width:
+            raise ValueError(f"{table}: a row has {len(row)} values, the schema has {width}")
+        flat.extend(row)
+    return flat_to_table(table, flat)
+
+
 class StoreWriter:
-    """One writer per process and run. `append` is cheap and thread-safe; `close` flushes."""
+    """One writer per process and run. `append` is cheap and thread-safe; `close` flushes.
+
+    Rows are tuples of a table's columns in schema order, without `run_id` (the partition key).
+    """
 
     def __init__(
         self,
@@ -75,50 +101,53 @@ class StoreWriter:
         writer_id: str | None = None,
         roll_interval_s: float = 1.0,
         max_buffer_rows: int = 65_536,
-        max_queued_batches: int = 16,
-        compression: str = "zstd",
+        max_queued_batches: int = 4,
+        compression: str = "snappy",
     ) -> None:
         if roll_interval_s <= 0:
             raise ValueError("roll_interval_s must be positive")
+        if not run_id or "/" in run_id or run_id.startswith("."):
+            raise ValueError(f"run_id {run_id!r} cannot name a folder")
         self.root = Path(root)
         self.run_id = run_id
         self.writer_id = writer_id or f"p{os.getpid()}-{secrets.token_hex(3)}"
         self.roll_interval_s = roll_interval_s
-        self.max_buffer_rows = max_buffer_rows
         self.compression = compression
         self.stats = WriterStats()
-        self._bufs: dict[str, list[Row]] = {name: [] for name in TABLES}
+        self._width = {name: len(t.columns) for name, t in TABLES.items()}
+        # rows laid end to end: one list append per value is cheaper than a list of tuples
+        # to transpose later, and slicing recovers the columns at C speed.
+        self._bufs: dict[str, list[Any]] = {name: [] for name in TABLES}
+        self._limit = {name: max_buffer_rows * w for name, w in self._width.items()}
         self._lock = threading.Lock()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued_batches)
         self._seq = 0
         self._made_dirs: set[Path] = set()
         self._closed = False
-        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="perfscope-writer", daemon=True)
         self._thread.start()
 
     # -- producer side -------------------------------------------------------------------
     def append(self, table: str, row: Row) -> None:
+        if len(row) != self._width[table]:
+            self._bad_row(table, row)
+            return
         with self._lock:
             buf = self._bufs[table]
-            buf.append(row)
-            if len(buf) < self.max_buffer_rows:
+            buf.extend(row)
+            if len(buf) < self._limit[table]:
                 return
             self._bufs[table] = []
         self._enqueue((table, buf))
 
     def extend(self, table: str, rows: Iterable[Row]) -> None:
-        with self._lock:
-            buf = self._bufs[table]
-            buf.extend(rows)
-            if len(buf) < self.max_buffer_rows:
-                return
-            self._bufs[table] = []
-        self._enqueue((table, buf))
+        for row in rows:
+            self.append(table, row)
 
     def write_arrow(self, table: str, data: pa.Table) -> None:
         """Queue a ready-made Arrow table (bulk producers such as the simulator)."""
-        self._enqueue((table, data.select(list(TABLES[table].column_names))))
+        schema = TABLES[table].arrow_schema
+        self._enqueue((table, data.select(list(schema.names)).cast(schema)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Hand every buffer to the writer thread and wait until it has written them."""
@@ -154,12 +183,23 @@ class StoreWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _swap_all(self) -> None:
+    def _bad_row(self, table: str, row: Row) -> None:
+        self.stats.rows_dropped += 1
+        warn_once(
+            f"writer-bad-row-{table}",
+            f"perfscope: dropped a {table} row with {len(row)} values (the schema has "
+            f"{self._width[table]}); this is a bug in the code that produced it.",
+        )
+
+    def _take_all(self) -> list[tuple[str, list[Any]]]:
         with self._lock:
             full = [(t, b) for t, b in self._bufs.items() if b]
             for t, _ in full:
                 self._bufs[t] = []
-        for item in full:
+        return full
+
+    def _swap_all(self) -> None:
+        for item in self._take_all():
             self._enqueue(item)
 
     def _enqueue(self, item: Any) -> None:
@@ -172,15 +212,13 @@ class StoreWriter:
         except queue.Full:
             self._drop(item, "the writer fell more than 10 s behind")
 
+    def _rows(self, table: str, data: list[Any] | pa.Table) -> int:
+        return data.num_rows if isinstance(data, pa.Table) else len(data) // self._width[table]
+
     def _drop(self, item: Any, why: str) -> None:
         if isinstance(item, tuple):
-            self.stats.rows_dropped += (
-                len(item[1]) if isinstance(item[1], list) else item[1].num_rows
-            )
-            warn_once(
-                f"writer-drop-{self.writer_id}-{why}",
-                f"perfscope: dropping rows for {self.root}: {why}.",
-            )
+            self.stats.rows_dropped += self._rows(*item)
+            warn_once(f"writer-drop-{self.writer_id}-{why}", f"perfscope: dropping rows for {self.root}: {why}.")
         elif isinstance(item, threading.Event):
             item.set()
 
@@ -188,14 +226,12 @@ class StoreWriter:
     def _run(self) -> None:
         next_roll = time.monotonic() + self.roll_interval_s
         while True:
-            timeout = max(0.0, next_roll - time.monotonic())
             try:
-                item = self._queue.get(timeout=timeout)
+                item = self._queue.get(timeout=max(0.0, next_roll - time.monotonic()))
             except queue.Empty:
-                item = None
-            if item is None:
                 next_roll = time.monotonic() + self.roll_interval_s
-                self._swap_all_from_thread()
+                for table, flat in self._take_all():
+                    self._write(table, flat)
                 continue
             if item is _STOP:
                 self._drain()
@@ -204,14 +240,6 @@ class StoreWriter:
                 item.set()
                 continue
             self._write(*item)
-
-    def _swap_all_from_thread(self) -> None:
-        with self._lock:
-            full = [(t, b) for t, b in self._bufs.items() if b]
-            for t, _ in full:
-                self._bufs[t] = []
-        for table, rows in full:
-            self._write(table, rows)
 
     def _drain(self) -> None:
         while True:
@@ -224,20 +252,18 @@ class StoreWriter:
             elif isinstance(item, threading.Event):
                 item.set()
 
-    def _write(self, table: str, rows: list[Row] | pa.Table) -> None:
-        n = len(rows) if isinstance(rows, list) else rows.num_rows
+    def _write(self, table: str, data: list[Any] | pa.Table) -> None:
+        n = self._rows(table, data)
         try:
-            data = rows if isinstance(rows, pa.Table) else rows_to_table(table, rows)
+            arrow = data if isinstance(data, pa.Table) else flat_to_table(table, data)
             directory = segment_dir(self.root, table, self.run_id)
             if directory not in self._made_dirs:
                 directory.mkdir(parents=True, exist_ok=True)
                 self._made_dirs.add(directory)
             self._seq += 1
             path = directory / f"{self.writer_id}-{self._seq:06d}.parquet"
-            write_segment(path, data, compression=self.compression)
-        except (
-            Exception
-        ) as exc:  # disk full, read-only store, a bug of ours: never the job's problem
+            write_segment(path, arrow, compression=self.compression)
+        except Exception as exc:  # disk full, read-only store, a bug of ours: never the job's problem
             self.stats.rows_dropped += n
             self.stats.write_errors += 1
             warn_once(
