@@ -1,22 +1,42 @@
-PY ?= .venv/bin/python
+# One command per guardrail. `make test` and `make sample` set up .venv first when needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
 
-.PHONY: setup lint typecheck test check schema bench
+.PHONY: setup lint typecheck pytest test sample schema bench clean
 
-setup:
-	python3 -m venv .venv
+$(STAMP): pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch pinned to the CPU build: an unpinned torch pulls several GB of CUDA packages
 	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[torch,dashboard,dev]'
+	touch $(STAMP)
 
-lint:
+setup: $(STAMP)
+
+lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-typecheck:
+typecheck: setup
 	$(PY) -m mypy
 
-test:
+pytest: setup
 	$(PY) -m pytest -q
 
-check: lint typecheck test
+# the test command: lint, types, then the whole suite
+test: lint typecheck pytest
 
-schema:
+# the main job on the bundled sample data
+sample: setup
+	$(VENV)/bin/perfscope info sample_traces/seed-study
+
+schema: setup
 	$(PY) -m perfscope.schema > docs/schema.md
+
+bench: setup
+	$(PY) benchmarks/writer.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,8 +75,12 @@ def _merge(table: str, segs: list[Segment], out: Path) -> int:
     return rows
 
 
-def compact(root: str | os.PathLike[str], *, dry_run: bool = False) -> CompactResult:
-    """Merge every partition holding two or more segments into one file per partition."""
+def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: float = 1.0) -> CompactResult:
+    """Merge every partition holding two or more segments into one file per partition.
+
+    The replaced segments stay on disk for `grace_s` seconds after the merged files appear, so a
+    reader that listed the folder just before is not left holding names of files already gone.
+    """
     root_path = Path(root).resolve()
     _check_root(root_path)
     result = CompactResult()
@@ -83,16 +88,12 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False) -> CompactRe
     try:
         lock = open(lock_path, "a+")  # noqa: SIM115 - held for the whole compaction
     except OSError as exc:
-        raise StoreError(
-            f"cannot compact {root_path}: {exc.strerror}; is the store writable?"
-        ) from None
+        raise StoreError(f"cannot compact {root_path}: {exc.strerror}; is the store writable?") from None
     with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StoreError(
-                f"another `perfscope compact` is running on {root_path}; wait for it."
-            ) from None
+            raise StoreError(f"another `perfscope compact` is running on {root_path}; wait for it.") from None
         listing = list_store(root_path)
         result.skipped = listing.skipped
         # Finish what an interrupted compaction left: segments already replaced by a merged file.
@@ -100,6 +101,7 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False) -> CompactRe
             for path in listing.superseded:
                 path.unlink(missing_ok=True)
                 result.files_removed += 1
+        replaced: list[Path] = []
         for table, segs in listing.segments.items():
             by_part: dict[Path, list[Segment]] = {}
             for seg in segs:
@@ -117,7 +119,10 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False) -> CompactRe
                 result.rows += _merge(table, group, out)
                 result.files_written += 1
                 result.bytes_after += out.stat().st_size
-                for seg in group:
-                    seg.path.unlink(missing_ok=True)
-                    result.files_removed += 1
+                replaced.extend(seg.path for seg in group)
+        if replaced:
+            time.sleep(grace_s)
+            for path in replaced:
+                path.unlink(missing_ok=True)
+                result.files_removed += 1
     return result

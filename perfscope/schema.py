@@ -65,9 +65,7 @@ i16, i32, i64, f32, f64, s = (
 
 RANK = _c("rank", i32, "", "global rank of the process that recorded the row")
 STEP = _c("step", i64, "", "optimizer step index, from 0, counted by the collector on each rank")
-CLOCK = _c(
-    "clock", s, "", "clock the durations came from: 'host' (perf_counter) or 'cuda' (CUDA events)"
-)
+CLOCK = _c("clock", s, "", "clock the durations came from: 'host' (perf_counter) or 'cuda' (CUDA events)")
 
 RUNS = Table(
     "runs",
@@ -84,9 +82,7 @@ RUNS = Table(
         _c("world_size", i32, "", "number of ranks (GPUs or processes) in the run"),
         _c("nodes", i32, "", "number of hosts"),
         _c("gpus_per_node", i32, "", "ranks per host (local world size)"),
-        _c(
-            "backend", s, "", "collective backend: nccl, gloo, mpi, horovod-nccl, horovod-mpi, none"
-        ),
+        _c("backend", s, "", "collective backend: nccl, gloo, mpi, horovod-nccl, horovod-mpi, none"),
         _c("device_model", s, "", "accelerator model, e.g. 'NVIDIA H200', or 'cpu'"),
         _c(
             "device_peak_flops",
@@ -243,9 +239,7 @@ GPU_SAMPLES = Table(
         _c("pcie_rx_kbps", f64, "KB/s", "PCIe receive throughput"),
         _c("nvlink_tx_kbps", f64, "KiB/s", "NVLink transmit throughput, all links"),
         _c("nvlink_rx_kbps", f64, "KiB/s", "NVLink receive throughput, all links"),
-        _c(
-            "clocks_event_reasons", i64, "bitmask", "nvmlDeviceGetCurrentClocksEventReasons bitmask"
-        ),
+        _c("clocks_event_reasons", i64, "bitmask", "nvmlDeviceGetCurrentClocksEventReasons bitmask"),
         _c("gpm_sm_active_pct", f32, "%", "GPM SM activity (Hopper and newer)"),
         _c("gpm_tensor_active_pct", f32, "%", "GPM tensor-core activity (Hopper and newer)"),
     ),

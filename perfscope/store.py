@@ -72,9 +72,12 @@ _inspect_cache: dict[tuple[str, int, int], Segment | SkippedFile] = {}
 _cache_lock = threading.Lock()
 
 
-def _inspect(path: Path, table: str) -> Segment | SkippedFile:
+def _inspect(path: Path, table: str) -> Segment | SkippedFile | None:
+    """None when the file vanished meanwhile (a compaction removed it)."""
     try:
         st = path.stat()
+    except FileNotFoundError:
+        return None
     except OSError as exc:
         return SkippedFile(str(path), f"cannot stat: {exc.strerror}")
     key = (str(path), st.st_size, st.st_mtime_ns)
@@ -83,6 +86,8 @@ def _inspect(path: Path, table: str) -> Segment | SkippedFile:
     if hit is not None:
         return hit
     result = _inspect_uncached(path, table)
+    if isinstance(result, SkippedFile) and not path.exists():
+        return None
     with _cache_lock:
         _inspect_cache[key] = result
     return result
@@ -98,9 +103,7 @@ def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
         return SkippedFile(str(path), "foreign Parquet file: no perfscope metadata")
     file_table = kv[META_TABLE].decode(errors="replace")
     if file_table != table:
-        return SkippedFile(
-            str(path), f"holds table {file_table!r} but lies in the {table!r} folder"
-        )
+        return SkippedFile(str(path), f"holds table {file_table!r} but lies in the {table!r} folder")
     try:
         version = int(kv[META_VERSION])
     except ValueError:
@@ -147,15 +150,15 @@ def list_store(root: Path) -> Listing:
         if not table_dir.is_dir():
             continue
         for stray in sorted(table_dir.glob("*.parquet")):
-            listing.skipped.append(
-                SkippedFile(str(stray), f"not inside a {PARTITION_KEY}=... folder")
-            )
+            listing.skipped.append(SkippedFile(str(stray), f"not inside a {PARTITION_KEY}=... folder"))
         for part in _partition_dirs(table_dir):
             found: list[Segment] = []
             for path in sorted(part.glob("*.parquet")):
                 if path.name.startswith("."):
                     continue  # a segment still being written
                 res = _inspect(path, name)
+                if res is None:
+                    continue
                 if isinstance(res, SkippedFile):
                     listing.skipped.append(res)
                 else:
@@ -193,8 +196,7 @@ def _view_sql(table: str, segments: list[Segment]) -> str:
     if table == "runs":
         # runs are rewritten at close with their final values: the latest row per run wins.
         sql += (
-            f" QUALIFY row_number() OVER (PARTITION BY {PARTITION_KEY} "
-            "ORDER BY ended_ns DESC NULLS LAST) = 1"
+            f" QUALIFY row_number() OVER (PARTITION BY {PARTITION_KEY} ORDER BY ended_ns DESC NULLS LAST) = 1"
         )
     return sql
 
@@ -205,9 +207,7 @@ _FILE_IN_ERROR = re.compile(r"""["']?(/[^"'\s]+?\.parquet)["']?""")
 class Store:
     """A store opened for reading. `con` has one view per table; `query` survives concurrent compaction."""
 
-    def __init__(
-        self, root: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True
-    ):
+    def __init__(self, root: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True):
         self.root = Path(root).resolve()
         self._allow_empty = allow_empty
         self._warn = warn
@@ -239,27 +239,33 @@ class Store:
     def refresh(self) -> None:
         """Re-list the folder (new segments, compactions) and rebuild the views."""
         with self._lock:
-            _check_root(self.root)
-            listing = list_store(self.root)
-            for segs in listing.segments.values():
-                segs[:] = [s for s in segs if str(s.path) not in self._forced_skips]
-            if not self._allow_empty and not any(listing.segments.values()):
-                reasons = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in listing.skipped[:3])
-                raise StoreError(
-                    f"{self.root} holds no perfscope data"
-                    + (
-                        f" (skipped {len(listing.skipped)} files: {reasons})"
-                        if listing.skipped
-                        else ""
-                    )
-                    + ". Record a run into it with perfscope.profile(...) or try `perfscope demo`."
-                )
-            new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
-            self.listing = listing
-            for name, segs in listing.segments.items():
-                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {_view_sql(name, segs)}")
-            if self._warn and new_skips:
-                self._warn_skipped([s for s in listing.skipped if s.path in new_skips])
+            for attempt in range(8):
+                try:
+                    self._rebuild()
+                    return
+                except duckdb.IOException:
+                    # a file vanished between listing and binding: a compaction finished; list again
+                    if attempt == 7:
+                        raise
+
+    def _rebuild(self) -> None:
+        _check_root(self.root)
+        listing = list_store(self.root)
+        for segs in listing.segments.values():
+            segs[:] = [s for s in segs if str(s.path) not in self._forced_skips]
+        if not self._allow_empty and not any(listing.segments.values()):
+            reasons = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in listing.skipped[:3])
+            raise StoreError(
+                f"{self.root} holds no perfscope data"
+                + (f" (skipped {len(listing.skipped)} files: {reasons})" if listing.skipped else "")
+                + ". Record a run into it with perfscope.profile(...) or try `perfscope demo`."
+            )
+        new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
+        self.listing = listing
+        for name, segs in listing.segments.items():
+            self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {_view_sql(name, segs)}")
+        if self._warn and new_skips:
+            self._warn_skipped([s for s in listing.skipped if s.path in new_skips])
 
     def _warn_skipped(self, skipped: list[SkippedFile]) -> None:
         lines = "\n".join(f"  {s.path}: {s.reason}" for s in skipped[:10])
@@ -274,7 +280,7 @@ class Store:
         """Run `sql` and return an Arrow table; a segment compacted away or found corrupt mid-query
         is handled by re-listing the store and trying again."""
         last: Exception | None = None
-        for _ in range(8):
+        for _ in range(20):
             with self._lock:
                 try:
                     rel = self.con.sql(sql, params=params)
@@ -285,9 +291,7 @@ class Store:
                     last = exc
                     bad = self._file_named_in(str(exc))
                     if bad is not None and Path(bad).exists():
-                        self._forced_skips[bad] = (
-                            f"unreadable during a query: {str(exc).splitlines()[0]}"
-                        )
+                        self._forced_skips[bad] = f"unreadable during a query: {str(exc).splitlines()[0]}"
                         if self._warn:
                             self._warn_skipped([SkippedFile(bad, self._forced_skips[bad])])
                     elif bad is None:
@@ -345,9 +349,7 @@ def _check_root(root: Path) -> None:
             "(perfscope.profile('traces/') writes one), or run `perfscope demo` to make one."
         )
     if not root.is_dir():
-        raise StoreError(
-            f"{root} is a file, not a store; a store is a folder with runs/, steps/ ... inside."
-        )
+        raise StoreError(f"{root} is a file, not a store; a store is a folder with runs/, steps/ ... inside.")
     if not any((root / name).is_dir() for name in TABLES):
         raise StoreError(
             f"{root} is not a perfscope store: it has none of the table folders "
@@ -355,9 +357,7 @@ def _check_root(root: Path) -> None:
         )
 
 
-def open_store(
-    path: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True
-) -> Store:
+def open_store(path: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True) -> Store:
     """Open the store at `path` for reading: `store.con` has one view per table, `store.query`
     returns Arrow tables. Raises StoreError with what to do when the path holds no store."""
     return Store(path, allow_empty=allow_empty, warn=warn)

@@ -11,7 +11,8 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 
-def use_colour(stream: TextIO = sys.stdout) -> bool:
+def use_colour(stream: TextIO | None = None) -> bool:
+    stream = sys.stdout if stream is None else stream
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
@@ -56,8 +57,7 @@ def format_rows(
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(
-            v.rjust(w) if num else v.ljust(w)
-            for v, w, num in zip(values, widths, numeric, strict=True)
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)
         ).rstrip()
 
     out = [style(line(list(header)), "1", enabled=colour), line(["-" * w for w in widths])]

@@ -61,9 +61,12 @@ def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
     # a None (NULL) or an out-of-range value falls back to Arrow's own converter.
     if pa.types.is_integer(typ) or pa.types.is_floating(typ):
         try:
-            return pa.array(np.array(values, dtype=typ.to_pandas_dtype()))
+            arr = np.array(values, dtype=typ.to_pandas_dtype())
         except (TypeError, ValueError, OverflowError):
-            pass
+            return pa.array(values, type=typ)
+        # numpy turns None into NaN for floats; NULL must stay NULL
+        if arr.dtype.kind != "f" or not np.isnan(arr).any() or None not in values:
+            return pa.array(arr)
     return pa.array(values, type=typ)
 
 
@@ -218,7 +221,9 @@ class StoreWriter:
     def _drop(self, item: Any, why: str) -> None:
         if isinstance(item, tuple):
             self.stats.rows_dropped += self._rows(*item)
-            warn_once(f"writer-drop-{self.writer_id}-{why}", f"perfscope: dropping rows for {self.root}: {why}.")
+            warn_once(
+                f"writer-drop-{self.writer_id}-{why}", f"perfscope: dropping rows for {self.root}: {why}."
+            )
         elif isinstance(item, threading.Event):
             item.set()
 

@@ -5,17 +5,26 @@ from __future__ import annotations
 import argparse
 
 from ..compact import compact
+from ..errors import PerfscopeError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", help="store folder")
+    p.add_argument("--dry-run", action="store_true", help="say what would be merged, change nothing")
     p.add_argument(
-        "--dry-run", action="store_true", help="say what would be merged, change nothing"
+        "--grace",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="keep replaced segments this long after the merged files appear, so readers that "
+        "listed the store just before finish their query (default 1)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    r = compact(args.store, dry_run=args.dry_run)
+    if args.grace < 0:
+        raise PerfscopeError("--grace must be 0 or more seconds")
+    r = compact(args.store, dry_run=args.dry_run, grace_s=args.grace)
     verb = "would merge" if args.dry_run else "merged"
     print(f"{verb} {r.files_merged} segments in {r.partitions} partitions ({r.rows:,} rows)")
     if not args.dry_run:

@@ -27,9 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def summary(store: Store) -> dict[str, Any]:
     q = store.query
     runs = q(_RUNS_SQL)
-    span = q(
-        "SELECT min(start_ns) AS first_ns, max(start_ns + step_ns) AS last_ns FROM steps"
-    ).to_pylist()[0]
+    span = q("SELECT min(start_ns) AS first_ns, max(start_ns + step_ns) AS last_ns FROM steps").to_pylist()[0]
     exps = q("SELECT DISTINCT experiment FROM runs WHERE experiment IS NOT NULL ORDER BY 1")
     orphans = q("SELECT DISTINCT run_id FROM steps EXCEPT SELECT run_id FROM runs ORDER BY 1")
     return {
@@ -65,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(heading("runs", colour=colour))
         print(format_table(store.query(_RUNS_SQL), colour=colour))
         if info["runs_without_metadata"]:
-            print(
-                f"\nsteps without a runs row (rank 0 missing?): {', '.join(info['runs_without_metadata'])}"
-            )
+            print(f"\nsteps without a runs row (rank 0 missing?): {', '.join(info['runs_without_metadata'])}")
         if info["skipped"]:
             print(heading(f"\nskipped {len(info['skipped'])} file(s)", colour=colour))
             for s in info["skipped"]:

@@ -26,9 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="output format",
     )
     p.add_argument("-o", "--output", help="write to this file instead of standard output")
-    p.add_argument(
-        "--limit", type=int, default=200, help="rows shown in table format (default 200)"
-    )
+    p.add_argument("--limit", type=int, default=200, help="rows shown in table format (default 200)")
 
 
 def run(args: argparse.Namespace) -> int:
