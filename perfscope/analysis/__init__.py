@@ -1,1 +1,47 @@
-"""Analyses: small named functions over a store, one signature, registered in one place."""
+"""Analyses: small named functions `fn(store, sel) -> pyarrow.Table`, registered in one place.
+
+See docs/analysis.md for every analysis, its columns and the DESIGN.md definition it follows.
+"""
+
+from __future__ import annotations
+
+from .registry import (
+    ANALYSES,
+    DEFINITIONS,
+    META_ANALYSIS,
+    META_DEFINITION,
+    META_TITLE,
+    Analysis,
+    analysis,
+    run_all,
+    run_analysis,
+)
+from .selection import Selection
+
+# Importing the modules registers their analyses.
+from . import (  # noqa: E402, F401  isort: skip
+    runs,
+    scaling,
+    sync,
+    utilisation,
+    pop,
+    stragglers,
+    batch,
+    flops,
+    models,
+    placement,
+    quality,
+)
+
+__all__ = [
+    "ANALYSES",
+    "DEFINITIONS",
+    "META_ANALYSIS",
+    "META_DEFINITION",
+    "META_TITLE",
+    "Analysis",
+    "Selection",
+    "analysis",
+    "run_all",
+    "run_analysis",
+]
