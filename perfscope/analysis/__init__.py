@@ -19,7 +19,7 @@ from .registry import (
 from .selection import Selection
 
 # Importing the modules registers their analyses.
-from . import (  # noqa: E402, F401  isort: skip
+from . import (  # noqa: F401  isort: skip
     runs,
     scaling,
     sync,

@@ -1,1 +1,39 @@
-"""The explainer: rules that turn analyses into ranked findings in plain words."""
+"""The explainer: rules that turn analyses into ranked findings in plain words.
+
+`explain(store, sel)` runs every rule in `RULES` and returns `Finding`s ranked by the share of the
+lost efficiency they explain. See docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..analysis import Selection
+from ..errors import PerfscopeWarning
+from ..store import Store
+from . import rules_comm, rules_compute, rules_quality, rules_topology  # noqa: F401  (registers rules)
+from .context import Context
+from .finding import CATEGORIES, SEVERITIES, Evidence, Finding, rank_findings
+from .rulebook import RULES, Rule
+
+__all__ = ["CATEGORIES", "RULES", "SEVERITIES", "Evidence", "Finding", "Rule", "explain", "rank_findings"]
+
+
+def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
+    """Every rule's findings for the selected runs, most lost efficiency explained first.
+
+    A rule that fails on data it did not expect is skipped with a warning naming it, so one odd
+    store never hides the other findings.
+    """
+    ctx = Context(store, sel or Selection())
+    findings: list[Finding] = []
+    for r in RULES:
+        try:
+            findings += r.fn(ctx)
+        except Exception as exc:  # a rule's bug must not take the whole explanation down
+            warnings.warn(
+                f"perfscope: rule {r.id} failed ({type(exc).__name__}: {exc}); its findings are missing.",
+                PerfscopeWarning,
+                stacklevel=2,
+            )
+    return rank_findings(findings)

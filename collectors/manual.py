@@ -1,0 +1,65 @@
+"""Hand-written synchronisation: a timed collective block and an averaging all_reduce helper.
+
+A collective recorded here is waited for by the step, so it is exposed sync: when no `sync` phase
+is open it opens one around itself. Its row in `comm` carries the payload and this rank's time in it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .phases import Collective, Span, Timeline
+
+
+class CollectiveBlock:
+    """`with prof.collective("allreduce", nbytes=t.nbytes): dist.all_reduce(t)`"""
+
+    __slots__ = ("_c", "_phase", "_timeline", "nbytes", "op")
+
+    def __init__(self, timeline: Timeline | None, op: str, nbytes: int) -> None:
+        self._timeline = timeline
+        self.op = op
+        self.nbytes = nbytes
+        self._phase: Span | None = None
+        self._c: Collective | None = None
+
+    def __enter__(self) -> CollectiveBlock:
+        tl = self._timeline
+        if tl is not None:
+            try:
+                if not tl.in_phase("sync"):
+                    self._phase = tl.enter("sync")
+                self._c = tl.begin_collective(self.op, None, int(self.nbytes), overlapped=False)
+            except Exception:
+                self._timeline = None  # recording failed: the collective itself must still run
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        tl = self._timeline
+        if tl is None:
+            return
+        try:
+            if self._c is not None:
+                tl.end_collective(self._c)
+            if self._phase is not None:
+                tl.exit(self._phase, exc_type)
+        except Exception:
+            pass
+
+
+def all_reduce(
+    timeline: Timeline | None, tensor: Any, *, op: Any = None, group: Any = None, average: bool = False
+) -> Any:
+    """`torch.distributed.all_reduce(tensor)` in place, recorded; `average=True` divides by the
+    group's size afterwards (parameter or gradient averaging). Returns the tensor."""
+    import torch.distributed as dist
+
+    nbytes = tensor.numel() * tensor.element_size()
+    with CollectiveBlock(timeline, "allreduce", nbytes):
+        if op is None:
+            dist.all_reduce(tensor, group=group)
+        else:
+            dist.all_reduce(tensor, op=op, group=group)
+    if average:
+        tensor.div_(dist.get_world_size(group))
+    return tensor

@@ -1,0 +1,574 @@
+"""`perfscope.profile(...)`: the context manager a training script opens on every rank. It owns the
+run's lifecycle (identity, store writer, poller, hooks) and the public recording API."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import psutil
+
+from perfscope.writer import StoreWriter
+
+from . import ddp, horovod, identity, manual
+from .clocks import HostClock, HostMarks
+from .faults import Faults
+from .flops import StepFlopCounter
+from .host_metrics import HostSampler
+from .nvml import GpuTelemetry, NoGpus, open_gpus
+from .nvtx_ranges import NvtxRanges
+from .phases import Span, Timeline, infer_samples
+from .poller import HostClaim, Poller
+from .rendezvous import Peer, Placement, agree, alone, find_exchange
+from .run_metadata import cuda_device_name, runs_row, software, split_keywords, tags_json
+
+#: set to 1 to turn perfscope.profile into a pass-through without touching the script
+DISABLE_ENV = "PERFSCOPE_DISABLE"
+
+
+class Phase:
+    """A named phase, reusable and re-entrant: `with prof.phase("forward"): ...`.
+
+    An exception inside is recorded in the span's `error` column and propagates untouched."""
+
+    __slots__ = ("_open", "_prof", "name")
+
+    def __init__(self, prof: Profiler, name: str) -> None:
+        self._prof = prof
+        self.name = name
+        self._open: list[Span] = []
+
+    def __enter__(self) -> Phase:
+        prof = self._prof
+        if prof._recording:
+            try:
+                self._open.append(prof._timeline.enter(self.name))
+            except Exception as exc:
+                prof._internal_error(exc)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        if self._open:
+            try:
+                self._prof._timeline.exit(self._open.pop(), exc_type)
+            except Exception as err:
+                self._prof._internal_error(err)
+
+
+class Profiler:
+    """One rank's recording of one run. Create it with `perfscope.profile(...)`."""
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str],
+        *,
+        experiment: str = "default",
+        batch_size: int | None = None,
+        count_flops: bool = False,
+        timing: str = "auto",
+        poll_hz: float = 10.0,
+        gpu_telemetry: bool = True,
+        nvtx: bool = True,
+        run_id: str | None = None,
+        roll_interval_s: float = 1.0,
+        **metadata: Any,
+    ) -> None:
+        if timing not in ("auto", "host", "cuda"):
+            raise ValueError("perfscope.profile: timing must be 'auto', 'host' or 'cuda'")
+        if batch_size is not None and "batch_size_per_rank" not in metadata:
+            metadata["batch_size_per_rank"] = batch_size
+        self._columns, extra = split_keywords({"experiment": experiment, **metadata})
+        self._tags = tags_json(self._columns.pop("tags", None), extra)
+        self.store = store
+        self.batch_size = self._columns.get("batch_size_per_rank")
+        self.count_flops = count_flops and self._columns.get("flops_per_step") is None
+        self._timing = timing
+        self._poll_hz = poll_hz
+        self._gpu_telemetry = gpu_telemetry
+        self._nvtx_enabled = nvtx
+        self._run_id_arg = run_id
+        self._roll_interval_s = roll_interval_s
+        self._recording = False
+        self._started = False
+        self._closed = False
+        self._start_rows_written = False
+        self._in_steps = 0
+        self._phases: dict[str, Phase] = {}
+        self._hooks: list[Any] = []
+        self._facts: ddp.ModelFacts | None = None
+        self._flops = StepFlopCounter()
+        self._poller: Poller | None = None
+        self._claim: HostClaim | None = None
+        self._gpus: GpuTelemetry = NoGpus()
+        self._writer: StoreWriter | None = None
+        self._timeline: Timeline = None  # type: ignore[assignment]  # set by start()
+        self.faults = Faults(0)
+        self.placement: Placement | None = None
+        self.run_id: str | None = None
+        self.rank = 0
+        self.clock = HostClock()
+        self.started_ns = self.clock.now()
+        self._hostname = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.world_size if self.placement is not None else 1
+
+    @property
+    def recording(self) -> bool:
+        """False when perfscope is disabled, failed to start, or the run is closed."""
+        return self._recording
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def __enter__(self) -> Profiler:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        self.close()
+
+    def start(self) -> Profiler:
+        """Agree on the run with the other ranks, open the store writer, start the poller. A
+        failure here leaves a profiler that runs the training code unrecorded, with one warning."""
+        if self._started:
+            return self
+        self._started = True
+        if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
+            return self
+        try:
+            self._start()
+            self._recording = True
+        except Exception as exc:
+            self.faults.report(
+                "start_failed",
+                f"perfscope: could not start recording ({type(exc).__name__}: {exc}); "
+                "the training runs unrecorded.",
+            )
+        return self
+
+    def _start(self) -> None:
+        me = identity.from_environment()
+        self.faults = Faults(me.rank)
+        proposed = self._run_id_arg or identity.explicit_run_id() or None
+        if proposed is not None:
+            proposed = identity.claim_run_id(identity.safe_run_id(proposed))
+        exchange = find_exchange(on_gpu=self._cuda_available())
+        if exchange is not None:
+            peer = Peer(
+                exchange.rank,
+                me.hostname,
+                me.pid,
+                psutil.cpu_count() or 1,
+                me.local_rank if me.launcher != "single" else None,  # mp.spawn: the exchange decides
+                proposed or identity.generate_run_id(),
+            )
+            placement = agree(exchange, peer)
+        else:
+            launcher = identity.launcher_run_id()
+            if proposed is None and launcher is not None:
+                proposed = identity.claim_run_id(identity.safe_run_id(launcher))
+            if proposed is None:
+                proposed = identity.generate_run_id()
+                if me.world_size > 1:
+                    self.faults.report(
+                        "run_id_not_shared",
+                        f"perfscope: rank {me.rank} of {me.world_size} cannot agree on a run id with the "
+                        "others (no process group yet, no launcher id); each rank records its own run. "
+                        "Initialise torch.distributed before perfscope.profile(), or set PERFSCOPE_RUN_ID.",
+                    )
+            placement = alone(me, proposed)
+        self.placement = placement
+        self.run_id = placement.run_id
+        self.rank = placement.rank
+        self.faults.rank = placement.rank
+        self.clock = HostClock(placement.clock_offset_ns)
+        self.faults.wall_ns = self.clock.now
+        self.started_ns = self.clock.now()
+        self._writer = StoreWriter(
+            self.store,
+            placement.run_id,
+            writer_id=f"r{placement.rank}-p{me.pid}-{secrets.token_hex(3)}",
+            roll_interval_s=self._roll_interval_s,
+        )
+        self.faults.attach(self._writer)
+        self._hostname = me.hostname
+        self._timeline = Timeline(
+            placement.rank, HostMarks(), self.clock, self._emit, default_samples=self.batch_size
+        )
+        if self._timing == "cuda" or (self._timing == "auto" and self._cuda_in_use()):
+            self._use_cuda_timing()
+        ranges = NvtxRanges(self._nvtx_enabled)
+        if ranges.enabled:
+            tl = self._timeline
+            tl.nvtx = True
+            tl.nvtx_push, tl.nvtx_pop = ranges.push, ranges.pop
+            tl.nvtx_step_begin, tl.nvtx_step_end = ranges.step_begin, ranges.step_end
+        self._start_poller(placement, me.hostname)
+
+    def _start_poller(self, placement: Placement, hostname: str) -> None:
+        if self._poll_hz <= 0:
+            return
+        assert self._writer is not None and self.run_id is not None
+        self._claim = HostClaim(self.run_id, hostname, placement.local_rank, placement.local_pids)
+        if not self._claim.owner:
+            return
+        self._gpus = open_gpus(self.faults, enabled=self._gpu_telemetry)
+        self._poller = Poller(
+            self._writer,
+            gpus=self._gpus,
+            host=HostSampler(self._claim.pids),
+            hz=self._poll_hz,
+            hostname=hostname,
+            node_rank=placement.node_rank,
+            wall_ns=self.clock.now,
+            faults=self.faults,
+        ).start()
+
+    def close(self) -> None:
+        """Finish the run on this rank: resolve pending timings, stop the poller, write the final
+        rows and flush. No collective: a dead rank elsewhere cannot hang it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        was_recording, self._recording = self._recording, False
+        for hook in self._hooks:
+            hook.active = False
+        if self._writer is None:
+            return
+        steps = [
+            lambda: self._timeline.close() if was_recording else None,
+            self._stop_flops,
+            lambda: self._poller.stop() if self._poller is not None else None,
+            lambda: self._claim.release() if self._claim is not None else None,
+            self._write_start_rows,
+            lambda: self._write_runs_row(ended_ns=self.clock.now()),
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                self.faults.report("close_failed", f"perfscope: a step of closing the run failed ({exc!r}).")
+        if self._timeline is not None and self._timeline.unresolved:
+            self.faults.report(
+                "timing_unresolved",
+                f"perfscope: {self._timeline.unresolved} step(s) could not be resolved before close "
+                "(device events or collectives not finished); their rows are incomplete.",
+            )
+        self._writer.close(timeout_s=15.0)
+
+    def flush(self) -> None:
+        """Write everything recorded so far into the store now (it is written every second anyway)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    # -- the recording API ------------------------------------------------------------------------
+    def phase(self, name: str) -> Phase:
+        """A phase of the step. 'data', 'forward', 'backward', 'sync' and 'optimizer' fill their
+        columns of `steps`; any other name is a user span (written to `spans`, counted in other_ns)."""
+        p = self._phases.get(name)
+        if p is None:
+            p = self._phases[name] = Phase(self, name)
+        return p
+
+    span = phase
+
+    def steps(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate `loader`, one step per batch. The wait for each batch is the 'data' phase; a step
+        ends when the loop body asks for the next batch (or leaves the loop)."""
+        if not self._recording:
+            yield from loader
+            return
+        self._note_dataset(loader)
+        self._write_start_rows()
+        tl = self._timeline
+        it = iter(loader)
+        self._in_steps += 1
+        try:
+            tl.begin_loop()
+            while True:
+                span = self._safe_enter("data") if self._recording else None
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    if span is not None:
+                        tl.cancel(span)
+                    return
+                except BaseException as exc:
+                    if span is not None:
+                        tl.exit(span, type(exc))
+                    raise
+                if span is not None:
+                    try:
+                        tl.exit(span, None)
+                        tl.set_samples(infer_samples(batch))
+                        if self.count_flops and tl.index == 0 and not self._flops.running:
+                            self._flops.start()
+                    except Exception as exc:
+                        self._internal_error(exc)
+                try:
+                    yield batch
+                except GeneratorExit:
+                    # the loop was left (`break`): a step whose body ran is complete; one left right
+                    # after its batch arrived (`if i == n: break`) or that failed is no step
+                    # (an exception escaping the loop body also closes the generator, before any
+                    # enclosing `with` sees it: that step's spans are kept, with their error)
+                    if self._recording:
+                        cur = tl.current()
+                        ran = cur.comm or cur.metrics or any(sp.name != "data" for sp in cur.spans)
+                        if not ran:
+                            tl.discard_open_step()
+                        elif any(sp.error for sp in cur.spans):
+                            tl.abandon_open_step()
+                        else:
+                            self._end_step(None)
+                    raise
+                if self._recording:
+                    self._end_step(None)
+        finally:
+            self._in_steps -= 1
+
+    def step(self, samples: int | None = None) -> None:
+        """End the current step (for loops that do not iterate through prof.steps)."""
+        if not self._recording:
+            return
+        if self._in_steps:
+            self.faults.report(
+                "step_inside_steps",
+                "perfscope: prof.step() was called inside `for batch in prof.steps(loader)`, which already "
+                "ends a step per batch; the extra call is ignored.",
+            )
+            return
+        self._write_start_rows()
+        self._end_step(samples)
+        if self.count_flops and self._timeline.index == 1 and not self._flops.running:
+            try:
+                self._flops.start()  # loops without a loader: count the second step, the first fully seen
+            except Exception as exc:
+                self._internal_error(exc)
+
+    def log(self, **values: Any) -> None:
+        """User metrics of the step in progress: `prof.log(loss=loss.item(), accuracy=acc)`."""
+        if self._recording:
+            try:
+                for name, value in values.items():
+                    self._timeline.log(name, value)
+            except Exception as exc:
+                self._internal_error(exc)
+
+    def watch(self, model: Any, *, comm_hook: Any = None, comm_state: Any = None) -> Any:
+        """Count the model's parameters and gradient bytes; on a DDP model, record every bucket's
+        collective through a comm hook. A hook of your own (fp16 compression, PowerSGD ...) must be
+        given here, since DDP accepts one: `prof.watch(model, comm_hook=fp16_compress_hook)`.
+        Returns the model."""
+        if not self._recording:
+            if comm_hook is not None and ddp.is_ddp(model):
+                model.register_comm_hook(comm_state, comm_hook)  # what the user asked for, unrecorded
+            return model
+        registered = False
+        try:
+            self._facts = facts = ddp.model_facts(model)
+            if facts.device_type == "cuda" and self._timing == "auto":
+                self._use_cuda_timing()
+            if facts.is_ddp:
+                state = ddp.instrument_ddp(
+                    model, self._timeline, self.faults, comm_hook=comm_hook, comm_state=comm_state
+                )
+                registered = state is not None
+                if state is not None:
+                    self._hooks.append(state)
+        except Exception as exc:
+            self._internal_error(exc)
+        if (
+            comm_hook is not None
+            and not registered
+            and ddp.is_ddp(model)
+            and ddp.registered_hook_name(model) is None
+        ):
+            model.register_comm_hook(comm_state, comm_hook)
+        return model
+
+    def collective(self, op: str, nbytes: int) -> manual.CollectiveBlock:
+        """Time a hand-written collective: `with prof.collective("allreduce", t.nbytes): ...`.
+        It is exposed sync: a `sync` phase opens around it unless one is open."""
+        return manual.CollectiveBlock(self._timeline if self._recording else None, op, nbytes)
+
+    def all_reduce(self, tensor: Any, *, op: Any = None, group: Any = None, average: bool = False) -> Any:
+        """torch.distributed.all_reduce(tensor), recorded as exposed sync; see `collective`."""
+        return manual.all_reduce(
+            self._timeline if self._recording else None, tensor, op=op, group=group, average=average
+        )
+
+    def horovod_optimizer(self, optimizer: Any, *, hvd: Any = None, **kwargs: Any) -> Any:
+        """`hvd.DistributedOptimizer(optimizer, **kwargs)` with its allreduces and its synchronize()
+        recorded. Horovod is imported here, not before."""
+        if not self._recording:
+            if hvd is None:
+                import importlib
+
+                hvd = importlib.import_module("horovod.torch")
+            return hvd.DistributedOptimizer(optimizer, **kwargs)
+        opt = horovod.distributed_optimizer(optimizer, self._timeline, self.faults, hvd=hvd, **kwargs)
+        recorder = getattr(opt, "_perfscope", None)
+        if recorder is not None:
+            self._hooks.append(recorder)
+        return opt
+
+    # -- internals --------------------------------------------------------------------------------
+    def _emit(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        assert self._writer is not None
+        self._writer.extend(table, rows)
+
+    def _safe_enter(self, name: str) -> Span | None:
+        try:
+            return self._timeline.enter(name)
+        except Exception as exc:
+            self._internal_error(exc)
+            return None
+
+    def _end_step(self, samples: int | None) -> None:
+        try:
+            self._timeline.end_step(samples)
+            if self._flops.running and self._timeline.index >= 1:
+                self._stop_flops()
+        except Exception as exc:
+            self._internal_error(exc)
+
+    def _stop_flops(self) -> None:
+        if self._flops.running:
+            flops = self._flops.stop()
+            if flops is not None and self._columns.get("flops_per_step") is None:
+                self._columns["flops_per_step"] = flops
+
+    def _internal_error(self, exc: Exception) -> None:
+        """A bug of ours in the hot path: stop recording rather than risk the job."""
+        self._recording = False
+        for hook in self._hooks:
+            hook.active = False
+        self.faults.report(
+            "internal_error",
+            f"perfscope: recording stopped after an internal error ({type(exc).__name__}: {exc}); "
+            "training continues unrecorded. Please report this.",
+        )
+
+    def _note_dataset(self, loader: Any) -> None:
+        if self._columns.get("dataset_samples") is None:
+            with contextlib.suppress(Exception):
+                self._columns["dataset_samples"] = len(loader.dataset)
+
+    @staticmethod
+    def _cuda_available() -> bool:
+        torch = sys.modules.get("torch")
+        try:
+            return bool(torch is not None and torch.cuda.is_available())
+        except Exception:
+            return False
+
+    def _cuda_in_use(self) -> bool:
+        torch = sys.modules.get("torch")
+        try:
+            return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+        except Exception:
+            return False
+
+    def _use_cuda_timing(self) -> None:
+        tl = self._timeline
+        if tl.marks.clock != "cuda":
+            from .cuda_timing import CudaMarks
+
+            tl.use_marks(CudaMarks.for_torch())
+
+    def _device(self) -> tuple[int | None, str]:
+        facts = self._facts
+        index = facts.device_index if facts is not None else None
+        if index is None and self._timeline is not None and self._timeline.marks.clock == "cuda":
+            torch = sys.modules.get("torch")
+            index = int(torch.cuda.current_device()) if torch is not None else None
+        if index is None:
+            return None, "cpu"
+        names = self._gpus.device_names
+        return index, cuda_device_name(index) or (names[index] if index < len(names) else "cuda")
+
+    def _write_start_rows(self) -> None:
+        """The `ranks` row, and on rank 0 the `runs` row: once, when the training loop starts (by
+        then watch() has told the model facts), else at close."""
+        if self._start_rows_written or self._writer is None or self.placement is None:
+            return
+        self._start_rows_written = True
+        p = self.placement
+        index, name = self._device()
+        self._writer.append(
+            "ranks",
+            (p.rank, p.local_rank, p.node_rank, self._hostname, os.getpid(), p.clock_offset_ns,
+             psutil.cpu_count() or 1, index, name, self.started_ns),
+        )  # fmt: skip
+        self._write_runs_row(ended_ns=None)
+
+    def _write_runs_row(self, *, ended_ns: int | None) -> None:
+        if self.rank != 0 or self._writer is None or self.placement is None:
+            return
+        p = self.placement
+        facts = self._facts
+        batch = self._columns.get("batch_size_per_rank")
+        fields: dict[str, Any] = {
+            "source": "measured",
+            "started_ns": self.started_ns,
+            "world_size": p.world_size,
+            "nodes": p.nodes,
+            "gpus_per_node": p.ranks_per_node,
+            "backend": p.backend,
+            "device_model": self._device()[1],
+            "cluster": _cluster_from_env(),
+            "model": facts.name if facts is not None else "",
+            "global_batch_size": batch * p.world_size if batch is not None else None,
+            "param_count": facts.param_count if facts is not None else None,
+            "grad_bytes": facts.grad_bytes if facts is not None else None,
+            "scaling_mode": "",
+            "hostname": self._hostname,
+            "driver_version": self._gpus.driver_version,
+            "tags": self._tags,
+            "ended_ns": ended_ns,
+            **software(),
+        }
+        fields.update({k: v for k, v in self._columns.items() if v is not None or k not in fields})
+        self._writer.append("runs", runs_row(fields))
+
+
+def _cluster_from_env() -> str:
+    env = os.environ
+    if env.get("PERFSCOPE_CLUSTER"):
+        return env["PERFSCOPE_CLUSTER"]
+    cluster, partition = env.get("SLURM_CLUSTER_NAME", ""), env.get("SLURM_JOB_PARTITION", "")
+    return "/".join(x for x in (cluster, partition) if x)
+
+
+def profile(
+    store: str | os.PathLike[str],
+    *,
+    experiment: str = "default",
+    batch_size: int | None = None,
+    count_flops: bool = False,
+    **options: Any,
+) -> Profiler:
+    """Record this rank's training into the store folder `store`; use as a context manager on
+    every rank:
+
+        with perfscope.profile("traces/", experiment="resnet-scaling", batch_size=75) as prof:
+            prof.watch(model)
+            for batch in prof.steps(loader):
+                with prof.phase("forward"):
+                    loss = model(batch)
+                ...
+                prof.log(loss=loss.item())
+
+    Keywords: any column of the `runs` table (cluster, backend, scaling_mode, tags,
+    flops_per_step, device_peak_flops, dataset_samples, model, global_batch_size ...); any other
+    keyword becomes a tag. Options: count_flops (count one step's FLOPs with torch's counter),
+    timing ('auto', 'host' or 'cuda'), poll_hz (telemetry rate, 0 turns the poller off),
+    gpu_telemetry, nvtx, run_id, roll_interval_s. Recording problems become warnings; the
+    training itself is never interrupted by perfscope.
+    """
+    return Profiler(store, experiment=experiment, batch_size=batch_size, count_flops=count_flops, **options)

@@ -1,0 +1,109 @@
+"""The `runs` row: what the job, its keywords to perfscope.profile() and the software found say about
+a run. Any column of `runs` can be given by keyword; a keyword that is no column becomes a tag."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+from perfscope.schema import RUNS
+
+#: columns measured at the start or end, never given by keyword
+_MEASURED_ONLY = frozenset({"started_ns", "ended_ns"})
+SETTABLE = frozenset(RUNS.column_names) - _MEASURED_ONLY
+_SCALING_MODES = ("strong", "weak", "")
+
+
+def split_keywords(metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(runs columns given by keyword, validated) and (the rest, which become tags)."""
+    columns: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    types = {c.name: c.type for c in RUNS.columns}
+    for key, value in metadata.items():
+        if key not in SETTABLE:
+            if key in _MEASURED_ONLY:
+                raise ValueError(f"perfscope.profile: {key} is measured by perfscope and cannot be given")
+            extra[key] = value
+            continue
+        if value is None:
+            columns[key] = None
+            continue
+        typ = types[key]
+        if key == "tags":
+            columns[key] = value
+        elif pa.types.is_integer(typ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"perfscope.profile: {key} must be an int, got {value!r}")
+            columns[key] = value
+        elif pa.types.is_floating(typ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"perfscope.profile: {key} must be a number, got {value!r}")
+            columns[key] = float(value)
+        else:
+            columns[key] = str(value)
+    mode = str(columns.get("scaling_mode") or "").lower()
+    if mode not in _SCALING_MODES:
+        raise ValueError(f"perfscope.profile: scaling_mode must be 'strong', 'weak' or '', got {mode!r}")
+    if "scaling_mode" in columns:
+        columns["scaling_mode"] = mode
+    return columns, extra
+
+
+def tags_json(tags: Any, extra: dict[str, Any]) -> str:
+    """User tags plus unknown keywords as one JSON object (values that JSON cannot hold as strings)."""
+    merged: dict[str, Any] = {}
+    if isinstance(tags, str):
+        try:
+            loaded = json.loads(tags)
+        except ValueError:
+            loaded = {"tags": tags}
+        merged.update(loaded if isinstance(loaded, dict) else {"tags": loaded})
+    elif isinstance(tags, dict):
+        merged.update(tags)
+    elif isinstance(tags, (list, tuple, set)):
+        merged.update({str(t): True for t in tags})
+    merged.update(extra)
+    return json.dumps(merged, default=str, sort_keys=True)
+
+
+def software() -> dict[str, str]:
+    """Versions of what records and trains. torch is consulted only when the job imported it."""
+    out = {
+        "python_version": platform.python_version(),
+        "torch_version": "",
+        "cuda_version": "",
+        "nccl_version": "",
+    }
+    from perfscope import __version__
+
+    out["perfscope_version"] = __version__
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return out
+    out["torch_version"] = str(getattr(torch, "__version__", ""))
+    try:
+        if torch.cuda.is_available():
+            out["cuda_version"] = str(torch.version.cuda or "")
+            nccl = torch.cuda.nccl.version()
+            out["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:
+        pass
+    return out
+
+
+def cuda_device_name(index: int | None) -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is None or index is None:
+        return None
+    try:
+        return str(torch.cuda.get_device_name(index))
+    except Exception:
+        return None
+
+
+def runs_row(fields: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(fields.get(c) for c in RUNS.column_names)

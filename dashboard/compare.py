@@ -1,0 +1,184 @@
+"""Compare page: two runs or two scaling groups side by side, with the differences that matter highlighted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import streamlit as st
+
+from perfscope.charts.compare import (
+    NOTABLE_CHANGE,
+    VERDICT_COLOURS,
+    Quantity,
+    difference_table,
+    phase_compare_chart,
+    scaling_compare_chart,
+)
+from perfscope.charts.rows import group_label_map, rows
+
+from .state import Context
+from .widgets import chart, definition_note, no_runs
+
+RUN_QUANTITIES = (
+    Quantity("step_ns", "step time (median)", "ms", 1e-6, "lower"),
+    Quantity("throughput_samples_per_s", "throughput", "samples/s", 1.0, "higher"),
+    Quantity("data_ns", "data (loader wait)", "ms", 1e-6, "lower"),
+    Quantity("forward_ns", "forward", "ms", 1e-6, "lower"),
+    Quantity("backward_ns", "backward", "ms", 1e-6, "lower"),
+    Quantity("sync_exposed_ns", "exposed sync", "ms", 1e-6, "lower"),
+    Quantity("optimizer_ns", "optimizer", "ms", 1e-6, "lower"),
+    Quantity("other_ns", "other", "ms", 1e-6, "lower"),
+    Quantity("imbalance_ns", "imbalance (wait for slowest rank)", "ms", 1e-6, "lower"),
+    Quantity("comm_total_ns", "collectives, total (overlapped or not)", "ms", 1e-6, "lower"),
+    Quantity("step_cv", "step-time CV", "", 1.0, "lower"),
+    Quantity("load_balance", "load balance (POP)", "", 1.0, "higher"),
+    Quantity("comm_efficiency", "communication efficiency (POP)", "", 1.0, "higher"),
+    Quantity("util_gpu_pct", "kernel-active share (NVML)", "%", 1.0, ""),
+    Quantity("power_w", "GPU power (per run, mean)", "W", 1.0, ""),
+    Quantity("energy_per_sample_j", "energy per sample", "mJ", 1e3, "lower"),
+)
+#: Run settings worth naming when two runs differ in them.
+SETTINGS = (
+    "source",
+    "experiment",
+    "cluster",
+    "backend",
+    "world_size",
+    "nodes",
+    "batch_size_per_rank",
+    "global_batch_size",
+    "device_model",
+    "model",
+)
+GROUP_FIELDS = {
+    "efficiency": "efficiency E(N)",
+    "speedup": "speedup S(N)",
+    "per_gpu_speedup": "per-GPU speedup S(N)/N",
+    "throughput_samples_per_s": "throughput (samples/s)",
+}
+
+
+def render(ctx: Context) -> None:
+    st.title("Compare")
+    summary = ctx.table("run_summary")
+    if summary.num_rows == 0:
+        no_runs()
+        return
+    mode = st.radio("Compare", ["Two runs", "Two groups"], horizontal=True, key="compare_mode")
+    if mode == "Two runs":
+        _runs(ctx, summary)
+    else:
+        _groups(ctx)
+
+
+def _default_pair(runs: list[dict[str, Any]]) -> tuple[int, int]:
+    """Two runs worth comparing: the first run and its twin on another backend, else the next run."""
+    first = runs[0]
+    for i, r in enumerate(runs[1:], 1):
+        same = all(r[k] == first[k] for k in ("experiment", "cluster", "world_size", "batch_size_per_rank"))
+        if same and r["backend"] != first["backend"]:
+            return 0, i
+    return 0, min(1, len(runs) - 1)
+
+
+def _runs(ctx: Context, summary: pa.Table) -> None:
+    runs = rows(summary)
+    ids = [r["run_id"] for r in runs]
+    a_default, b_default = _default_pair(runs)
+    left, right = st.columns(2)
+    a = left.selectbox("Run A", ids, index=a_default, key="compare_a")
+    b = right.selectbox("Run B", ids, index=b_default, key="compare_b")
+    merged = {r["run_id"]: dict(r) for r in runs}
+    # POP and utilisation numbers of the same runs (whole-selection tables: the cached ones)
+    for name in ("pop", "utilisation"):
+        for r in rows(ctx.table(name)):
+            if r.get("run_id") in merged:
+                for k, v in r.items():
+                    merged[r["run_id"]].setdefault(k, v)
+    ra, rb = merged[a], merged[b]
+    differs = [f"{k}: {ra.get(k)} → {rb.get(k)}" for k in SETTINGS if ra.get(k) != rb.get(k)]
+    if a == b:
+        st.info("Pick two different runs.", icon=":material/compare_arrows:")
+    elif differs:
+        st.markdown("**A and B differ in** " + "; ".join(f"`{d}`" for d in differs))
+    if "simulated" in (ra.get("source"), rb.get("source")):
+        st.caption("At least one of the two runs is simulated (perfscope simulate), not measured.")
+    _difference(difference_table(ra, rb, RUN_QUANTITIES))
+    chart(phase_compare_chart(ctx.table("phase_breakdown"), a, b))
+    definition_note("run_summary", "phase_breakdown", "pop", "utilisation")
+
+
+def _groups(ctx: Context) -> None:
+    scaling = ctx.table("scaling")
+    vals = rows(scaling, ("group_id", "world_size", "source", *GROUP_FIELDS))
+    groups = sorted({r["group_id"] for r in vals if r["group_id"]})
+    if len(groups) < 2:
+        st.info("This selection has fewer than two scaling groups.", icon=":material/info:")
+        return
+    labels = group_label_map(groups)
+    left, mid, right = st.columns([2, 2, 1])
+    a = left.selectbox(
+        "Group A", groups, index=0, format_func=lambda g: labels.get(g, g), key="compare_group_a"
+    )
+    b = mid.selectbox(
+        "Group B", groups, index=1, format_func=lambda g: labels.get(g, g), key="compare_group_b"
+    )
+    field = right.selectbox(
+        "Quantity", list(GROUP_FIELDS), format_func=GROUP_FIELDS.__getitem__, key="compare_group_field"
+    )
+    chart(scaling_compare_chart(scaling, a, b, field))
+    at_a = {str(r["world_size"]): r[field] for r in vals if r["group_id"] == a}
+    at_b = {str(r["world_size"]): r[field] for r in vals if r["group_id"] == b}
+    sizes = sorted(set(at_a) | set(at_b), key=int)
+    scale = 100.0 if field == "efficiency" else 1.0
+    unit = "%" if field == "efficiency" else ""
+    better = "higher"
+    _difference(
+        difference_table(at_a, at_b, [Quantity(n, f"N = {n}", unit, scale, better) for n in sizes]),
+        first_column=GROUP_FIELDS[field],
+    )
+    definition_note("scaling")
+
+
+def _shown(v: float | None, signed: bool = False) -> str:
+    """A number for reading: thousands separated, small values with their significant digits."""
+    if v is None or v != v:
+        return "–"
+    sign = "+" if signed and v > 0 else ""
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{sign}{v:,.0f}"
+    if abs(v) >= 1:
+        return f"{sign}{v:.3f}"
+    return f"{sign}{v:.3g}"
+
+
+def _difference(table: pa.Table, first_column: str = "quantity") -> None:
+    """The A/B table with each row tinted by its verdict for B (green better, orange worse)."""
+    vals = rows(table)
+    df = pd.DataFrame(
+        {
+            first_column: [r["quantity"] for r in vals],
+            "unit": [r["unit"] for r in vals],
+            "A": [_shown(r["a"]) for r in vals],
+            "B": [_shown(r["b"]) for r in vals],
+            "B − A": [_shown(r["difference"], signed=True) for r in vals],
+            "B / A − 1": ["–" if r["change"] is None else f"{r['change']:+.1%}" for r in vals],
+            "B against A": [r["verdict"] or "–" for r in vals],
+        }
+    )
+    tints = {k: v + "22" for k, v in VERDICT_COLOURS.items() if k in ("better", "worse")}
+
+    def tint(row: Any) -> list[str]:
+        colour = tints.get(row["B against A"])
+        return [f"background-color: {colour}" if colour else "" for _ in row]
+
+    # pandas only for the Styler: Streamlit tints table rows from a Styler and nothing else
+    st.dataframe(df.style.apply(tint, axis=1), hide_index=True)
+    st.caption(
+        f"Rows tinted green where B is better and orange where B is worse by {NOTABLE_CHANGE:.0%} or more; "
+        "'same' is within that; 'different' where neither direction is better (e.g. kernel-active share)."
+    )

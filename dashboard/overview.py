@@ -1,0 +1,172 @@
+"""Overview page: the runs in the store, the ranked findings with links to their charts, data quality."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import streamlit as st
+
+from perfscope.charts.rows import multi_point_groups, rows
+
+from . import links
+from .state import Context
+from .widgets import Col, definition_note, no_runs, pct, show_table, simulated_notice
+
+SEVERITY_ICONS = {"alarm": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
+SEVERITY_COLOURS = {"alarm": "red", "warning": "orange", "info": "blue"}
+
+RUN_COLUMNS = {
+    "run_id": Col("run"),
+    "source": Col("source", help="measured by perfscope.profile or simulated by perfscope simulate"),
+    "experiment": Col("experiment"),
+    "cluster": Col("cluster"),
+    "backend": Col("backend"),
+    "world_size": Col("N", fmt="%d", help="world size: ranks (GPUs or processes)"),
+    "nodes": Col("nodes", fmt="%d"),
+    "batch_size_per_rank": Col("batch/rank", fmt="%d"),
+    "step_ns": Col("step (ms)", 1e-6, "%.3f", "steady-state median of the slowest rank's step time"),
+    "step_cv": Col("step CV", fmt="%.3f", help="coefficient of variation of the step time (stdev/mean)"),
+    "throughput_samples_per_s": Col("samples/s", fmt="%,.0f", help="X = global samples / step time"),
+    "steady_steps": Col("steady steps", fmt="%d"),
+    "device_model": Col("device"),
+}
+
+GLANCE_COLUMNS = {
+    "group_id": Col("scaling group"),
+    "source": Col("source"),
+    "baseline_world_size": Col("N0", fmt="%d", help="smallest world size of the group: the baseline"),
+    "world_size": Col("largest N", fmt="%d"),
+    "speedup": Col("speedup S(N)", fmt="%.2f"),
+    "efficiency": Col("efficiency E(N)", 100.0, "%.0f%%"),
+    "per_gpu_speedup": Col("per-GPU speedup S(N)/N", fmt="%.2f", help="what the seed study quotes"),
+}
+
+
+def render(ctx: Context) -> None:
+    st.title("Overview")
+    summary = ctx.table("run_summary")
+    if summary.num_rows == 0:
+        no_runs()
+        return
+    _headline(summary)
+    simulated_notice(summary)
+
+    st.header("Scaling at a glance", anchor="glance")
+    _glance(ctx.table("scaling"))
+
+    st.header("Findings", anchor="findings")
+    st.caption("Ranked by the share of lost efficiency each explains, then severity and confidence.")
+    findings = ctx.findings()
+    if findings is not None:
+        if not findings:
+            st.success("No finding: nothing in this selection looks wrong to the explainer's rules.")
+        for i, f in enumerate(findings, 1):
+            _finding(ctx, i, f)
+
+    st.header("Runs", anchor="runs")
+    show_table(summary, RUN_COLUMNS)
+    definition_note("run_summary")
+
+    st.header("Data quality", anchor="quality")
+    _quality(ctx)
+
+
+def _headline(summary: pa.Table) -> None:
+    vals = rows(summary, ("experiment", "source", "world_size", "cluster", "backend"))
+    sim = sum(1 for r in vals if r["source"] == "simulated")
+    sizes = sorted({r["world_size"] for r in vals if r["world_size"] is not None})
+    cols = st.columns(5)
+    cols[0].metric("Runs", len(vals), help="runs in the selection")
+    cols[1].metric("Measured / simulated", f"{len(vals) - sim} / {sim}")
+    cols[2].metric("Experiments", len({r["experiment"] for r in vals}))
+    cols[3].metric(
+        "World sizes", f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else str(sizes[0]) if sizes else "–"
+    )
+    cols[4].metric(
+        "Clusters × backends", f"{len({r['cluster'] for r in vals})} × {len({r['backend'] for r in vals})}"
+    )
+
+
+#: Findings shown open; the rest are listed by title, one click away.
+OPEN_FINDINGS = 3
+
+
+def _finding(ctx: Context, rank: int, f: Any) -> None:
+    icon = SEVERITY_ICONS.get(f.severity, ":material/info:")
+    with st.expander(
+        f"**{rank}. {f.title}**", expanded=rank <= OPEN_FINDINGS, icon=icon, key=f"finding-{rank}"
+    ):
+        st.badge(f.severity, icon=icon, color=SEVERITY_COLOURS.get(f.severity, "gray"))  # type: ignore[arg-type]
+        st.markdown(f.text)
+        if f.recommendation:
+            st.markdown(f"**What to do:** {f.recommendation}")
+        facts = [f"confidence {f.confidence_label} ({f.confidence:.2f})"]
+        if f.explained_loss is not None:
+            facts.append(f"explains {pct(f.explained_loss)} of the group's lost time")
+        facts.append(f"rule: {f.rule} ({f.category})")
+        if f.group_id:
+            facts.append(f"group: {f.group_id}")
+        st.caption(" · ".join(facts))
+        evidence_runs = list(f.evidence.run_ids)
+        shown = ", ".join(evidence_runs[:4]) + (
+            f" and {len(evidence_runs) - 4} more" if len(evidence_runs) > 4 else ""
+        )
+        if shown:
+            st.caption(f"evidence runs: {shown}")
+        found = links.links_for(f.evidence.analyses, evidence_runs, f.group_id)
+        if found:
+            cols = st.columns(len(found))
+            for col, link in zip(cols, found, strict=True):
+                page = ctx.pages.get(link.place.page)
+                if page is not None:
+                    col.page_link(
+                        page, label=link.place.label, icon=":material/insert_chart:", query_params=link.params
+                    )
+        definition_note(*f.evidence.analyses, popover=True)
+
+
+def _glance(scaling: pa.Table) -> None:
+    """Each scaling group at its largest world size: the seed study's headline numbers."""
+    vals = rows(scaling)
+    keep = multi_point_groups([r for r in vals if not r.get("mixed")])
+    last: dict[str, dict[str, Any]] = {}
+    for r in vals:
+        g = str(r.get("group_id"))
+        if g in keep and (g not in last or r["world_size"] > last[g]["world_size"]):
+            last[g] = r
+    if not last:
+        st.caption("No scaling group has runs at two or more world sizes in this selection.")
+        return
+    table = pa.Table.from_pylist([last[g] for g in sorted(last)])
+    show_table(table, GLANCE_COLUMNS)
+    definition_note("scaling")
+
+
+def _quality(ctx: Context) -> None:
+    skipped = ctx.store.skipped
+    if skipped:
+        st.warning(
+            f"{len(skipped)} file(s) in the store could not be read and were skipped; the numbers above "
+            "leave them out.",
+            icon=":material/warning:",
+        )
+        st.dataframe(
+            pa.table({"file": [s.path for s in skipped], "reason": [s.reason for s in skipped]}),
+            hide_index=True,
+        )
+    quality = ctx.table("quality")
+    if quality.num_rows:
+        show_table(
+            quality,
+            {
+                "severity": Col("severity"),
+                "kind": Col("kind"),
+                "message": Col("what"),
+                "run_id": Col("run"),
+                "group_id": Col("group"),
+            },
+        )
+        definition_note("quality")
+    elif not skipped:
+        st.success("No data-quality problem found in this selection.")

@@ -1,0 +1,159 @@
+"""Run page: one run's step times per rank, phases, stragglers, and GPU and host telemetry over time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from perfscope.charts.phases import phase_breakdown_chart
+from perfscope.charts.rows import rows
+from perfscope.charts.stragglers import last_rank_chart, wait_heatmap
+from perfscope.charts.timeline import (
+    gpu_timeline_chart,
+    host_timeline_chart,
+    steady_window,
+    step_series_chart,
+)
+
+from . import links
+from .state import Context
+from .widgets import Col, chart, definition_note, ms, no_runs, num, one_row, pct, show_table
+
+RANK_COLUMNS = {
+    "rank": Col("rank", fmt="%d"),
+    "hostname": Col("host"),
+    "steps": Col("steps", fmt="%d"),
+    "step_ns": Col("step (ms)", 1e-6, "%.3f"),
+    "data_ns": Col("data (ms)", 1e-6, "%.3f"),
+    "forward_ns": Col("forward (ms)", 1e-6, "%.3f"),
+    "backward_ns": Col("backward (ms)", 1e-6, "%.3f"),
+    "sync_exposed_ns": Col("exposed sync (ms)", 1e-6, "%.3f"),
+    "optimizer_ns": Col("optimizer (ms)", 1e-6, "%.3f"),
+    "other_ns": Col("other (ms)", 1e-6, "%.3f"),
+    "comm_total_ns": Col("comm total (ms)", 1e-6, "%.3f", "all collectives, overlapped or not"),
+}
+STRAGGLER_COLUMNS = {
+    "rank": Col("rank", fmt="%d"),
+    "hostname": Col("host"),
+    "instances": Col("collectives", fmt="%d"),
+    "last_share": Col("last to enter", 100.0, "%.0f%%"),
+    "wait_per_step_ns": Col("wait per step (ms)", 1e-6, "%.3f"),
+    "wait_share_of_step": Col("wait / step", 100.0, "%.1f%%"),
+    "is_straggler": Col("straggler"),
+    "wait_source": Col("measured from"),
+}
+PLACEMENT_COLUMNS = {
+    "hostname": Col("host"),
+    "node_rank": Col("node", fmt="%d"),
+    "ranks_on_host": Col("ranks", fmt="%d"),
+    "cpu_count": Col("logical CPUs", fmt="%d"),
+    "gpus_on_host": Col("GPUs", fmt="%d"),
+    "cores_per_rank": Col("cores / rank", fmt="%.1f"),
+    "oversubscribed_cpu": Col("CPU oversubscribed"),
+    "oversubscribed_gpu": Col("GPU oversubscribed"),
+}
+
+
+def render(ctx: Context) -> None:
+    st.title("Run")
+    summary = ctx.table("run_summary")
+    if summary.num_rows == 0:
+        no_runs()
+        return
+    runs = rows(summary)
+    by_id = {r["run_id"]: r for r in runs}
+    if st.session_state.get(links.RUN) not in by_id:
+        st.session_state.pop(links.RUN, None)  # a run outside the selection (or gone): start afresh
+    # the options are the run ids themselves: a bound widget's URL value is the option's label
+    run_id = st.selectbox(
+        "Run", list(by_id), key=links.RUN, bind="query-params", help="runs in the sidebar's selection"
+    )
+    run = by_id[run_id]
+    _headline(run)
+    tabs = st.tabs(list(links.RUN_TABS), key=links.RUN_TAB, bind="query-params")
+    parts = dict(zip(links.RUN_TABS, tabs, strict=True))
+    one = ctx.refine(run_ids=(run_id,))
+    with parts["Steps"]:
+        if parts["Steps"].open:
+            chart(step_series_chart(ctx.table("step_series", one)))
+            definition_note("run_summary", "step_series")
+    with parts["Phases"]:
+        if parts["Phases"].open:
+            chart(phase_breakdown_chart(ctx.table("phase_breakdown", one)))
+            st.subheader("Per rank")
+            show_table(ctx.table("rank_breakdown", one), RANK_COLUMNS)
+            definition_note("phase_breakdown", "rank_breakdown")
+    with parts["Stragglers"]:
+        if parts["Stragglers"].open:
+            _stragglers(ctx, run_id)
+    with parts["Telemetry"]:
+        if parts["Telemetry"].open:
+            _telemetry(ctx, run_id)
+
+
+def _headline(run: dict[str, Any]) -> None:
+    if run.get("source") == "simulated":
+        st.info("This run is **simulated** (perfscope simulate), not measured.", icon=":material/science:")
+    cols = st.columns(6)
+    cols[0].metric("World size", run["world_size"], help=f"ranks, on {run['nodes']} node(s)")
+    cols[1].metric(
+        "Step time (median)",
+        ms(run["step_ns"], 3),
+        help=f"steady state; p10 {ms(run['step_p10_ns'], 3)}, p90 {ms(run['step_p90_ns'], 3)}",
+    )
+    cols[2].metric("Step-time CV", num(run["step_cv"], ".3f"), help="stdev / mean of the steady steps")
+    cols[3].metric("Samples/s", num(run["throughput_samples_per_s"]), help="X = global samples / step time")
+    share = (
+        run["sync_exposed_ns"] / run["step_ns"]
+        if run["step_ns"] and run["sync_exposed_ns"] is not None
+        else None
+    )
+    cols[4].metric(
+        "Exposed sync", pct(share), help="share of the step spent waiting for gradient synchronisation"
+    )
+    cols[5].metric("Steady steps", f"{run['steady_steps']} / {run['steps_total']}", help="warm-up dropped")
+    st.caption(
+        f"{run['world_size']} rank(s) on {run['nodes']} node(s) · {run['cluster']} · {run['backend']} · "
+        f"{run.get('device_model') or 'unknown device'} · batch {run['batch_size_per_rank']} per rank, "
+        f"{run['global_batch_size']} global · experiment {run['experiment']}"
+    )
+
+
+def _stragglers(ctx: Context, run_id: str) -> None:
+    one = ctx.refine(run_ids=(run_id,))
+    chart(wait_heatmap(ctx.table("collective_wait", one)))
+    strag = ctx.table("stragglers", one)
+    chart(last_rank_chart(strag))
+    show_table(strag, STRAGGLER_COLUMNS)
+    # the whole selection's table: the cached one the Scaling page uses, with the group's baseline
+    pop = one_row(ctx.table("pop"), "run_id", run_id)
+    if pop is not None:
+        cols = st.columns(3)
+        cols[0].metric("Load balance", num(pop["load_balance"], ".2f"), help="mean(useful) / max(useful)")
+        cols[1].metric("Communication efficiency", num(pop["comm_efficiency"], ".2f"), help="max(useful) / T")
+        cols[2].metric("Parallel efficiency", num(pop["parallel_efficiency"], ".2f"), help="LB · CommE")
+    definition_note("stragglers", "collective_wait", "pop")
+
+
+def _telemetry(ctx: Context, run_id: str) -> None:
+    one = ctx.refine(run_ids=(run_id,))
+    window = steady_window(ctx.table("step_series", one))
+    gpu = ctx.table("gpu_timeline", one)
+    host = host_timeline_chart(ctx.table("host_timeline", one), window)
+    if gpu.num_rows == 0:
+        st.info(
+            "No GPU telemetry for this run: a CPU job, or NVML was not available where it ran. Host CPU and "
+            "memory are below.",
+            icon=":material/memory:",
+        )
+        chart(host)
+    else:
+        left, right = st.columns(2)
+        with left:
+            chart(gpu_timeline_chart(gpu, window))
+        with right:
+            chart(host)
+    st.subheader("Ranks per host")
+    show_table(ctx.table("placement", one), PLACEMENT_COLUMNS)
+    definition_note("gpu_timeline", "host_timeline", "placement")

@@ -1,0 +1,248 @@
+"""Scaling page: speedup, efficiency, sync, bandwidth, phases, utilisation and groups against world size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import streamlit as st
+from perfscope.charts.backends import backend_compare_chart
+
+from perfscope.charts.phases import lost_time_chart, phase_breakdown_chart
+from perfscope.charts.rows import group_label_map, multi_point_groups, rows
+from perfscope.charts.scaling import efficiency_chart, per_gpu_speedup_chart, speedup_chart
+from perfscope.charts.sync import busbw_chart, sync_time_chart
+from perfscope.charts.utilisation import energy_chart, utilisation_chart
+
+from . import links
+from .state import Context
+from .widgets import Col, chart, definition_note, filter_rows, no_runs, relabel, show_table, simulated_notice
+
+LARGEST_COLUMNS = {
+    "group_id": Col("group"),
+    "world_size": Col("N", fmt="%d"),
+    "per_gpu_speedup": Col("S(N)/N", fmt="%.2f", help="per-GPU speedup"),
+    "speedup": Col("S(N)", fmt="%.2f"),
+    "efficiency": Col("E(N)", 100.0, "%.0f%%"),
+    "source": Col("source"),
+}
+SCALING_COLUMNS = {
+    "group_id": Col("group"),
+    "world_size": Col("N", fmt="%d"),
+    "nodes": Col("nodes", fmt="%d"),
+    "source": Col("source"),
+    "step_ns": Col("step (ms)", 1e-6, "%.3f"),
+    "throughput_samples_per_s": Col("samples/s", fmt="%,.0f"),
+    "speedup": Col("S(N)", fmt="%.2f", help="speedup X(N)/X(N0)"),
+    "efficiency": Col("E(N)", 100.0, "%.0f%%", help="efficiency S(N)·N0/N"),
+    "per_gpu_speedup": Col("S(N)/N", fmt="%.2f", help="per-GPU speedup"),
+    "sync_share": Col("sync share", 100.0, "%.0f%%", help="exposed sync / step time"),
+    "lost_ns": Col("lost (GPU·ms/step)", 1e-6, "%.2f", help="N·T(N)·(1 − E(N))"),
+}
+FIT_COLUMNS = {
+    "cluster": Col("cluster"),
+    "backend": Col("backend"),
+    "scope": Col("scope"),
+    "alpha_s": Col("α (µs)", 1e6, "%.2f", "latency per ring step"),
+    "bandwidth_gb_per_s": Col("1/β (GB/s)", fmt="%.2f", help="bandwidth of the fit"),
+    "points": Col("points", fmt="%d"),
+    "world_sizes": Col("world sizes"),
+    "smape_pct": Col("SMAPE (%)", fmt="%.1f"),
+    "smape": Col("SMAPE (%)", fmt="%.1f"),
+    "r2_adj": Col("adj. R²", fmt="%.3f"),
+    "too_few_points": Col("too few points"),
+}
+POP_COLUMNS = {
+    "group_id": Col("group"),
+    "world_size": Col("N", fmt="%d"),
+    "load_balance": Col("load balance", fmt="%.2f"),
+    "comm_efficiency": Col("comm. efficiency", fmt="%.2f"),
+    "parallel_efficiency": Col("parallel eff.", fmt="%.2f"),
+    "computation_scaling": Col("computation scaling", fmt="%.2f"),
+    "global_efficiency": Col("global eff.", fmt="%.2f"),
+}
+MODEL_COLUMNS = {
+    "group_id": Col("group"),
+    "points": Col("points", fmt="%d"),
+    "formula": Col("model of step time T(p)"),
+    "smape": Col("SMAPE (%)", fmt="%.1f"),
+    "r2_adj": Col("adj. R²", fmt="%.3f"),
+    "loo_smape": Col("leave-one-out SMAPE (%)", fmt="%.1f"),
+    "too_few_points": Col("too few points"),
+    "trusted": Col("trusted"),
+}
+
+PREDICTION_COLUMNS = {
+    "group_id": Col("group"),
+    "world_size": Col("N", fmt="%d"),
+    "kind": Col("kind", help="measured, or a prediction of the model"),
+    "measured_step_ns": Col("measured step (ms)", 1e-6, "%.3f"),
+    "model_step_ns": Col("model step (ms)", 1e-6, "%.3f"),
+    "model_speedup": Col("model S(N)", fmt="%.2f"),
+    "model_efficiency": Col("model E(N)", 100.0, "%.0f%%"),
+    "predicted_allreduce_ns": Col("allreduce, alpha-beta (ms)", 1e-6, "%.3f"),
+    "trusted": Col("trusted"),
+}
+
+
+def _groups(scaling: pa.Table) -> tuple[list[str], dict[str, str]]:
+    vals = [r for r in rows(scaling, ("group_id", "world_size", "mixed")) if not r["mixed"]]
+    curves = sorted(multi_point_groups(vals))
+    return curves, group_label_map(curves)
+
+
+def render(ctx: Context) -> None:
+    st.title("Scaling")
+    scaling = ctx.table("scaling")
+    if scaling.num_rows == 0:
+        no_runs()
+        return
+    simulated_notice(scaling)
+    _mixed(scaling)
+    curves, labels = _groups(scaling)
+    if not curves:
+        st.info(
+            "No scaling group in this selection has runs at two or more world sizes, so there is no curve "
+            "to draw. A group is one experiment, cluster, backend and model at one per-rank (weak) or global "
+            "(strong) batch size.",
+            icon=":material/info:",
+        )
+        return
+    wanted = st.query_params.get(links.GROUP)
+    picked = st.multiselect(
+        "Scaling groups",
+        curves,
+        default=[wanted] if wanted in curves else curves,
+        format_func=lambda g: labels.get(g, g),
+        key="scaling_groups",
+        help="experiment / cluster / backend / model / mode:batch; the labels show the parts that differ",
+    )
+    if not picked:
+        st.caption("Pick at least one group.")
+        return
+    run_ids = rows(filter_rows(scaling, "group_id", picked), ("run_id",))
+    runs = [r["run_id"] for r in run_ids]
+    tabs = st.tabs(list(links.SCALING_TABS), key=links.SCALING_TAB, bind="query-params")
+    parts = dict(zip(links.SCALING_TABS, tabs, strict=True))
+    shown = filter_rows(scaling, "group_id", picked)
+    with parts["Speedup"]:
+        if parts["Speedup"].open:
+            _speedup(ctx, shown, picked, labels)
+    with parts["Sync"]:
+        if parts["Sync"].open:
+            _sync(ctx, picked)
+    with parts["Phases"]:
+        if parts["Phases"].open:
+            _phases(ctx, picked, runs, labels)
+    with parts["Utilisation"]:
+        if parts["Utilisation"].open:
+            _utilisation(ctx, picked)
+    with parts["Groups"]:
+        if parts["Groups"].open:
+            _side_by_side(ctx, runs)
+    with parts["Model"]:
+        if parts["Model"].open:
+            _model(ctx, picked, labels)
+
+
+def _mixed(scaling: pa.Table) -> None:
+    notes = {
+        (r["group_id"], r["mode_note"])
+        for r in rows(scaling, ("group_id", "mixed", "mode_note"))
+        if r["mixed"]
+    }
+    for group_id, note in sorted(notes):
+        st.warning(
+            f"**{group_id}** mixes strong and weak scaling ({note or 'batch sizes disagree'}); its runs are "
+            "not compared with each other.",
+            icon=":material/rule:",
+        )
+
+
+def _largest(scaling: pa.Table) -> pa.Table:
+    """Each group's row at its largest world size."""
+    last: dict[str, dict[str, Any]] = {}
+    for r in rows(scaling):
+        g = r["group_id"]
+        if g not in last or r["world_size"] > last[g]["world_size"]:
+            last[g] = r
+    return pa.Table.from_pylist([last[g] for g in sorted(last)]) if last else scaling
+
+
+def _speedup(ctx: Context, scaling: pa.Table, picked: list[str], labels: dict[str, str]) -> None:
+    prediction = filter_rows(ctx.table("scaling_prediction"), "group_id", picked)
+    left, right = st.columns(2)
+    with left:
+        chart(speedup_chart(scaling, prediction))
+    with right:
+        chart(efficiency_chart(scaling, prediction))
+    left, right = st.columns(2)
+    with left:
+        chart(per_gpu_speedup_chart(scaling))
+    with right:
+        st.subheader("At the largest world size")
+        st.caption("Per group: what the seed study quotes (per-GPU speedup S(N)/N) at its largest N.")
+        show_table(relabel(_largest(scaling), "group_id", labels), LARGEST_COLUMNS)
+    show_table(relabel(scaling, "group_id", labels), SCALING_COLUMNS)
+    definition_note("scaling", "scaling_prediction")
+
+
+def _sync(ctx: Context, picked: list[str]) -> None:
+    sync = filter_rows(ctx.table("sync"), "group_id", picked)
+    fit = ctx.table("allreduce_fit")
+    left, right = st.columns(2)
+    with left:
+        chart(sync_time_chart(sync))
+    with right:
+        chart(busbw_chart(sync, fit))
+    st.subheader("Ring allreduce fit (alpha-beta)")
+    show_table(fit, FIT_COLUMNS)
+    definition_note("sync", "allreduce_fit")
+
+
+def _phases(ctx: Context, picked: list[str], runs: list[str], labels: dict[str, str]) -> None:
+    left, right = st.columns(2)
+    with left:
+        chart(phase_breakdown_chart(filter_rows(ctx.table("phase_breakdown"), "run_id", runs)))
+    with right:
+        chart(lost_time_chart(filter_rows(ctx.table("lost_time"), "group_id", picked)))
+    st.subheader("POP efficiencies")
+    show_table(relabel(filter_rows(ctx.table("pop"), "group_id", picked), "group_id", labels), POP_COLUMNS)
+    definition_note("phase_breakdown", "lost_time", "pop")
+
+
+def _utilisation(ctx: Context, picked: list[str]) -> None:
+    util = filter_rows(ctx.table("utilisation"), "group_id", picked)
+    left, right = st.columns(2)
+    with left:
+        chart(utilisation_chart(util))
+    with right:
+        chart(energy_chart(util))
+    definition_note("utilisation")
+
+
+def _side_by_side(ctx: Context, runs: list[str]) -> None:
+    st.caption(
+        "Backends measured at the same world size, per-rank batch, cluster and model. The speedup and "
+        "efficiency charts compare clusters and batch sizes: pick their groups above."
+    )
+    chart(backend_compare_chart(filter_rows(ctx.table("backend_compare"), "run_id", runs)))
+    definition_note("backend_compare")
+
+
+def _model(ctx: Context, picked: list[str], labels: dict[str, str]) -> None:
+    st.caption(
+        "A model of step time fitted to the measured world sizes (Extra-P normal form) and extrapolated "
+        "beyond them; the Speedup tab draws its predictions as hollow diamonds on dashed lines. Fewer than "
+        "5 measured world sizes make a model that is not trusted."
+    )
+    show_table(
+        relabel(filter_rows(ctx.table("scaling_model"), "group_id", picked), "group_id", labels),
+        MODEL_COLUMNS,
+    )
+    st.subheader("Measured and predicted")
+    show_table(
+        relabel(filter_rows(ctx.table("scaling_prediction"), "group_id", picked), "group_id", labels),
+        PREDICTION_COLUMNS,
+    )
+    definition_note("scaling_model", "scaling_prediction")

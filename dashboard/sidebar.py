@@ -1,0 +1,141 @@
+"""The sidebar: the store shown, the run selection, live mode, and the report download."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from perfscope.analysis import Selection
+from perfscope.charts.rows import rows
+from perfscope.store import Store
+
+from . import state
+
+LIVE_INTERVALS_S = (1, 2, 5, 10, 30, 60)
+_ALL_SOURCES = "measured and simulated"
+
+
+def _options(summary_rows: list[dict[str, Any]], column: str) -> list[str]:
+    return sorted({str(r[column]) for r in summary_rows if r.get(column) not in (None, "")})
+
+
+def _multiselect(label: str, options: list[str], key: str, help: str) -> tuple[str, ...]:
+    # A live store can lose a value (a run was removed); a kept value outside the options would raise.
+    if key in st.session_state:
+        st.session_state[key] = [v for v in st.session_state[key] if v in options]
+    picked = st.multiselect(label, options, key=key, placeholder="all", help=help, disabled=not options)
+    return tuple(picked)
+
+
+def selection(ctx_all: state.Context) -> Selection:
+    """The selection widgets, with options from the store's runs; empty means all."""
+    summary = rows(ctx_all.table("run_summary"), ("experiment", "cluster", "backend", "source"))
+    st.subheader("Selection")
+    experiments = _multiselect(
+        "Experiment", _options(summary, "experiment"), "sel_experiments", "the runs' experiment label"
+    )
+    clusters = _multiselect(
+        "Cluster", _options(summary, "cluster"), "sel_clusters", "cluster or partition label"
+    )
+    backends = _multiselect(
+        "Backend",
+        _options(summary, "backend"),
+        "sel_backends",
+        "collective backend (nccl, mpi, gloo, horovod-…)",
+    )
+    source = st.radio(
+        "Source",
+        [_ALL_SOURCES, "measured", "simulated"],
+        key="sel_source",
+        help="measured runs were recorded by perfscope.profile; simulated ones by perfscope simulate",
+    )
+    warmup = st.number_input(
+        "Warm-up steps to drop",
+        min_value=0,
+        value=None,
+        step=1,
+        key="sel_warmup",
+        placeholder="DESIGN rule: max(10, 5%)",
+        help="Leave empty for the steady-state rule (drop the first 10 steps or 5 %, whichever is larger).",
+    )
+    return Selection(
+        experiments=experiments,
+        clusters=clusters,
+        backends=backends,
+        source=None if source == _ALL_SOURCES else source,
+        warmup_steps=None if warmup is None else int(warmup),
+    )
+
+
+def store_info(path: Path, store: Store | None) -> None:
+    st.caption("Store")
+    st.code(str(path), language=None, wrap_lines=True)
+    if store is None:
+        return
+    files = sum(len(s) for s in store.listing.segments.values())
+    st.caption(f"{files:,} segments · {store.row_count('steps'):,} step rows")
+    if store.skipped:
+        st.warning(
+            f"{len(store.skipped)} unreadable or foreign file(s) skipped; see Overview.",
+            icon=":material/warning:",
+        )
+
+
+def live_controls(path: Path, store: Store | None, token: str) -> None:
+    """Live mode: re-list the store every few seconds and rerun the app when new segments arrived."""
+    live = st.toggle("Live: follow a store a job is writing", key="live", help="re-lists the store's folder")
+    every = st.select_slider(
+        "Check every (s)",
+        LIVE_INTERVALS_S,
+        value=5,
+        key="live_every",
+        disabled=not live,
+        label_visibility="collapsed",
+    )
+    if not live:
+        if st.button(
+            "Reload store", icon=":material/refresh:", help="pick up segments written since the page opened"
+        ):
+            _check(path, store, token)
+            st.toast("No new segments since the page was drawn.")
+        return
+
+    @st.fragment(run_every=every)
+    def _poll() -> None:
+        _check(path, store, token)
+        st.caption(f"live · checked at {time.strftime('%H:%M:%S')}, every {every} s")
+
+    _poll()
+
+
+def _check(path: Path, store: Store | None, token: str) -> None:
+    """Re-list; rerun the whole app when what the page shows is out of date."""
+    if store is None:
+        # no data yet (or the path appeared only now): try to open it afresh
+        if state.open_or_message(path)[0] is not None:
+            st.rerun(scope="app")
+        return
+    try:
+        state.refresh(store)
+    except Exception:
+        state.forget(path)  # the folder was removed or replaced: reopen on the rerun
+        st.rerun(scope="app")
+    if state.listing_token(store) != token:
+        st.rerun(scope="app")
+
+
+def report_download(render: Callable[[], bytes] | None) -> None:
+    if render is None:
+        return
+    st.download_button(
+        "Download report (HTML)",
+        data=render,
+        file_name="perfscope-report.html",
+        mime="text/html",
+        icon=":material/download:",
+        help="the same analyses and charts as a single HTML file",
+    )

@@ -1,0 +1,162 @@
+"""Which store the dashboard shows, opened once per process; its analyses and findings cached per listing."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import streamlit as st
+
+from perfscope.analysis import ANALYSES, Selection, run_analysis
+from perfscope.errors import PerfscopeError
+from perfscope.store import Store, open_store
+
+from . import ENV_STORE
+
+log = logging.getLogger("perfscope.dashboard")
+
+
+SelectionKey = tuple[Any, ...]
+
+
+def store_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The store to show: the one given, else $PERFSCOPE_DASHBOARD_STORE, else the bundled default."""
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return Path(env).expanduser().resolve()
+    import perfscope.sample_traces as sample_traces
+
+    try:
+        return sample_traces.path(sample_traces.DEFAULT)
+    except KeyError:
+        # an install without the bundled traces: say so in the page instead of failing
+        return sample_traces.HERE / sample_traces.DEFAULT
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _open(path: str) -> Store:
+    """One open store (DuckDB connection) per path and process, shared by every browser session."""
+    return open_store(path, warn=False)
+
+
+def open_or_message(path: Path) -> tuple[Store | None, str]:
+    """The open store, or None and what is wrong in words (missing, empty, foreign, unreadable)."""
+    try:
+        return _open(str(path)), ""
+    except PerfscopeError as exc:
+        return None, exc.message
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+
+
+def forget(path: Path) -> None:
+    """Drop the cached store (and with it its connection), e.g. after its folder was replaced."""
+    _open.clear(str(path))
+
+
+def listing_token(store: Store) -> str:
+    """Changes whenever the store's readable segments change: the cache key of every result."""
+    h = hashlib.blake2b(digest_size=12)
+    for table in sorted(store.listing.segments):
+        for seg in store.listing.segments[table]:
+            h.update(f"{seg.path}\0{seg.num_rows}\n".encode())
+    for skipped in store.skipped:
+        h.update(f"skip\0{skipped.path}\n".encode())
+    return h.hexdigest()
+
+
+def selection_key(sel: Selection) -> SelectionKey:
+    return dataclasses.astuple(sel)
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _analysis(path: str, token: str, name: str, sel: SelectionKey) -> pa.Table:
+    # `token` is only part of the key: a store that re-listed new segments computes afresh.
+    return run_analysis(name, _open(path), Selection(*sel))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _findings(path: str, token: str, sel: SelectionKey) -> list[Any]:
+    from perfscope.explain import explain
+
+    return list(explain(_open(path), Selection(*sel)))
+
+
+@dataclass
+class Problem:
+    """An analysis that could not be shown, in words; pages show each once."""
+
+    what: str
+    detail: str
+
+
+@dataclass
+class Context:
+    """What every page works from: the store, its listing token, the selection and the page objects."""
+
+    path: Path
+    store: Store
+    token: str
+    sel: Selection
+    pages: dict[str, Any] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def table(self, name: str, sel: Selection | None = None) -> pa.Table:
+        """The analysis' table for the selection (cached), or an empty table after saying what failed."""
+        return self._guard(
+            name, lambda: _analysis(str(self.path), self.token, name, selection_key(sel or self.sel))
+        )
+
+    def findings(self) -> list[Any] | None:
+        """The explainer's ranked findings, or None (and a message) when the explainer failed."""
+        result = self._guard(
+            "explain", lambda: _findings(str(self.path), self.token, selection_key(self.sel))
+        )
+        return result if isinstance(result, list) else None
+
+    def _guard(self, name: str, compute: Callable[[], Any]) -> Any:
+        try:
+            return compute()
+        except KeyError as exc:
+            if name in ANALYSES or name == "explain":
+                return self._failed(name, exc)
+            self._report(Problem(name, f"the {name!r} analysis is not part of this perfscope version"))
+        except ImportError as exc:
+            self._report(Problem(name, f"this perfscope version lacks it ({exc})"))
+        except PerfscopeError as exc:
+            self._report(Problem(name, exc.message))
+        except Exception as exc:  # an analysis bug must not take the whole page down
+            return self._failed(name, exc)
+        return pa.table({})
+
+    def _failed(self, name: str, exc: BaseException) -> pa.Table:
+        log.exception("perfscope dashboard: %s failed", name, exc_info=exc)
+        self._report(Problem(name, f"{type(exc).__name__}: {exc}"))
+        return pa.table({})
+
+    def _report(self, problem: Problem) -> None:
+        if any(p.what == problem.what for p in self.problems):
+            return
+        self.problems.append(problem)
+        title = ANALYSES[problem.what].title if problem.what in ANALYSES else problem.what
+        st.error(f"Could not compute **{title}**: {problem.detail}", icon=":material/error:")
+
+    def refine(self, **changes: Any) -> Selection:
+        """The page's selection narrowed further, e.g. to one run."""
+        return dataclasses.replace(self.sel, **changes)
+
+
+def refresh(store: Store) -> bool:
+    """Re-list the store (a job may still be writing it); True when its readable segments changed."""
+    before = listing_token(store)
+    store.refresh()
+    return listing_token(store) != before

@@ -1,0 +1,140 @@
+"""Small pieces every page uses: charts, definition notes, the simulated-data notice, tables with units."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import streamlit as st
+
+from perfscope.analysis import ANALYSES, DEFINITIONS, META_DEFINITION, META_TITLE
+from perfscope.charts.rows import rows
+
+
+def chart(c: Any, key: str | None = None) -> None:
+    """Draw a shared chart builder's result as the report draws it (its own theme, not Streamlit's)."""
+    st.altair_chart(c, theme=None, key=key)
+
+
+def definition_of(table: pa.Table) -> tuple[str, str]:
+    """(title, definition in words) that the analysis registry stamped on its table."""
+    meta = table.schema.metadata or {}
+    return meta.get(META_TITLE, b"").decode(), meta.get(META_DEFINITION, b"").decode()
+
+
+def definition_note(*names: str, popover: bool = False) -> None:
+    """Say which DESIGN.md definitions the numbers above follow, from the analysis registry.
+
+    `popover` for places inside an expander, where another expander may not go.
+    """
+    keys: list[str] = []
+    for name in names:
+        a = ANALYSES.get(name)
+        for k in a.definition if a else ():
+            if k not in keys and k != "raw":
+                keys.append(k)
+    if not keys:
+        return
+    label = "Definitions used: " + ", ".join(keys)
+    box = (
+        st.popover(label, icon=":material/menu_book:")
+        if popover
+        else st.expander(label, icon=":material/menu_book:")
+    )
+    with box:
+        for k in keys:
+            st.markdown(f"**{k}**: {DEFINITIONS[k]}")
+
+
+def simulated_notice(summary: pa.Table) -> None:
+    """Simulated runs are never shown without saying so."""
+    if summary.num_rows == 0 or "source" not in summary.column_names:
+        return
+    sources = summary.column("source").to_pylist()
+    sim = sum(1 for s in sources if s == "simulated")
+    if sim:
+        st.info(
+            f"**Simulated data**: {sim} of {len(sources)} runs in this selection were written by "
+            "`perfscope simulate`, not measured. Charts draw them as hollow triangles; tables say "
+            "`simulated` in the source column.",
+            icon=":material/science:",
+        )
+
+
+def source_label(source: str | None) -> str:
+    return "simulated" if source == "simulated" else "measured"
+
+
+def ms(ns: float | None, digits: int = 2) -> str:
+    return "n/a" if ns is None else f"{ns / 1e6:,.{digits}f} ms"
+
+
+def pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{x:.{digits}%}"
+
+
+def num(x: float | None, fmt: str = ",.0f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def filter_rows(table: pa.Table, column: str, values: Sequence[Any]) -> pa.Table:
+    """The rows whose `column` is one of `values` (a table without the column stays as it is)."""
+    if table.num_rows == 0 or column not in table.column_names:
+        return table
+    return table.filter(
+        pc.is_in(table.column(column), value_set=pa.array(list(values), table.column(column).type))
+    )
+
+
+def relabel(table: pa.Table, column: str, labels: Mapping[Any, str]) -> pa.Table:
+    """The table with `column`'s values replaced by their short labels (e.g. group ids)."""
+    if table.num_rows == 0 or column not in table.column_names:
+        return table
+    values = [labels.get(v, v) for v in table.column(column).to_pylist()]
+    return table.set_column(table.column_names.index(column), column, pa.array(values, pa.string()))
+
+
+def one_row(table: pa.Table, column: str, value: Any) -> dict[str, Any] | None:
+    found = rows(filter_rows(table, column, [value]))
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column to show: its title, the factor to its display unit and the number format."""
+
+    title: str
+    scale: float = 1.0
+    fmt: str | None = None
+    help: str | None = None
+
+
+def show_table(table: pa.Table, columns: Mapping[str, Col], *, height: int | str = "auto") -> None:
+    """The chosen columns of an analysis table, in display units with their titles and formats."""
+    present = [c for c in columns if c in table.column_names]
+    if table.num_rows == 0 or not present:
+        st.caption("no rows in this selection")
+        return
+    out = {}
+    config = {}
+    for c in present:
+        spec = columns[c]
+        col = table.column(c)
+        if spec.scale != 1.0:
+            col = pc.multiply(col.cast(pa.float64()), spec.scale)
+        out[spec.title] = col
+        if spec.fmt is not None:
+            config[spec.title] = st.column_config.NumberColumn(spec.title, format=spec.fmt, help=spec.help)
+        elif spec.help is not None:
+            config[spec.title] = st.column_config.Column(spec.title, help=spec.help)
+    st.dataframe(pa.table(out), hide_index=True, column_config=config, height=height)  # type: ignore[arg-type]
+
+
+def no_runs() -> None:
+    st.info(
+        "No runs match the selection in the sidebar. Widen it (clear a filter), or pick another store.",
+        icon=":material/filter_alt_off:",
+    )

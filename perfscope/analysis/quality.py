@@ -1,0 +1,283 @@
+"""Data quality and confounds: missing ranks, phases and baselines, mixed modes, variance, throttling."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+
+from ..store import Store
+from .fitting import MIN_POINTS
+from .registry import analysis, run_analysis
+from .scaling import scaling_table
+from .selection import Selection
+from .steady import MIN_STEADY_STEPS, PHASES, run_stats_table
+
+HIGH_CV = 0.25
+SUPERLINEAR_EFFICIENCY = 1.1
+THROTTLE_SHARE = 0.2
+CLOCK_DROP = 0.9
+
+QUALITY_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("source", pa.string()),
+        ("group_id", pa.string()),
+        ("kind", pa.string()),
+        ("severity", pa.string()),
+        ("message", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
+
+
+def _row(
+    kind: str,
+    severity: str,
+    message: str,
+    run_id: str | None = None,
+    group_id: str | None = None,
+    value: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "group_id": group_id,
+        "kind": kind,
+        "severity": severity,
+        "message": message,
+        "value": value,
+    }
+
+
+@analysis("quality", "Data quality and confounds", "data-quality")
+def quality(store: Store, sel: Selection) -> pa.Table:
+    """One row per problem found; an empty table means nothing to warn about."""
+    rows: list[dict[str, Any]] = []
+    rows += _orphans(store, sel)
+    stats = store.query(f"SELECT * FROM {run_stats_table(store, sel)} ORDER BY run_id").to_pylist()
+    for r in stats:
+        rows += _run_checks(r)
+    scaling = store.query(
+        f"SELECT * FROM {scaling_table(store, sel)} ORDER BY group_id, world_size"
+    ).to_pylist()
+    rows += _group_checks(stats, scaling)
+    rows += _throttling(run_analysis("utilisation", store, sel).to_pylist(), scaling)
+    sources = {r["run_id"]: r["source"] for r in stats}
+    for row in rows:
+        row["source"] = sources.get(row["run_id"])
+    return pa.Table.from_pylist(rows, schema=QUALITY_SCHEMA)
+
+
+def _orphans(store: Store, sel: Selection) -> list[dict[str, Any]]:
+    if sel.experiments or sel.clusters or sel.backends or sel.source:
+        return []  # a run without metadata cannot match these filters; say nothing about it
+    ids = (
+        store.query(
+            "SELECT DISTINCT run_id FROM steps WHERE run_id NOT IN (SELECT run_id FROM runs) ORDER BY 1"
+        )
+        .column("run_id")
+        .to_pylist()
+    )
+    if sel.run_ids:
+        ids = [i for i in ids if i in sel.run_ids]
+    return [
+        _row(
+            "runs_without_metadata",
+            "warning",
+            f"run {i} has steps but no runs row (rank 0 never wrote its metadata, or it was lost); "
+            "it is left out of every comparison.",
+            run_id=i,
+        )
+        for i in ids
+    ]
+
+
+def _run_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
+    rid = r["run_id"]
+    out = []
+    if not r["n_steps"]:
+        return [_row("run_without_steps", "warning", f"run {rid} has metadata but no recorded steps.", rid)]
+    ws, seen = r["world_size"], r["ranks_seen"] or 0
+    if ws and seen < ws:
+        out.append(
+            _row(
+                "missing_ranks",
+                "warning",
+                f"run {rid}: steps of {seen} of its {ws} ranks are in the store; "
+                "rank-level results (load balance, stragglers) cover only those.",
+                rid,
+                value=seen,
+            )
+        )
+    if r["incomplete_steps"]:
+        out.append(
+            _row(
+                "missing_ranks",
+                "warning",
+                f"run {rid}: {r['incomplete_steps']} steady steps lack some ranks' rows "
+                "(a rank died or its last segment was lost).",
+                rid,
+                value=r["incomplete_steps"],
+            )
+        )
+    missing = [
+        p
+        for p in PHASES
+        if p != "other" and r[f"{p}_mean"] is None and not (p == "sync_exposed" and (ws or 1) <= 1)
+    ]
+    if missing:
+        out.append(
+            _row(
+                "missing_phases",
+                "warning",
+                f"run {rid} recorded no {', '.join(missing)} phase; that time is counted as "
+                "'other', so the phase breakdown cannot say where it went.",
+                rid,
+                value=len(missing),
+            )
+        )
+    if r["warmup_fallback"] or (r["steady_steps"] or 0) < MIN_STEADY_STEPS:
+        out.append(
+            _row(
+                "few_steady_steps",
+                "warning",
+                f"run {rid} has only {r['n_steps']} steps, so {r['steady_steps']} steady steps "
+                "remain after the warm-up; its medians are rough.",
+                rid,
+                value=r["steady_steps"],
+            )
+        )
+    if r["step_cv"] is not None and r["step_cv"] > HIGH_CV:
+        out.append(
+            _row(
+                "high_variance",
+                "warning",
+                f"run {rid}: step time varies a lot (coefficient of variation {r['step_cv']:.2f}); "
+                "its speedup is uncertain (noisy neighbours, I/O, a shared node?).",
+                rid,
+                value=r["step_cv"],
+            )
+        )
+    return out
+
+
+def _group_checks(stats: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in scaling:
+        by_group[s["group_id"]].append(s)
+    fam_sizes: dict[tuple[Any, ...], set[int]] = defaultdict(set)
+    fam_modes: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+    for s in scaling:
+        fam = (s["experiment"], s["cluster"], s["backend"], s["model"])
+        fam_sizes[fam].add(s["world_size"])
+        if s["scaling_mode"] != "single":
+            fam_modes[fam].add(s["scaling_mode"])
+    for gid, rows in by_group.items():
+        first = rows[0]
+        fam = (first["experiment"], first["cluster"], first["backend"], first["model"])
+        if first["mixed"]:
+            out.append(
+                _row(
+                    "mixed_scaling_mode",
+                    "warning",
+                    f"group {gid}: {first['mode_note']}; its runs are not compared as one scaling series.",
+                    group_id=gid,
+                )
+            )
+        sources = {r["source"] for r in rows}
+        if len(sources) > 1:
+            out.append(
+                _row(
+                    "mixed_sources",
+                    "warning",
+                    f"group {gid} mixes measured and simulated runs; speedups across them compare "
+                    "a model with a measurement.",
+                    group_id=gid,
+                )
+            )
+        n0 = first["baseline_world_size"]
+        if first["scaling_mode"] == "single" and n0 > min(fam_sizes[fam]):
+            for r in rows:
+                out.append(
+                    _row(
+                        "no_baseline",
+                        "warning",
+                        f"run {r['run_id']} (N={r['world_size']}) has no run at a smaller world size "
+                        "with the same per-rank or global batch, so its speedup has no baseline.",
+                        r["run_id"],
+                        gid,
+                    )
+                )
+        sizes = sorted({r["world_size"] for r in rows})
+        if 1 < len(sizes) < MIN_POINTS:
+            out.append(
+                _row(
+                    "too_few_points",
+                    "info",
+                    f"group {gid} has {len(sizes)} world sizes ({', '.join(map(str, sizes))}); "
+                    f"scaling models need {MIN_POINTS}-5 to be trusted for predictions.",
+                    group_id=gid,
+                    value=len(sizes),
+                )
+            )
+        for r in rows:
+            if r["world_size"] > n0 and (r["efficiency"] or 0) > SUPERLINEAR_EFFICIENCY:
+                out.append(
+                    _row(
+                        "superlinear",
+                        "warning",
+                        f"run {r['run_id']}: efficiency {r['efficiency']:.2f} at N={r['world_size']} is "
+                        "superlinear: more aggregate cache/memory, a slow baseline, or less work per "
+                        "step than the baseline; check before reading it as a gain.",
+                        r["run_id"],
+                        gid,
+                        r["efficiency"],
+                    )
+                )
+    for fam, modes in fam_modes.items():
+        if len(modes) > 1:
+            out.append(
+                _row(
+                    "mixed_scaling_mode",
+                    "info",
+                    f"experiment {fam[0]} ({fam[1]}, {fam[2]}) holds both weak and strong scaling "
+                    "series; they are compared separately.",
+                    value=None,
+                )
+            )
+    return out
+
+
+def _throttling(util: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for u in util:
+        if u["throttle_share"] is not None or u["sm_clock_mhz"] is not None:
+            by_group[u["group_id"]].append(u)
+    for gid, rows in by_group.items():
+        rows.sort(key=lambda u: u["world_size"])
+        lo, hi = rows[0], rows[-1]
+        if lo is hi:
+            continue
+        share_hi = hi["throttle_share"] or 0.0
+        share_lo = lo["throttle_share"] or 0.0
+        clock_drop = (
+            hi["sm_clock_mhz"] / lo["sm_clock_mhz"] if hi["sm_clock_mhz"] and lo["sm_clock_mhz"] else 1.0
+        )
+        if (share_hi > THROTTLE_SHARE and share_hi > share_lo + 0.1) or clock_drop < CLOCK_DROP:
+            out.append(
+                _row(
+                    "throttling",
+                    "warning",
+                    f"group {gid}: at N={hi['world_size']} the GPUs were clock-throttled in "
+                    f"{share_hi:.0%} of samples (vs {share_lo:.0%} at N={lo['world_size']}) and ran at "
+                    f"{clock_drop:.0%} of the SM clock; part of the lost efficiency is power or "
+                    "thermal, not scaling.",
+                    hi["run_id"],
+                    gid,
+                    share_hi,
+                )
+            )
+    return out

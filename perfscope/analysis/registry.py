@@ -1,0 +1,114 @@
+"""The one registry of analyses: name -> function, title, and the DESIGN.md definition it implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from ..store import Store
+from .cache import memo
+from .selection import Selection
+
+AnalysisFn = Callable[[Store, Selection], pa.Table]
+
+META_ANALYSIS = b"perfscope.analysis"
+META_DEFINITION = b"perfscope.definition"
+META_TITLE = b"perfscope.title"
+
+#: The definitions of DESIGN.md, by key; every analysis names the one(s) its numbers follow.
+DEFINITIONS: dict[str, str] = {
+    "steady-state": "Steady state: drop warm-up steps (default: first 10 or first 5%, whichever is "
+    "larger); statistics are medians with spread (p10/p90, coefficient of variation).",
+    "step-time": "Step time T of a run: per step the slowest rank's step_ns (max over ranks), then the "
+    "median over the steady-state steps.",
+    "throughput": "Throughput X = global samples / step time (samples per second).",
+    "speedup": "Speedup S(N) = X(N)/X(N0), N0 the smallest world size in the same group (experiment, "
+    "cluster, backend, per-rank batch or global batch, model). Efficiency E(N) = S(N)·N0/N. Per-GPU "
+    "speedup S(N)/N.",
+    "scaling-mode": "Strong vs weak scaling: global batch fixed across N is strong scaling; per-rank "
+    "batch fixed is weak scaling. Mixed groups are flagged, not compared.",
+    "lost-time": "Lost time: N·T(N) − N0·T(N0)·G(N)/G(N0) (G = global samples per step; for strong "
+    "scaling G(N)=G(N0) and this is N·T(N) − N0·T(N0)), split by phase.",
+    "busbw": "Allreduce bus bandwidth (nccl-tests): algbw = bytes/t; busbw = algbw·2(n−1)/n.",
+    "alpha-beta": "Ring allreduce cost: T = 2(p−1)·α + 2·(p−1)/p·n·β, fitted separately within a node "
+    "and across nodes.",
+    "utilisation": "GPU utilisation is nvmlDeviceGetUtilizationRates().gpu: the kernel-active time "
+    "share (some kernel ran during the last 1/6-1 s), not an efficiency.",
+    "energy": "Energy per sample: energy_mj counter deltas over the steady window, summed over the "
+    "run's GPUs, divided by the samples of that window.",
+    "pop": "POP efficiencies from per-rank useful = compute time: LB = mean(useful)/max(useful); "
+    "CommE = max(useful)/T; PE = LB·CommE; computation scaling = Σuseful(N0)/Σuseful(N).",
+    "wait-at-collective": "Wait at collective: for each collective instance, w_i = max_j(enter_j) − "
+    "enter_i. A rank that is last most of the time is a straggler.",
+    "scaling-model": "Scaling models: performance-model normal form c0 + c1·p^i·log2(p)^j (Extra-P "
+    "search space) and the alpha-beta model, with SMAPE and adjusted R²; no trusted extrapolation "
+    "from fewer than 4-5 points.",
+    "mfu": "MFU = achieved FLOP/s per device / peak FLOP/s of that device; only when FLOPs per step "
+    "are known.",
+    "batch-sweep": "Batch-size sweep: steady-state step time, samples/s and epoch time "
+    "(dataset_samples / global batch · T) against batch size; time-to-metric from the user metrics.",
+    "data-quality": "Data quality: missing ranks, phases or baselines, too few steps or points, high "
+    "variance, superlinear speedup, throttling.",
+    "placement": "Placement: ranks per host against the host's logical CPUs and GPUs.",
+    "raw": "Recorded values, aggregated only to fit a chart (no derived definition).",
+}
+
+
+@dataclass(frozen=True)
+class Analysis:
+    name: str
+    title: str
+    definition: tuple[str, ...]  # keys of DEFINITIONS
+    fn: AnalysisFn
+    doc: str
+
+    def definition_text(self) -> str:
+        return " ".join(DEFINITIONS[k] for k in self.definition)
+
+
+ANALYSES: dict[str, Analysis] = {}
+
+
+def analysis(name: str, title: str, *definition: str) -> Callable[[AnalysisFn], AnalysisFn]:
+    """Register `fn(store, sel) -> pa.Table` under `name`; the table gets the metadata on return."""
+    for key in definition:
+        if key not in DEFINITIONS:
+            raise KeyError(f"analysis {name}: unknown definition {key!r}")
+
+    def wrap(fn: AnalysisFn) -> AnalysisFn:
+        if name in ANALYSES:
+            raise KeyError(f"analysis {name!r} registered twice")
+        ANALYSES[name] = Analysis(name, title, definition, fn, (fn.__doc__ or "").strip())
+        return fn
+
+    return wrap
+
+
+def run_analysis(name: str, store: Store, sel: Selection | None = None) -> pa.Table:
+    """Run one registered analysis; the result carries its name, title and definition as metadata."""
+    try:
+        a = ANALYSES[name]
+    except KeyError:
+        raise KeyError(f"unknown analysis {name!r}; analyses are {', '.join(ANALYSES)}") from None
+    sel = sel or Selection()
+
+    def compute() -> pa.Table:
+        table = a.fn(store, sel)
+        meta = dict(table.schema.metadata or {})
+        meta.update(
+            {
+                META_ANALYSIS: a.name.encode(),
+                META_TITLE: a.title.encode(),
+                META_DEFINITION: a.definition_text().encode(),
+            }
+        )
+        return table.replace_schema_metadata(meta)
+
+    # Tables are immutable and the cache is dropped when the store re-lists: safe to share.
+    return memo(store, ("analysis", name, sel), compute)
+
+
+def run_all(store: Store, sel: Selection | None = None) -> dict[str, pa.Table]:
+    return {name: run_analysis(name, store, sel) for name in ANALYSES}

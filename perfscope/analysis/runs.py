@@ -1,0 +1,106 @@
+"""Per-run analyses: steady-state summary, phase breakdown, per-rank breakdown, step-time series."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from ..store import Store
+from .registry import analysis
+from .selection import Selection
+from .steady import (
+    BREAKDOWN_PHASES,
+    PHASES,
+    USEFUL_PHASES,
+    rank_agg_table,
+    run_stats_table,
+    runs_table,
+    thresholds_table,
+)
+
+#: Step-series buckets per run and rank: enough for a chart, bounded for million-step runs.
+SERIES_BUCKETS = 2000
+
+RUN_SUMMARY_COLUMNS = (
+    "run_id, experiment, source, cluster, backend, model, device_model, world_size, nodes, "
+    "gpus_per_node, batch_size_per_rank, global_batch_size, "
+    "coalesce(ranks_seen, 0) AS ranks_seen, coalesce(n_steps, 0) AS steps_total, warmup_steps, "
+    "coalesce(steady_steps, 0) AS steady_steps, step_ns, step_p10_ns, step_p90_ns, step_cv, "
+    + ", ".join(f"{p}_ns" for p in BREAKDOWN_PHASES)
+    + ", comm_total_mean AS comm_total_ns, comm_count_mean AS comm_count, samples_per_step, "
+    "throughput_samples_per_s, dataset_samples, epoch_s"
+)
+
+
+@analysis(
+    "run_summary",
+    "Runs: steady-state step time, phases, throughput",
+    "steady-state",
+    "step-time",
+    "throughput",
+)
+def run_summary(store: Store, sel: Selection) -> pa.Table:
+    """One row per selected run. Phase columns are the additive breakdown: they add up to step_ns."""
+    stats = run_stats_table(store, sel)
+    return store.query(
+        f"SELECT {RUN_SUMMARY_COLUMNS} FROM {stats} "
+        "ORDER BY experiment, cluster, backend, batch_size_per_rank, world_size, run_id"
+    )
+
+
+@analysis("phase_breakdown", "Phase breakdown per run", "steady-state", "step-time")
+def phase_breakdown(store: Store, sel: Selection) -> pa.Table:
+    """Long form of the additive breakdown: one row per run and phase, with its share of the step."""
+    stats = run_stats_table(store, sel)
+    unions = " UNION ALL ".join(
+        f"SELECT run_id, experiment, source, cluster, backend, world_size, '{p}' AS phase, "
+        f"{i} AS phase_order, {p}_ns AS time_ns, {p}_ns / nullif(step_ns, 0) AS share FROM {stats} "
+        "WHERE step_ns IS NOT NULL"
+        for i, p in enumerate(BREAKDOWN_PHASES)
+    )
+    return store.query(
+        f"SELECT * EXCLUDE (phase_order) FROM ({unions}) "
+        "ORDER BY experiment, cluster, backend, world_size, run_id, phase_order"
+    )
+
+
+@analysis("rank_breakdown", "Per-rank steady-state breakdown", "steady-state")
+def rank_breakdown(store: Store, sel: Selection) -> pa.Table:
+    """Per run and rank: means per steady step of each phase; useful = forward + backward + optimizer."""
+    ra = rank_agg_table(store, sel)
+    runs = runs_table(store, sel)
+    named = [p for p in PHASES if p != "other"]
+    means = ", ".join(f"{p}_sum / nullif({p}_n, 0) AS {p}_ns" for p in named)
+    other = " - ".join(["step_sum"] + [f"coalesce({p}_sum, 0)" for p in named])
+    useful = " + ".join(f"coalesce({p}_sum, 0)" for p in USEFUL_PHASES)
+    return store.query(
+        f"""
+        SELECT a.run_id, r.source, r.world_size, a.rank, k.hostname, a.rows AS steps,
+               step_sum / rows AS step_ns, {means}, ({other}) / rows AS other_ns,
+               ({useful}) / rows AS useful_ns, comm_total_sum / nullif(comm_total_n, 0) AS comm_total_ns
+        FROM {ra} a JOIN {runs} r USING (run_id)
+        LEFT JOIN (SELECT run_id, rank, any_value(hostname) AS hostname FROM ranks GROUP BY ALL) k
+            USING (run_id, rank)
+        ORDER BY a.run_id, a.rank
+        """
+    )
+
+
+@analysis("step_series", "Step time per rank over the run", "raw")
+def step_series(store: Store, sel: Selection) -> pa.Table:
+    """Every rank's step and phase times by step; long runs are bucketed into medians of k steps."""
+    thr = thresholds_table(store, sel)
+    phase_medians = ", ".join(f"median(s.{p}_ns) AS {p}_ns" for p in PHASES)
+    return store.query(
+        f"""
+        WITH b AS (
+            SELECT run_id, first_step, first_steady_step,
+                   greatest(1, ceil(n_steps / {SERIES_BUCKETS}))::BIGINT AS k FROM {thr}
+        )
+        SELECT s.run_id, s.rank, min(s.step) AS step, count(*) AS steps_in_bucket,
+               bool_and(s.step >= b.first_steady_step) AS steady,
+               median(s.step_ns) AS step_ns, {phase_medians}
+        FROM steps s JOIN b ON s.run_id = b.run_id
+        GROUP BY s.run_id, s.rank, (s.step - b.first_step) // b.k
+        ORDER BY s.run_id, s.rank, step
+        """
+    )

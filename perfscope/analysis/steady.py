@@ -1,0 +1,186 @@
+"""Steady state: the selected runs, their warm-up cut, and the per-step and per-rank aggregates
+every other analysis reads (two scans of `steps`, cached per store and selection)."""
+
+from __future__ import annotations
+
+from ..store import Store
+from .cache import temp_table
+from .selection import Selection
+
+#: DESIGN: drop the first 10 steps or the first 5%, whichever is larger.
+WARMUP_MIN_STEPS = 10
+WARMUP_FRACTION = 0.05
+#: Fewer steady steps than this and the warm-up rule falls back to dropping the first half.
+MIN_STEADY_STEPS = 5
+
+#: Canonical phases as stored in `steps`, in display order.
+PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
+#: The additive breakdown adds the time the slowest rank makes everyone wait.
+BREAKDOWN_PHASES = (*PHASES, "imbalance")
+#: POP "useful" work: compute phases only.
+USEFUL_PHASES = ("forward", "backward", "optimizer")
+
+
+def runs_table(store: Store, sel: Selection) -> str:
+    """The selected runs with their metadata; NULL labels become '' so they group together."""
+    return temp_table(
+        store,
+        ("runs", sel),
+        f"""
+        SELECT r.run_id,
+               coalesce(r.experiment, '') AS experiment,
+               coalesce(nullif(r.source, ''), 'measured') AS source,
+               coalesce(r.cluster, '') AS cluster,
+               coalesce(r.backend, '') AS backend,
+               coalesce(r.model, '') AS model,
+               coalesce(r.device_model, '') AS device_model,
+               coalesce(r.world_size, k.ranks) AS world_size,
+               coalesce(r.nodes, k.hosts, 1) AS nodes,
+               r.gpus_per_node,
+               r.batch_size_per_rank,
+               r.global_batch_size,
+               coalesce(r.scaling_mode, '') AS scaling_mode_declared,
+               r.grad_bytes, r.param_count, r.flops_per_step, r.device_peak_flops,
+               r.dataset_samples, r.started_ns
+        FROM runs r
+        LEFT JOIN (SELECT run_id, count(DISTINCT rank) AS ranks,
+                          count(DISTINCT coalesce(hostname, CAST(node_rank AS VARCHAR))) AS hosts
+                   FROM ranks GROUP BY run_id) k USING (run_id)
+        WHERE {sel.runs_where("r")}
+        """,
+    )
+
+
+def thresholds_table(store: Store, sel: Selection) -> str:
+    """Per run: first and last step index and the first steady step (the warm-up cut)."""
+    runs = runs_table(store, sel)
+    if sel.warmup_steps is not None:
+        warmup = f"{int(sel.warmup_steps)}"
+        fallback = "false"
+    else:
+        warmup = f"greatest({WARMUP_MIN_STEPS}, ceil({WARMUP_FRACTION} * n_steps))::BIGINT"
+        fallback = f"n_steps - {warmup} < {MIN_STEADY_STEPS}"
+    # Steps are numbered contiguously by the collector, so last - first + 1 counts them without
+    # a DISTINCT over every row.
+    return temp_table(
+        store,
+        ("thresholds", sel),
+        f"""
+        WITH b AS (
+            SELECT run_id, min(step) AS first_step, max(step) AS last_step,
+                   max(step) - min(step) + 1 AS n_steps
+            FROM steps WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id
+        ), w AS (
+            SELECT *, CASE WHEN {fallback} THEN n_steps // 2 ELSE {warmup} END AS warmup_steps,
+                   {fallback} AS warmup_fallback
+            FROM b
+        )
+        SELECT *, first_step + warmup_steps AS first_steady_step FROM w
+        """,
+    )
+
+
+def step_agg_table(store: Store, sel: Selection) -> str:
+    """Per run and steady step: the slowest rank's step time (DESIGN step time) and ranks present."""
+    thr = thresholds_table(store, sel)
+    return temp_table(
+        store,
+        ("step_agg", sel),
+        f"""
+        SELECT s.run_id, s.step, max(s.step_ns) AS step_max_ns, count(*)::INTEGER AS n_ranks,
+               min(s.start_ns) AS start_ns
+        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+        GROUP BY s.run_id, s.step
+        """,
+    )
+
+
+def rank_agg_table(store: Store, sel: Selection) -> str:
+    """Per run and rank, over its steady steps: sums and non-NULL counts of every phase."""
+    thr = thresholds_table(store, sel)
+    phase_cols = ",\n".join(
+        f"sum(s.{p}_ns)::DOUBLE AS {p}_sum, count(s.{p}_ns) AS {p}_n"
+        for p in PHASES
+        if p != "other"  # derived as step - named phases, so NULL 'other' cannot lose time
+    )
+    return temp_table(
+        store,
+        ("rank_agg", sel),
+        f"""
+        SELECT s.run_id, s.rank, count(*) AS rows,
+               sum(s.step_ns)::DOUBLE AS step_sum,
+               {phase_cols},
+               sum(s.comm_total_ns)::DOUBLE AS comm_total_sum, count(s.comm_total_ns) AS comm_total_n,
+               sum(s.comm_count)::DOUBLE AS comm_count_sum, count(s.comm_count) AS comm_count_n,
+               sum(s.samples)::DOUBLE AS samples_sum, count(s.samples) AS samples_n,
+               min(s.start_ns) AS first_start_ns, max(s.start_ns + s.step_ns) AS last_end_ns
+        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+        GROUP BY s.run_id, s.rank
+        """,
+    )
+
+
+def run_stats_table(store: Store, sel: Selection) -> str:
+    """Per selected run: steady-state step time with spread, additive phase breakdown, throughput."""
+    runs = runs_table(store, sel)
+    thr = thresholds_table(store, sel)
+    sa = step_agg_table(store, sel)
+    ra = rank_agg_table(store, sel)
+    named = [p for p in PHASES if p != "other"]
+    # Mean over steady (rank, step) rows of each phase; NULL when the phase was never recorded.
+    phase_means = ",\n".join(
+        f"CASE WHEN sum({p}_n) > 0 THEN sum({p}_sum) / sum({p}_n) END AS {p}_mean" for p in named
+    )
+    named_sum = " + ".join(f"coalesce({p}_mean, 0)" for p in named)
+    # scale = median T / mean T turns mean shares into times that add up to the median step time.
+    breakdown = ",\n".join(f"coalesce({p}_mean, 0) * scale AS {p}_ns" for p in named)
+    return temp_table(
+        store,
+        ("run_stats", sel),
+        f"""
+        WITH st AS (
+            SELECT run_id, count(*) AS steady_steps,
+                   median(step_max_ns) AS step_ns,
+                   quantile_cont(step_max_ns, 0.1) AS step_p10_ns,
+                   quantile_cont(step_max_ns, 0.9) AS step_p90_ns,
+                   avg(step_max_ns) AS step_max_mean_ns,
+                   stddev_samp(step_max_ns) / nullif(avg(step_max_ns), 0) AS step_cv,
+                   max(n_ranks) AS max_ranks_per_step,
+                   count(*) FILTER (WHERE n_ranks < most_ranks) AS incomplete_steps
+            FROM (SELECT *, max(n_ranks) OVER (PARTITION BY run_id) AS most_ranks FROM {sa})
+            GROUP BY run_id
+        ), k AS (
+            SELECT run_id, count(*) AS ranks_seen, sum(rows) AS rows,
+                   sum(step_sum) / sum(rows) AS step_mean_ns,
+                   {phase_means},
+                   CASE WHEN sum(comm_total_n) > 0 THEN sum(comm_total_sum) / sum(comm_total_n) END
+                       AS comm_total_mean,
+                   CASE WHEN sum(comm_count_n) > 0 THEN sum(comm_count_sum) / sum(comm_count_n) END
+                       AS comm_count_mean,
+                   sum(samples_sum / nullif(samples_n, 0)) AS samples_per_step_recorded,
+                   min(first_start_ns) AS window_start_ns, max(last_end_ns) AS window_end_ns,
+                   sum(samples_sum) AS samples_steady
+            FROM {ra} GROUP BY run_id
+        ), j AS (
+            SELECT r.*, t.first_step, t.last_step, t.n_steps, t.warmup_steps, t.warmup_fallback,
+                   st.* EXCLUDE (run_id), k.* EXCLUDE (run_id),
+                   st.step_ns / nullif(st.step_max_mean_ns, 0) AS scale
+            FROM {runs} r
+            LEFT JOIN {thr} t USING (run_id)
+            LEFT JOIN st USING (run_id)
+            LEFT JOIN k USING (run_id)
+        )
+        SELECT j.*,
+               {breakdown},
+               (step_mean_ns - ({named_sum})) * scale AS other_ns,
+               (step_max_mean_ns - step_mean_ns) * scale AS imbalance_ns,
+               coalesce(samples_per_step_recorded, global_batch_size::DOUBLE,
+                        batch_size_per_rank::DOUBLE * world_size) AS samples_per_step,
+               coalesce(samples_per_step_recorded, global_batch_size::DOUBLE,
+                        batch_size_per_rank::DOUBLE * world_size) / (j.step_ns / 1e9)
+                   AS throughput_samples_per_s,
+               dataset_samples / coalesce(samples_per_step_recorded, global_batch_size::DOUBLE,
+                        batch_size_per_rank::DOUBLE * world_size) * (j.step_ns / 1e9) AS epoch_s
+        FROM j
+        """,
+    )

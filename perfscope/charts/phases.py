@@ -1,0 +1,146 @@
+"""Where a step's time goes: stacked phases per run, and the lost time split by phase."""
+
+from __future__ import annotations
+
+import altair as alt
+import pyarrow as pa
+
+from .rows import (
+    Row,
+    data,
+    group_label_map,
+    multi_point_groups,
+    natural_key,
+    rows,
+    run_label_map,
+    series_labels,
+    sources,
+)
+from .style import (
+    PANEL_HEIGHT,
+    PANEL_WIDTH,
+    PHASES,
+    ChartLike,
+    finish,
+    no_data,
+    phase_legend_expr,
+    phase_scale,
+    source_note,
+)
+
+_BREAKDOWN_COLUMNS = ("run_id", "experiment", "source", "cluster", "backend", "world_size", "phase", "time_ns", "share")
+_LOST_COLUMNS = ("group_id", "run_id", "source", "world_size", "phase", "lost_ns", "share_of_lost")
+
+
+def _phase_order(values: list[Row]) -> None:
+    """Stack in the canonical order; user-defined phases go on top, after the canonical ones."""
+    for r in values:
+        p = r["phase"]
+        r["phase_order"] = PHASES.index(p) if p in PHASES else len(PHASES)
+
+
+def _colour() -> alt.Color:
+    return alt.Color(
+        "phase:N",
+        title="phase",
+        scale=phase_scale(),
+        sort=list(PHASES),
+        legend=alt.Legend(labelExpr=phase_legend_expr()),
+    )
+
+
+def _panels(n: int) -> int:
+    return min(n, 3)
+
+
+def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
+    """Stacked steady-state phase times per run (ms per step), one panel per experiment/cluster/backend."""
+    title = "Where the step time goes"
+    values = [r for r in rows(phase_breakdown, _BREAKDOWN_COLUMNS) if r["time_ns"] is not None]
+    if not values:
+        return no_data(title, "no steps in this selection")
+    panels = series_labels((r["experiment"] or "", r["cluster"] or "", r["backend"] or "") for r in values)
+    runs_at: dict[tuple[str, int], set[str]] = {}
+    for r in values:
+        r["panel"] = panels[(r["experiment"] or "", r["cluster"] or "", r["backend"] or "")]
+        runs_at.setdefault((r["panel"], r["world_size"]), set()).add(r["run_id"])
+    # a bar is "N" when one run has that N in its panel; otherwise N plus what tells the runs apart
+    short: dict[str, str] = {}
+    for panel in {r["panel"] for r in values}:
+        short.update(run_label_map(r["run_id"] for r in values if r["panel"] == panel))
+    srcs = sources(values)
+    mark_sim = len(srcs) > 1
+    for r in values:
+        crowded = len(runs_at[(r["panel"], r["world_size"])]) > 1
+        r["bar"] = f"N={r['world_size']} {short[r['run_id']]}" if crowded else f"N={r['world_size']}"
+        if mark_sim and r["source"] == "simulated":
+            r["bar"] += " sim"
+        r["time_ms"] = r["time_ns"] / 1e6
+    _phase_order(values)
+    bars = sorted({(r["world_size"], natural_key(r["bar"]), r["bar"]) for r in values})
+    n_panels = len({r["panel"] for r in values})
+    chart = (
+        alt.Chart(data(values))
+        .mark_bar()
+        .encode(
+            x=alt.X("bar:N", title="run (world size N)", sort=[b for _, _, b in bars]),
+            y=alt.Y("sum(time_ms):Q", title="time per step (ms, steady-state)"),
+            color=_colour(),
+            order=alt.Order("phase_order:Q"),
+            tooltip=[
+                alt.Tooltip("run_id:N"),
+                alt.Tooltip("phase:N"),
+                alt.Tooltip("time_ms:Q", title="ms per step", format=".3f"),
+                alt.Tooltip("share:Q", format=".1%"),
+                alt.Tooltip("source:N"),
+            ],
+        )
+        .properties(width=PANEL_WIDTH, height=PANEL_HEIGHT)
+    )
+    if n_panels > 1:
+        chart = chart.facet(facet=alt.Facet("panel:N", title=None), columns=_panels(n_panels)).resolve_scale(
+            x="independent"
+        )
+    subtitle = ["phases add up to the step time (slowest rank); imbalance = max − mean over ranks"]
+    subtitle.append(source_note(srcs, marks="bars"))
+    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+
+
+def lost_time_chart(lost_time: pa.Table | None) -> ChartLike:
+    """Lost time L(N) per phase (GPU·ms per step) against N, one panel per scaling group."""
+    title = "Where the lost time went"
+    values = [r for r in rows(lost_time, _LOST_COLUMNS) if r["lost_ns"] is not None]
+    keep = multi_point_groups(values)
+    values = [r for r in values if r["group_id"] in keep]
+    if not values:
+        return no_data(title, "no scaling group with two or more world sizes in this selection")
+    labels = group_label_map(r["group_id"] for r in values)
+    for r in values:
+        r["panel"] = labels[r["group_id"]]
+        r["lost_gpu_ms"] = r["lost_ns"] / 1e6
+    _phase_order(values)
+    n_panels = len(labels)
+    chart = (
+        alt.Chart(data(values))
+        .mark_bar()
+        .encode(
+            x=alt.X("world_size:O", title="world size N"),
+            y=alt.Y("sum(lost_gpu_ms):Q", title="lost GPU·ms per step"),
+            color=_colour(),
+            order=alt.Order("phase_order:Q"),
+            tooltip=[
+                alt.Tooltip("run_id:N"),
+                alt.Tooltip("phase:N"),
+                alt.Tooltip("lost_gpu_ms:Q", title="lost GPU·ms per step", format=".3f"),
+                alt.Tooltip("share_of_lost:Q", title="share of lost", format=".1%"),
+            ],
+        )
+        .properties(width=PANEL_WIDTH, height=PANEL_HEIGHT)
+    )
+    if n_panels > 1:
+        chart = chart.facet(facet=alt.Facet("panel:N", title=None), columns=_panels(n_panels))
+    subtitle = [
+        "L(N) = N·T(N) − N0·T(N0)·G(N)/G(N0), split by phase; a bar below zero is time saved",
+        source_note(sources(values), marks="bars"),
+    ]
+    return finish(chart, title, subtitle)  # type: ignore[no-any-return]

@@ -1,0 +1,282 @@
+"""Analyse a store: the runs, the scaling table of every group, and the ranked findings in words."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import textwrap
+from typing import Any
+
+import pyarrow as pa
+
+from .. import __version__
+from ..analysis import DEFINITIONS, Selection, run_analysis
+from ..errors import PerfscopeError
+from ..explain import Finding, explain
+from ..store import Store, open_store
+from ..terminal import format_rows, heading, style, use_colour
+
+#: Bump only when a key is renamed or removed or changes meaning; adding keys keeps the version.
+JSON_FORMAT_VERSION = 1
+
+SEVERITY_STYLE = {"alarm": "1;31", "warning": "1;33", "info": "1;34"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", help="store folder")
+    p.add_argument(
+        "--experiment",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this experiment (repeat for several)",
+    )
+    p.add_argument("--run", action="append", default=[], metavar="RUN_ID", help="only this run (repeatable)")
+    p.add_argument("--cluster", action="append", default=[], help="only this cluster/partition (repeatable)")
+    p.add_argument("--backend", action="append", default=[], help="only this backend (repeatable)")
+    p.add_argument("--source", choices=["measured", "simulated"], help="only measured or only simulated runs")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        metavar="STEPS",
+        help="warm-up steps to drop per run (default: max(10, 5%% of the run))",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (format in docs/analysis.md)")
+
+
+def selection_from(args: argparse.Namespace) -> Selection:
+    if args.warmup is not None and args.warmup < 0:
+        raise PerfscopeError("--warmup must be 0 or more steps")
+    return Selection(
+        experiments=tuple(args.experiment),
+        run_ids=tuple(args.run),
+        clusters=tuple(args.cluster),
+        backends=tuple(args.backend),
+        source=args.source,
+        warmup_steps=args.warmup,
+    )
+
+
+def report(store: Store, sel: Selection) -> dict[str, Any]:
+    """The analysis behind both outputs: runs, scaling rows and ranked findings."""
+    runs = run_analysis("run_summary", store, sel)
+    if runs.num_rows == 0:
+        raise PerfscopeError(
+            f"no runs in {store.root} match the selection {_describe(sel)}; "
+            "`perfscope info STORE` lists the experiments and runs it holds."
+        )
+    return {
+        "runs": runs,
+        "scaling": run_analysis("scaling", store, sel),
+        "findings": explain(store, sel),
+    }
+
+
+def to_json(store: Store, sel: Selection, rep: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format": "perfscope-analyze",
+        "format_version": JSON_FORMAT_VERSION,
+        "perfscope_version": __version__,
+        "store": str(store.root),
+        "selection": sel.as_dict(),
+        "runs": _rows(rep["runs"]),
+        "scaling": _rows(rep["scaling"]),
+        "findings": [f.to_dict() for f in rep["findings"]],
+        "definitions": DEFINITIONS,
+    }
+
+
+def _rows(table: pa.Table) -> list[dict[str, Any]]:
+    return [
+        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        for row in table.to_pylist()
+    ]
+
+
+def _describe(sel: Selection) -> str:
+    parts = [f"{k}={v}" for k, v in sel.as_dict().items() if v not in ((), [], None)]
+    return "(" + ", ".join(parts) + ")" if parts else "(everything)"
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e6, 3)
+
+
+def render_runs(runs: pa.Table, colour: bool) -> str:
+    rows = [
+        [
+            r["run_id"],
+            r["source"],
+            r["experiment"],
+            r["cluster"],
+            r["backend"],
+            r["world_size"],
+            r["nodes"],
+            r["batch_size_per_rank"],
+            r["steady_steps"],
+            _ms(r["step_ns"]),
+            _ms(r["step_p10_ns"]),
+            _ms(r["step_p90_ns"]),
+            r["throughput_samples_per_s"],
+        ]
+        for r in runs.to_pylist()
+    ]
+    header = [
+        "run",
+        "source",
+        "experiment",
+        "cluster",
+        "backend",
+        "N",
+        "nodes",
+        "batch/rank",
+        "steady steps",
+        "step ms",
+        "p10 ms",
+        "p90 ms",
+        "samples/s",
+    ]
+    return format_rows(header, rows, colour=colour)
+
+
+def render_scaling(scaling: pa.Table, colour: bool) -> str:
+    out = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    singles = 0
+    for r in scaling.to_pylist():
+        groups.setdefault(r["group_id"], []).append(r)
+    for gid, rows in groups.items():
+        if rows[0]["scaling_mode"] == "single":
+            singles += 1
+            continue
+        first = rows[0]
+        note = f"  MIXED: {first['mode_note']}" if first["mixed"] else ""
+        out.append(
+            heading(
+                f"{gid}  ({first['scaling_mode']} scaling, baseline N0={first['baseline_world_size']}){note}",
+                colour=colour,
+            )
+        )
+        table = []
+        for r in rows:
+            phases = {
+                p: r[f"lost_{p}_ns"] or 0.0
+                for p in ("data", "forward", "backward", "sync_exposed", "optimizer", "other", "imbalance")
+            }
+            top = max(phases, key=lambda p: phases[p]) if (r["lost_ns"] or 0) > 0 else ""
+            table.append(
+                [
+                    r["world_size"],
+                    r["run_id"],
+                    r["source"],
+                    _ms(r["step_ns"]),
+                    r["throughput_samples_per_s"],
+                    r["speedup"],
+                    r["efficiency"],
+                    r["per_gpu_speedup"],
+                    r["sync_share"],
+                    _ms(r["lost_ns"]),
+                    top,
+                ]
+            )
+        out.append(
+            format_rows(
+                [
+                    "N",
+                    "run",
+                    "source",
+                    "step ms",
+                    "samples/s",
+                    "speedup",
+                    "efficiency",
+                    "per-GPU speedup",
+                    "sync share",
+                    "lost GPU·ms/step",
+                    "most lost in",
+                ],
+                table,
+                colour=colour,
+            )
+        )
+        out.append("")
+    if singles:
+        out.append(
+            f"({singles} group(s) with a single world size, such as batch-size sweeps, are in the "
+            "runs table.)"
+        )
+        out.append("")
+    return "\n".join(out)
+
+
+def _explained(f: Finding) -> str:
+    return f"explains {f.explained_loss:.0%} of the lost time" if f.explained_loss is not None else ""
+
+
+def render_findings(findings: list[Finding], colour: bool, width: int) -> str:
+    """Ranked findings; the same rule in several groups is shown in full once, then one line each."""
+    if not findings:
+        return "No findings: nothing in the selected runs needs explaining."
+    by_rule: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_rule.setdefault(f.rule, []).append(f)
+    out = []
+    wrap = textwrap.TextWrapper(width=width, initial_indent="   ", subsequent_indent="   ")
+    also = textwrap.TextWrapper(width=width, initial_indent="   - ", subsequent_indent="     ")
+    for i, group in enumerate(by_rule.values(), 1):
+        f = group[0]
+        tag = style(f"[{f.severity.upper()}]", SEVERITY_STYLE[f.severity], enabled=colour)
+        explained = ", " + _explained(f) if f.explained_loss is not None else ""
+        out.append(f"{i}. {tag} {style(f.title, '1', enabled=colour)}")
+        out.append(f"   ({f.category}, confidence {f.confidence_label}{explained})")
+        out.append(wrap.fill(f.text))
+        if f.recommendation:
+            out.append(wrap.fill("What to do: " + f.recommendation))
+        runs = f.evidence.run_ids
+        ev = f"{len(runs)} runs; " if len(runs) > 3 else (f"runs {', '.join(runs)}; " if runs else "")
+        out.append(wrap.fill(f"Evidence: {ev}analyses {', '.join(f.evidence.analyses)}"))
+        if len(group) > 1:
+            out.append(f"   The same in {len(group) - 1} more place(s):")
+            for g in group[1:]:
+                where = g.group_id or g.id.split(":", 1)[-1]
+                note = f" ({_explained(g)})" if g.explained_loss is not None else ""
+                out.append(also.fill(f"{g.title} — {where}{note}"))
+        out.append("")
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    sel = selection_from(args)
+    with open_store(args.store) as store:
+        rep = report(store, sel)
+        if args.json:
+            json.dump(to_json(store, sel, rep), sys.stdout, indent=2, allow_nan=False, default=str)
+            print()
+            return 0
+        colour = use_colour()
+        width = min(110, shutil.get_terminal_size((100, 24)).columns)
+        print(heading(f"perfscope analyze {store.root}", colour=colour))
+        print(f"selection: {_describe(sel)}")
+        print()
+        print(
+            heading(
+                "Runs (steady state: warm-up dropped, medians; step = slowest rank per step)", colour=colour
+            )
+        )
+        print(render_runs(rep["runs"], colour))
+        print()
+        print(
+            heading(
+                "Scaling (speedup = X(N)/X(N0), efficiency = speedup·N0/N, "
+                "lost = N·T(N) − N0·T(N0)·G(N)/G(N0))",
+                colour=colour,
+            )
+        )
+        print(render_scaling(rep["scaling"], colour))
+        print(
+            heading(f"Findings ({len(rep['findings'])}), most lost efficiency explained first", colour=colour)
+        )
+        print(render_findings(rep["findings"], colour, width))
+    return 0

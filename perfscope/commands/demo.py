@@ -1,0 +1,44 @@
+"""Run a real PyTorch DDP training job at world sizes 1, 2 and 4 and two per-rank batch sizes, and
+record it into a store (gloo on the CPU, NCCL when there is a GPU per rank)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import PerfscopeError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", nargs="?", default="perfscope-demo", help="store folder (default: perfscope-demo)")
+    p.add_argument("--quick", action="store_true", help="a tiny version: world sizes 1 and 2, 12 steps per run")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise PerfscopeError("perfscope demo trains a real model and needs torch: pip install 'perfscope[torch]'") from None
+    from ..demo import plan, progress_bar, run_demo
+
+    store = Path(args.store)
+    the_plan = plan(quick=args.quick)
+    started = time.monotonic()
+    labels = run_demo(store, the_plan, progress_bar(sys.stderr))
+    worlds = ", ".join(map(str, the_plan.world_sizes))
+    batches = ", ".join(map(str, the_plan.batch_sizes))
+    print(
+        f"recorded {len(the_plan.runs)} runs of experiment {labels['experiment']!r} into {store} in "
+        f"{time.monotonic() - started:.0f} s: world sizes {worlds} x batch {batches} per rank, "
+        f"{the_plan.steps} steps each, {labels['backend']} on {labels['device']}"
+    )
+    print("next:")
+    for verb, what in (
+        ("info", "summarise what was recorded"),
+        ("analyze", "explain how it scales"),
+        ("dashboard", "open the dashboard"),
+    ):
+        print(f"  perfscope {verb} {store}".ljust(44) + what)
+    return 0

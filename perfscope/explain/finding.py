@@ -1,0 +1,83 @@
+"""The Finding data type: what the explainer says, with its evidence, as plain data."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("alarm", "warning", "info")
+CATEGORIES = ("cause", "comparison", "measurement", "data-quality")
+
+Number = float | int | str | None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    run_ids: tuple[str, ...]
+    analyses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    rule: str
+    severity: str
+    category: str
+    title: str
+    text: str
+    evidence: Evidence
+    recommendation: str
+    confidence: float
+    explained_loss: float | None
+    numbers: dict[str, Number] = field(default_factory=dict)
+    group_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, not {self.severity!r}")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"category must be one of {CATEGORIES}, not {self.category!r}")
+
+    @property
+    def confidence_label(self) -> str:
+        return "high" if self.confidence >= 0.75 else "medium" if self.confidence >= 0.5 else "low"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rule": self.rule,
+            "severity": self.severity,
+            "category": self.category,
+            "title": self.title,
+            "text": self.text,
+            "evidence": {
+                "run_ids": list(self.evidence.run_ids),
+                "analyses": list(self.evidence.analyses),
+            },
+            "recommendation": self.recommendation,
+            "confidence": _json_number(self.confidence),
+            "confidence_label": self.confidence_label,
+            "explained_loss": _json_number(self.explained_loss),
+            "numbers": {k: _json_number(v) for k, v in self.numbers.items()},
+            "group_id": self.group_id,
+        }
+
+
+def _json_number(v: Number) -> Number:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Most lost efficiency explained first; then alarm before warning before info; then confidence."""
+    return sorted(
+        findings,
+        key=lambda f: (
+            -(f.explained_loss or 0.0),
+            SEVERITIES.index(f.severity),
+            -f.confidence,
+            f.id,
+        ),
+    )

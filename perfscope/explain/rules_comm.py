@@ -1,0 +1,407 @@
+"""Rules about gradient synchronisation: communication-bound, slow network, latency-bound, no overlap,
+and which backend wins where (DESIGN rules 1, 2, 3, 8, 9)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from statistics import median
+from typing import Any
+
+from ..analysis.sync import alpha_beta_fits, fit_points
+from .context import Context, Row, baseline, largest, lost_share
+from .finding import Finding
+from .rulebook import cause_severity, make_finding, rule
+from .words import dur, gbps, listing, num, pct, times
+
+LOW_EFFICIENCY = 0.8
+SYNC_GROWTH = 0.02  # exposed-sync share must grow by at least 2 points from N0 to the largest N
+#: Fitted or measured bus bandwidth under this, with NCCL on GPUs and large messages, looks like TCP.
+SLOW_NCCL_GB_PER_S = 3.0
+LARGE_MESSAGE_BYTES = 1 << 20
+UNDER_DELIVERY = 2.0  # measured transfer time this many times the fit's prediction
+LATENCY_SHARE = 0.5
+SMALL_MESSAGE_BYTES = 256 << 10
+MANY_COLLECTIVES = 10
+OVERLAP_EXPOSED = 0.9
+SIGNIFICANT_SYNC = 0.10
+BACKEND_TIE = 0.03
+_EXPECTED_LINK = {
+    "inter-node": "InfiniBand/RoCE: 10-50 GB/s",
+    "intra-node": "NVLink: 100+ GB/s, PCIe: 10-25 GB/s",
+}
+
+
+@rule("communication-bound", 1, "Communication-bound: exposed gradient sync eats the efficiency")
+def communication_bound(ctx: Context) -> list[Finding]:
+    out = []
+    for gid, rows in ctx.scaling_groups().items():
+        top, base = largest(rows), baseline(rows)
+        eff = top["efficiency"]
+        share = lost_share(top, "sync_exposed")
+        if eff is None or eff >= LOW_EFFICIENCY or share is None or share <= 0.5:
+            continue
+        s0, s1 = base["sync_share"] or 0.0, top["sync_share"] or 0.0
+        if s1 < s0 + SYNC_GROWTH:
+            continue
+        shares = [r["sync_share"] or 0.0 for r in rows]
+        monotone = all(b >= a - 0.01 for a, b in itertools.pairwise(shares))
+        text = (
+            f"In {gid}, efficiency at N={top['world_size']} is {num(eff)} (speedup "
+            f"{num(top['speedup'])} of an ideal {num(top['ideal_speedup'], 0)}). Exposed gradient sync grows "
+            f"from {dur(base['sync_exposed_ns'])} per step at N={base['world_size']} to "
+            f"{dur(top['sync_exposed_ns'])} at N={top['world_size']} ({pct(s0)} → {pct(s1)} of the step) and "
+            f"accounts for {pct(share)} of the {dur(top['lost_ns'])} of GPU time lost per step."
+        )
+        out.append(
+            make_finding(
+                ctx,
+                "communication-bound",
+                gid,
+                severity=cause_severity(share),
+                category="cause",
+                title=f"Communication-bound at N={top['world_size']}: sync explains {pct(share)} of the loss",
+                text=text,
+                run_ids=[r["run_id"] for r in rows],
+                analyses=("scaling", "lost_time", "sync"),
+                recommendation=(
+                    "Hide or shrink the allreduce: let DDP overlap it with backward (smaller bucket_cap_mb "
+                    "so the first bucket starts early, static_graph=True), send bf16/fp16 gradients (a "
+                    "compression comm hook), synchronise less often (gradient accumulation with no_sync()), "
+                    "or give each GPU more work per step (a larger per-GPU batch) so the same sync is a "
+                    "smaller share. Check the bus bandwidth against the link (network rule)."
+                ),
+                confidence=0.85 if monotone and len(rows) >= 3 else 0.65,
+                explained_loss=share,
+                numbers={
+                    "world_size": top["world_size"],
+                    "efficiency": eff,
+                    "sync_share_baseline": s0,
+                    "sync_share": s1,
+                    "sync_exposed_ns": top["sync_exposed_ns"],
+                    "lost_ns": top["lost_ns"],
+                    "lost_sync_exposed_ns": top["lost_sync_exposed_ns"],
+                },
+                group_id=gid,
+            )
+        )
+    return out
+
+
+def _is_gpu(run: Row | None) -> bool:
+    model = str((run or {}).get("device_model") or "").lower()
+    return bool(model) and model != "cpu"
+
+
+@rule("network-under-delivering", 2, "Network under-delivering: bus bandwidth far below expectation")
+def network_under_delivering(ctx: Context) -> list[Finding]:
+    out = []
+    runs = ctx.by_run("run_summary")
+    scaling = ctx.by_run("scaling")
+    sync_rows = ctx.by_run("sync")
+    fits = alpha_beta_fits(ctx.store, ctx.sel)
+    for (cluster, backend, scope), (fit, pts) in fits.items():
+        by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for p in pts:
+            by_run[str(p["run_id"])].append(p)
+        # (a) one run much slower than the fit of the others predicts (leave that run out)
+        if len(by_run) >= 3:
+            for rid, own in by_run.items():
+                others = [p for r, ps in by_run.items() if r != rid for p in ps]
+                f = fit_points(others)
+                if f is None:
+                    continue
+                predicted = [(p["t"], f.predict_s(p["p"], p["n"], p["k"])) for p in own]
+                ratios = [t / pred for t, pred in predicted if pred > 0]
+                if not ratios or median(ratios) < UNDER_DELIVERY:
+                    continue
+                ratio = median(ratios)
+                srow = sync_rows.get(rid, {})
+                sc = scaling.get(rid, {})
+                loss = lost_share(sc, "sync_exposed") if sc else None
+                explained = loss * (1 - 1 / ratio) if loss is not None else None
+                out.append(
+                    make_finding(
+                        ctx,
+                        "network-under-delivering",
+                        f"{rid}",
+                        severity=cause_severity(explained),
+                        category="cause",
+                        title=f"Run {rid}: collectives {times(ratio)} slower than the same setup elsewhere",
+                        text=(
+                            f"On {cluster} with {backend} ({scope}), the allreduces of run {rid} "
+                            f"(N={srow.get('world_size')}) take {times(ratio)} the time the "
+                            "alpha-beta fit of "
+                            f"the other runs predicts for the same message sizes; its bus bandwidth is "
+                            f"{gbps(srow.get('busbw_gb_per_s'))}. Something in this run's network "
+                            "path differs: "
+                            "a fallback to TCP, the wrong network interface, a congested link or a bad node."
+                        ),
+                        run_ids=[rid],
+                        analyses=("sync", "collectives", "allreduce_fit"),
+                        recommendation=(
+                            "Rerun with NCCL_DEBUG=INFO and check the transport it picks (NET/IB "
+                            "vs NET/Socket), "
+                            "NCCL_SOCKET_IFNAME / NCCL_IB_HCA, and the nodes the job landed on; "
+                            "run nccl-tests "
+                            "all_reduce_perf on the same nodes to compare."
+                        ),
+                        confidence=0.7,
+                        explained_loss=explained,
+                        numbers={"slowdown": ratio, "busbw_gb_per_s": srow.get("busbw_gb_per_s")},
+                        group_id=sc.get("group_id") if sc else None,
+                    )
+                )
+        # (b) NCCL on GPUs with a bandwidth no GPU interconnect should have
+        run_ids = sorted(by_run)
+        if "nccl" not in backend.lower() or not any(_is_gpu(runs.get(r)) for r in run_ids):
+            continue
+        large = [p for p in pts if p["n"] >= LARGE_MESSAGE_BYTES]
+        busbw = [
+            sync_rows[r]["busbw_gb_per_s"]
+            for r in run_ids
+            if r in sync_rows and sync_rows[r]["busbw_gb_per_s"] is not None
+        ]
+        bw = fit.bandwidth_gb_per_s if fit is not None and len(pts) >= 3 else None
+        measured = max(busbw) if busbw else None
+        slow = (bw is not None and bw < SLOW_NCCL_GB_PER_S) or (
+            bw is None and measured is not None and measured < SLOW_NCCL_GB_PER_S
+        )
+        if not large or not slow:
+            continue
+        where = "across nodes" if scope == "inter-node" else "inside a node"
+        out.append(
+            make_finding(
+                ctx,
+                "network-under-delivering",
+                f"{cluster}/{backend}/{scope}",
+                severity="warning",
+                category="cause",
+                title=(
+                    f"{backend} on {cluster} reaches only {gbps(bw if bw is not None else measured)} {where}"
+                ),
+                text=(
+                    f"With NCCL on GPUs and messages of 1 MB or more, the allreduce {where} on {cluster} "
+                    f"delivers {gbps(measured)} bus bandwidth at best"
+                    + (f" (alpha-beta fit: {gbps(bw)})" if bw is not None else "")
+                    + ". GPU interconnects deliver far more "
+                    f"({_EXPECTED_LINK[scope]}); "
+                    "this looks like a fallback to TCP sockets"
+                    + (
+                        " or a missing GPUDirect RDMA path."
+                        if scope == "inter-node"
+                        else " or peer-to-peer being disabled."
+                    )
+                ),
+                run_ids=run_ids,
+                analyses=("sync", "allreduce_fit"),
+                recommendation=(
+                    "Check NCCL_DEBUG=INFO for 'NET/Socket' (no InfiniBand plugin or NCCL_IB_DISABLE=1), "
+                    "NCCL_SOCKET_IFNAME, NCCL_P2P_DISABLE, and whether GPUDirect RDMA (nvidia-peermem) is "
+                    "loaded; compare with nccl-tests on the same nodes."
+                ),
+                confidence=0.5,
+                numbers={"busbw_gb_per_s": measured, "fit_bandwidth_gb_per_s": bw},
+            )
+        )
+    return out
+
+
+@rule("latency-bound", 3, "Latency-bound: many small collectives")
+def latency_bound(ctx: Context) -> list[Finding]:
+    out = []
+    fits = alpha_beta_fits(ctx.store, ctx.sel)
+    sync_rows = ctx.by_run("sync")
+    for gid, rows in ctx.scaling_groups().items():
+        top = largest(rows)
+        s = sync_rows.get(top["run_id"])
+        if not s or top["world_size"] < 2 or not s["comm_count"] or not s["bytes_per_step"]:
+            continue
+        if (top["sync_share"] or 0) < 0.05:
+            continue
+        k, nbytes, p = float(s["comm_count"]), float(s["bytes_per_step"]), float(top["world_size"])
+        fit = fits.get((top["cluster"], top["backend"], s["scope"]), (None, []))[0]
+        avg_msg = nbytes / k
+        if fit is not None and fit.alpha_s > 0:
+            lat = fit.latency_share(p, nbytes, k)
+            confidence = 0.75
+            basis = (
+                f"the alpha-beta fit (α = {fit.alpha_s * 1e6:.1f} µs per ring step) puts "
+                f"{pct(lat)} of the allreduce time in per-message latency"
+            )
+        elif avg_msg < SMALL_MESSAGE_BYTES and k >= MANY_COLLECTIVES:
+            lat, confidence = None, 0.4
+            basis = "no alpha-beta fit is available, but the messages are small"
+        else:
+            continue
+        if lat is not None and lat <= LATENCY_SHARE:
+            continue
+        share = lost_share(top, "sync_exposed")
+        explained = share * lat if share is not None and lat is not None else None
+        out.append(
+            make_finding(
+                ctx,
+                "latency-bound",
+                gid,
+                severity=cause_severity(explained),
+                category="cause",
+                title=(
+                    f"Latency-bound sync at N={top['world_size']}: {k:.0f} "
+                    f"collective{'s' if round(k) != 1 else ''} of {avg_msg / 1024:.0f} KiB per step"
+                ),
+                text=(
+                    f"In {gid} at N={top['world_size']}, each step issues {k:.0f} collective(s) averaging "
+                    f"{avg_msg / 1024:.0f} KiB ({nbytes / 2**20:.1f} MiB in all); {basis}. Each "
+                    "ring allreduce "
+                    f"pays 2(p−1) = {2 * (p - 1):.0f} latency hops whatever its size, so many small "
+                    "ones cost "
+                    "more than their bytes."
+                ),
+                run_ids=[top["run_id"]],
+                analyses=("sync", "allreduce_fit", "collectives"),
+                recommendation=(
+                    "Fuse gradients into fewer, larger messages: raise DDP's bucket_cap_mb (default 25 MB), "
+                    "Horovod's HOROVOD_FUSION_THRESHOLD, or flatten parameters before a manual allreduce; "
+                    "synchronise every k steps with gradient accumulation."
+                    if k > 2
+                    else "The gradients already travel in one message, so the latency is per ring "
+                    "hop: use an "
+                    "algorithm with fewer hops (NCCL_ALGO=Tree, hierarchical allreduce across nodes), or "
+                    "synchronise less often per sample (a larger batch, gradient accumulation)."
+                ),
+                confidence=confidence,
+                explained_loss=explained,
+                numbers={"collectives_per_step": k, "avg_message_bytes": avg_msg, "latency_share": lat},
+                group_id=gid,
+            )
+        )
+    return out
+
+
+@rule("overlap-failure", 8, "Overlap failure: the allreduce does not overlap with backward")
+def overlap_failure(ctx: Context) -> list[Finding]:
+    out = []
+    sync_rows = ctx.by_run("sync")
+    summary = ctx.by_run("run_summary")
+    for gid, rows in ctx.scaling_groups().items():
+        bad = []
+        for r in rows:
+            s = sync_rows.get(r["run_id"])
+            if not s or r["world_size"] < 2 or not s["comm_total_ns"] or not s["sync_exposed_ns"]:
+                continue
+            if (r["sync_share"] or 0) >= SIGNIFICANT_SYNC and s["sync_exposed_ns"] >= OVERLAP_EXPOSED * s[
+                "comm_total_ns"
+            ]:
+                bad.append((r, s))
+        if not bad:
+            continue
+        r, s = max(bad, key=lambda x: x[0]["world_size"])
+        backward = summary[r["run_id"]]["backward_ns"] or 0.0
+        hideable = min(s["sync_exposed_ns"], backward) * r["world_size"]
+        explained = hideable / r["lost_ns"] if r["lost_ns"] and r["lost_ns"] > 0 else None
+        out.append(
+            make_finding(
+                ctx,
+                "overlap-failure",
+                gid,
+                severity=cause_severity(explained),
+                category="cause",
+                title=(
+                    f"No overlap: {pct(min(1.0, s['sync_exposed_ns'] / s['comm_total_ns']))} of "
+                    "the allreduce time is exposed"
+                ),
+                text=(
+                    f"In {gid} at N={r['world_size']}, the collectives take "
+                    f"{dur(s['comm_total_ns'])} per step and "
+                    f"the step waits {dur(s['sync_exposed_ns'])} for them: almost none of the communication "
+                    f"overlaps with the {dur(backward)} backward pass, although it could hide up to "
+                    f"{dur(min(s['sync_exposed_ns'], backward))} per step."
+                ),
+                run_ids=[x[0]["run_id"] for x in bad],
+                analyses=("sync", "run_summary"),
+                recommendation=(
+                    "Let communication start during backward: with DDP, keep gradients in buckets that fill "
+                    "early (lower bucket_cap_mb), avoid find_unused_parameters=True and work between "
+                    "backward() and the optimizer that forces a wait; with a hand-written "
+                    "allreduce, launch it "
+                    "per bucket from a gradient hook (async_op=True) instead of after backward; with Horovod "
+                    "tune HOROVOD_CYCLE_TIME and the fusion threshold."
+                ),
+                confidence=0.75,
+                explained_loss=explained,
+                numbers={
+                    "exposed_ns": s["sync_exposed_ns"],
+                    "comm_total_ns": s["comm_total_ns"],
+                    "overlap_share": s["overlap_share"],
+                },
+                group_id=gid,
+            )
+        )
+    return out
+
+
+@rule("backend-comparison", 9, "Backend comparison: which collective backend wins where")
+def backend_comparison(ctx: Context) -> list[Finding]:
+    out = []
+    keyed: dict[tuple[object, ...], list[Row]] = defaultdict(list)
+    for r in ctx.rows("backend_compare"):
+        keyed[(r["experiment"], r["cluster"], r["model"], r["batch_size_per_rank"])].append(r)
+    for (exp, cluster, model, batch), rows in keyed.items():
+        per_n: dict[int, list[Row]] = defaultdict(list)
+        for r in rows:
+            if r["world_size"] > 1:
+                per_n[r["world_size"]].append(r)
+        if not per_n:
+            continue
+        parts, numbers = [], {}
+        wins: dict[str, list[str]] = {"inside one node": [], "across nodes": []}
+        for n, rs in sorted(per_n.items()):
+            rs.sort(key=lambda r: r["step_ns"])
+            best, runner = rs[0], rs[1]
+            gap = runner["step_ns"] / best["step_ns"] - 1
+            where = "inside one node" if (best["nodes"] or 1) <= 1 else "across nodes"
+            numbers[f"N{n}_best"] = best["backend"]
+            numbers[f"N{n}_gap"] = gap
+            if gap < BACKEND_TIE:
+                wins[where].append(f"N={n}: a tie ({pct(gap)})")
+            else:
+                wins[where].append(f"N={n}: {best['backend']} by {pct(gap)}")
+        for where, items in wins.items():
+            if items:
+                parts.append(f"{where}, {listing(items)}")
+        backends = sorted({r["backend"] for r in rows})
+        text = (
+            f"For {exp} on {cluster} (model {model}, batch {batch} per rank), "
+            f"{' vs '.join(backends)} at the same world size — step time, faster backend and its lead: "
+            + "; ".join(parts)
+            + "."
+        )
+        out.append(
+            make_finding(
+                ctx,
+                "backend-comparison",
+                f"{exp}/{cluster}/{model}/b{batch}",
+                severity="info",
+                category="comparison",
+                title=f"{' vs '.join(backends)} on {cluster}: "
+                + "; ".join(f"{w}: " + _winner(items) for w, items in wins.items() if items),
+                text=text,
+                run_ids=[r["run_id"] for r in rows],
+                analyses=("backend_compare", "sync"),
+                recommendation=(
+                    "Use the faster backend for each placement. Inside a node MPI's shared-memory reduction "
+                    "can beat NCCL for small models; across nodes NCCL's ring over InfiniBand with GPUDirect "
+                    "usually wins. With small gradients the difference is small, because the sync is short."
+                ),
+                confidence=0.8,
+                numbers=numbers,
+            )
+        )
+    return out
+
+
+def _winner(items: list[str]) -> str:
+    names = {i.split(": ", 1)[1].split(" by ")[0] for i in items if " by " in i}
+    if not names:
+        return "no meaningful difference"
+    return "/".join(sorted(names)) + " faster"

@@ -1,0 +1,408 @@
+"""Rules about the work on each rank: stragglers, input-bound, per-GPU work too small, and
+oversubscribed hosts (DESIGN rules 5, 6, 7, 12)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .context import Context, Row, baseline, largest, lost_share
+from .finding import Finding
+from .rulebook import cause_severity, make_finding, rule
+from .words import dur, listing, num, pct, times
+
+LOW_LOAD_BALANCE = 0.9
+STRAGGLER_WAIT_SHARE = 0.02
+DATA_SHARE = 0.15
+DATA_GROWTH = 0.05
+LOW_COMPUTATION_SCALING = 0.9
+LOW_UTILISATION_PCT = 50.0
+BATCH_GAIN = 1.4
+
+LR_CAVEATS = (
+    "A larger batch changes the optimisation, not only the speed: scale the learning rate with the "
+    "batch (linearly, Goyal et al., or by √k for k times the batch, Krizhevsky), warm it up over the "
+    "first epochs, and beyond a few thousand samples per batch use a layer-wise optimiser (LARS, LAMB). "
+    "Judge the result by time to the target accuracy, not samples per second: very large batches can "
+    "generalise worse (Keskar et al.)."
+)
+
+
+def _oversubscribed_runs(ctx: Context) -> set[str]:
+    return {r["run_id"] for r in ctx.rows("placement") if r["oversubscribed_cpu"] or r["oversubscribed_gpu"]}
+
+
+@rule("straggler", 5, "Straggler: one rank makes the others wait")
+def straggler(ctx: Context) -> list[Finding]:
+    out = []
+    pop = ctx.by_run("pop")
+    strag: dict[str, list[Row]] = defaultdict(list)
+    for s in ctx.rows("stragglers"):
+        strag[s["run_id"]].append(s)
+    ranks: dict[str, list[Row]] = defaultdict(list)
+    for r in ctx.rows("rank_breakdown"):
+        ranks[r["run_id"]].append(r)
+    groups = ctx.scaling_groups()
+    singles = [[r] for r in ctx.rows("scaling") if r["group_id"] not in groups]
+    for rows in [*groups.values(), *singles]:
+        hits = []
+        for r in rows:
+            if r["world_size"] < 2:
+                continue
+            p = pop.get(r["run_id"], {})
+            lb = p.get("load_balance")
+            waits = strag.get(r["run_id"], [])
+            last = max(waits, key=lambda s: s["last_share"] or 0, default=None)
+            others_wait = sum(
+                s["wait_per_step_ns"] or 0 for s in waits if last is None or s["rank"] != last["rank"]
+            )
+            wait_share = others_wait / max(1, len(waits) - 1) / r["step_ns"] if waits else 0.0
+            is_last = bool(last and last["is_straggler"] and wait_share >= STRAGGLER_WAIT_SHARE)
+            if (lb is not None and lb < LOW_LOAD_BALANCE) or is_last:
+                lost = r["lost_ns"] if r["lost_ns"] and r["lost_ns"] > 0 else None
+                imb = r["world_size"] * ((p.get("useful_max_ns") or 0) - (p.get("useful_mean_ns") or 0))
+                explained = max(imb, others_wait) / lost if lost else None
+                hits.append((r, lb, last if is_last else None, wait_share, explained))
+        if not hits:
+            continue
+        # the largest world size says most about scaling; its explained share is the one to rank by
+        r, lb, last, wait_share, explained = max(hits, key=lambda h: (h[0]["world_size"], h[4] or 0))
+        slowest = max(ranks.get(r["run_id"], []), key=lambda x: x["useful_ns"] or 0, default=None)
+        parts = [f"In run {r['run_id']} (N={r['world_size']})"]
+        if last is not None:
+            parts.append(
+                f"rank {last['rank']}{' on ' + last['hostname'] if last['hostname'] else ''} entered the "
+                f"collective last in {pct(last['last_share'])} of {last['instances']} collectives, and the "
+                f"other ranks waited {pct(wait_share)} of the step for it on average"
+            )
+        if lb is not None and lb < LOW_LOAD_BALANCE and slowest is not None:
+            parts.append(
+                f"load balance (mean/max useful compute per rank) is {num(lb)}: rank {slowest['rank']} "
+                f"computes {dur(slowest['useful_ns'])} per step against "
+                f"{dur(pop[r['run_id']]['useful_mean_ns'])} "
+                "on average"
+            )
+        gid = r["group_id"]
+        out.append(
+            make_finding(
+                ctx,
+                "straggler",
+                gid if len(rows) > 1 else r["run_id"],
+                severity=cause_severity(explained),
+                category="cause",
+                title=f"Straggler in run {r['run_id']}"
+                + (
+                    f": rank {last['rank']} is last in {pct(last['last_share'])} of collectives"
+                    if last
+                    else f": load balance {num(lb)}"
+                ),
+                text=", ".join(parts[:1]) + " " + "; ".join(parts[1:]) + ".",
+                run_ids=[h[0]["run_id"] for h in hits],
+                analyses=("pop", "stragglers", "rank_breakdown", "collective_wait"),
+                recommendation=(
+                    "Find what is different about that rank: its host (a slower or throttled GPU, a busy "
+                    "CPU, a noisy neighbour), its data (uneven shard sizes or sequence lengths: use a "
+                    "DistributedSampler with equal shards, bucket by length), or extra work on it (logging, "
+                    "checkpointing, evaluation only on rank 0)."
+                ),
+                confidence=0.8 if last is not None else 0.65,
+                explained_loss=explained,
+                numbers={
+                    "load_balance": lb,
+                    "last_rank": last["rank"] if last else None,
+                    "last_share": last["last_share"] if last else None,
+                    "wait_share": wait_share,
+                },
+                group_id=gid,
+            )
+        )
+    return out
+
+
+def _single_runs_by_family(ctx: Context, groups: dict[str, list[Row]]) -> list[list[Row]]:
+    """Runs outside a scaling series (batch sweeps, lone runs), one list per experiment family."""
+    fam: dict[tuple[object, ...], list[Row]] = defaultdict(list)
+    for r in ctx.rows("scaling"):
+        if r["group_id"] not in groups:
+            fam[(r["experiment"], r["cluster"], r["backend"], r["model"])].append(r)
+    return list(fam.values())
+
+
+@rule("input-bound", 6, "Input-bound: the step waits on the data loader")
+def input_bound(ctx: Context) -> list[Finding]:
+    out = []
+    groups = ctx.scaling_groups()
+    for rows in [*groups.values(), *_single_runs_by_family(ctx, groups)]:
+        series = rows[0]["group_id"] in groups
+        worst = max(rows, key=lambda r: r["data_share"] or 0)
+        top, base = largest(rows), baseline(rows)
+        growth = (top["data_share"] or 0) - (base["data_share"] or 0)
+        share = lost_share(top, "data")
+        high = (worst["data_share"] or 0) > DATA_SHARE
+        growing = series and growth > DATA_GROWTH and share is not None and share > 0.25
+        if not (high or growing):
+            continue
+        gid = (
+            worst["group_id"]
+            if series
+            else f"{worst['experiment']}/{worst['cluster']}/{worst['backend']}/{worst['model']}"
+        )
+        where = f"run {worst['run_id']} (batch {worst['batch_size_per_rank']} per rank)" if not series else ""
+        text = (
+            f"In {gid}{', ' + where if where else ''}, waiting on the data loader takes "
+            f"{pct(worst['data_share'])} of the step at N={worst['world_size']} "
+            f"({dur(worst['step_ns'] * (worst['data_share'] or 0))} per step)"
+        )
+        if series:
+            text += (
+                f"; its share goes from {pct(base['data_share'])} at N={base['world_size']} to "
+                f"{pct(top['data_share'])} at N={top['world_size']} and explains {pct(share)} of "
+                "the lost time"
+            )
+        out.append(
+            make_finding(
+                ctx,
+                "input-bound",
+                gid,
+                severity=cause_severity(share) if growing else "warning",
+                category="cause",
+                title=f"Input-bound: data loading is {pct(worst['data_share'])} of the step",
+                text=text + ".",
+                run_ids=[r["run_id"] for r in rows],
+                analyses=("scaling", "phase_breakdown"),
+                recommendation=(
+                    "Feed the GPUs faster: more DataLoader workers (num_workers), pin_memory=True with "
+                    "non_blocking copies, persistent_workers and prefetch_factor, decode/augment on the GPU "
+                    "(DALI), keep the dataset in RAM or GPU memory if it fits, and give each rank its own "
+                    "CPU cores; on shared file systems stage the data to local disk first."
+                ),
+                confidence=0.8,
+                explained_loss=share if growing else None,
+                numbers={"data_share": worst["data_share"], "data_share_growth": growth},
+                group_id=gid,
+            )
+        )
+    return out
+
+
+def _batch_headroom(ctx: Context, rows: list[Row]) -> tuple[str, dict[str, float], int | None]:
+    """What a larger per-GPU batch buys at each world size, from a batch sweep at a small N.
+
+    The extra time at N over the sweep's world size (sync, imbalance) is taken as independent of
+    the batch, since the gradient bytes do not change with it: T(N, B) = T_s(B) + T(N, b) − T_s(b).
+    """
+    top = rows[0]
+    b = top["batch_size_per_rank"]
+    if top["scaling_mode"] != "weak" or b is None:
+        return "", {}, None
+    # The sweep may live in its own experiment; the same model on the same hardware is what counts.
+    sweep = [
+        s
+        for s in ctx.rows("batch_sweep")
+        if (s["cluster"], s["backend"], s["model"]) == (top["cluster"], top["backend"], top["model"])
+    ]
+    same_exp = [s for s in sweep if s["experiment"] == top["experiment"]]
+    sweep = same_exp or sweep
+    if not sweep:
+        return "", {}, None
+    ws = min(s["world_size"] for s in sweep)
+    at = {s["batch_size_per_rank"]: s for s in sweep if s["world_size"] == ws}
+    if b not in at:
+        return "", {}, None
+    t_b = at[b]["step_ns"]
+    best_b = max(at, key=lambda k: k / at[k]["step_ns"])
+    if best_b == b:
+        return "", {}, None
+    t_best = at[best_b]["step_ns"]
+    gains, numbers = [], {}
+    seen: set[int] = set()
+    for r in rows:
+        if r["world_size"] < ws or r["world_size"] in seen:
+            continue
+        seen.add(r["world_size"])
+        t_new = t_best + (r["step_ns"] - t_b)
+        gain = (best_b / t_new) / (b / r["step_ns"])
+        eff_new = t_best / t_new if ws == 1 else None
+        numbers[f"gain_N{r['world_size']}"] = gain
+        gains.append(
+            f"N={r['world_size']}: {times(gain)}"
+            + (f" (efficiency {num(r['efficiency'])} → {num(eff_new)})" if eff_new is not None else "")
+        )
+    top_n = max(rows, key=lambda r: r["world_size"])
+    extra_top = top_n["step_ns"] - t_b
+    per_batch = [
+        f"{bb}: {times((bb / (at[bb]['step_ns'] + extra_top)) / (b / top_n['step_ns']))}"
+        for bb in sorted(at)
+        if bb > b
+    ]
+    text = (
+        f" A batch sweep at N={ws} shows {best_b} samples per GPU run at "
+        f"{times((best_b / t_best) / (b / t_b))} the "
+        f"samples/s of {b}. Since the gradients to synchronise do not grow with the batch, the same sync "
+        f"is spread over more samples; estimated samples/s gain at batch {best_b}: {listing(gains, 10)}. "
+        f"At N={top_n['world_size']}, by batch per GPU: {listing(per_batch, 10)}."
+    )
+    return text, numbers, best_b
+
+
+@rule("small-per-gpu-work", 7, "Per-GPU work too small")
+def small_per_gpu_work(ctx: Context) -> list[Finding]:
+    out = []
+    pop = ctx.by_run("pop")
+    util = ctx.by_run("utilisation")
+    over = _oversubscribed_runs(ctx)
+    ttm = ctx.rows("time_to_metric")
+    for gid, rows in ctx.scaling_groups().items():
+        top, base = largest(rows), baseline(rows)
+        reasons, numbers = [], {}
+        cs = (pop.get(top["run_id"]) or {}).get("computation_scaling")
+        if cs is not None and cs < LOW_COMPUTATION_SCALING and top["run_id"] not in over:
+            reasons.append(
+                f"computation scaling is {num(cs)} at N={top['world_size']}: the same samples cost "
+                f"{pct(1 / cs - 1)} more compute time per sample than at N={base['world_size']}"
+            )
+            numbers["computation_scaling"] = cs
+        utils = [
+            (util[r["run_id"]]["util_gpu_pct"], r["world_size"])
+            for r in rows
+            if r["run_id"] in util and util[r["run_id"]]["util_gpu_pct"] is not None
+        ]
+        if utils and min(utils)[0] < LOW_UTILISATION_PCT:
+            low, at_n = min(utils)
+            reasons.append(
+                "the GPUs' kernel-active time share (nvmlDeviceGetUtilizationRates) is only "
+                f"{low:.0f}% (N={at_n}): kernels are short and the GPU idles between them"
+            )
+            numbers["util_gpu_pct_min"] = low
+        headroom, gains, best_b = _batch_headroom(ctx, rows)
+        if gains and max(gains.values()) >= BATCH_GAIN:
+            reasons.append(f"a larger batch would raise throughput (up to {times(max(gains.values()))})")
+            numbers.update(gains)
+            numbers["better_batch_size_per_rank"] = best_b
+        if not reasons:
+            continue
+        b = top["batch_size_per_rank"]
+        text = f"In {gid} (batch {b} per GPU), " + "; ".join(reasons) + "." + headroom
+        ttm_runs = [t for t in ttm if t["experiment"] == top["experiment"] and t["reached"]]
+        if ttm_runs:
+            first = min(ttm_runs, key=lambda t: t["time_to_target_s"])
+            text += (
+                f" Time to the common {first['metric']} target ({num(first['target'], 4)}) is shortest at "
+                f"batch {first['batch_size_per_rank']} per GPU and N={first['world_size']} "
+                f"({first['time_to_target_s']:.1f} s)."
+            )
+        explained = (
+            lost_share(top, "forward", "backward", "optimizer") if "computation_scaling" in numbers else None
+        )
+        out.append(
+            make_finding(
+                ctx,
+                "small-per-gpu-work",
+                gid,
+                severity=cause_severity(explained) if explained is not None else "warning",
+                category="cause",
+                title=f"Per-GPU work too small at batch {b}",
+                text=text,
+                run_ids=[r["run_id"] for r in rows],
+                analyses=("pop", "utilisation", "batch_sweep", "time_to_metric"),
+                recommendation=(
+                    "Give each GPU more work per step: a larger per-GPU batch (or gradient accumulation), a "
+                    "larger model per GPU, or fewer GPUs for this model size. " + LR_CAVEATS
+                ),
+                confidence=0.7 if len(reasons) > 1 else 0.55,
+                explained_loss=explained,
+                numbers=numbers,
+                group_id=gid,
+            )
+        )
+    return out
+
+
+@rule("oversubscription", 12, "Oversubscription: more ranks than cores or GPUs on a host")
+def oversubscription(ctx: Context) -> list[Finding]:
+    out = []
+    scaling = ctx.by_run("scaling")
+    by_run: dict[str, list[Row]] = defaultdict(list)
+    for p in ctx.rows("placement"):
+        if p["oversubscribed_cpu"] or p["oversubscribed_gpu"]:
+            by_run[p["run_id"]].append(p)
+    by_group: dict[str, list[str]] = defaultdict(list)
+    for rid in by_run:
+        by_group[(scaling.get(rid) or {}).get("group_id") or rid].append(rid)
+    for scope, rids in by_group.items():
+        parts, caps, explained_all = [], {}, []
+        for rid in sorted(rids, key=lambda x: (scaling.get(x) or {}).get("world_size") or 0):
+            hosts = by_run[rid]
+            h = min(hosts, key=lambda x: _cap(x))
+            cap = _cap(h)
+            caps[rid] = cap
+            sc = scaling.get(rid) or {}
+            eff = sc.get("efficiency")
+            what = (
+                f"{h['ranks_on_host']} ranks share {h['gpus_on_host']} GPU(s)"
+                if h["oversubscribed_gpu"]
+                else f"{h['ranks_on_host']} ranks share {h['cpu_count']} logical CPUs "
+                f"({num(h['cores_per_rank'])} cores per rank)"
+            )
+            parts.append(
+                f"run {rid} (N={h['world_size']}) on host {h['hostname']}: {what}, so at most "
+                f"{pct(cap)} of the ideal speedup is reachable"
+                + (f" (measured efficiency {num(eff)})" if eff is not None else "")
+            )
+            if eff is not None and eff < 1:
+                explained_all.append(min(1.0, (1 - cap) / (1 - eff)))
+        explained = max(explained_all) if explained_all else None
+        cpu = any(h["oversubscribed_cpu"] for r in rids for h in by_run[r])
+        text = (
+            "More ranks than the host can run at once: "
+            + "; ".join(parts)
+            + ". The ranks time-share "
+            + ("the cores" if cpu else "the GPUs")
+            + ", so adding ranks there adds no compute; the speedup beyond that point measures "
+            "contention, not the job's scaling."
+            + (
+                " Every PyTorch rank also starts intra-op threads (one per core by default), which adds "
+                "to the contention."
+                if cpu
+                else ""
+            )
+        )
+        out.append(
+            make_finding(
+                ctx,
+                "oversubscription",
+                scope,
+                severity="alarm",
+                category="cause",
+                title="Oversubscribed host: " + listing(_crowding(by_run[r][0]) for r in rids),
+                text=text,
+                run_ids=rids,
+                analyses=("placement", "scaling"),
+                recommendation=(
+                    "Run at most one rank per core on CPU hosts (one per GPU on GPU hosts) and spread larger "
+                    "runs over more hosts; limit each rank's threads (OMP_NUM_THREADS or "
+                    "torch.set_num_threads(cores // ranks_per_host)). Read the scaling only up to the "
+                    "largest world size that fits the hardware."
+                ),
+                confidence=0.9,
+                explained_loss=explained,
+                numbers={f"cap_{r}": c for r, c in caps.items()},
+                group_id=(scaling.get(rids[0]) or {}).get("group_id"),
+            )
+        )
+    return out
+
+
+def _cap(h: Row) -> float:
+    """The share of ideal a host's ranks can reach when they time-share its cores or GPUs."""
+    caps = [1.0]
+    if h["oversubscribed_cpu"] and h["cpu_count"]:
+        caps.append(h["cpu_count"] / h["ranks_on_host"])
+    if h["oversubscribed_gpu"] and h["gpus_on_host"]:
+        caps.append(h["gpus_on_host"] / h["ranks_on_host"])
+    return min(caps)
+
+
+def _crowding(h: Row) -> str:
+    if h["oversubscribed_cpu"]:
+        return f"{h['ranks_on_host']} ranks on {h['cpu_count']} cores"
+    return f"{h['ranks_on_host']} ranks on {h['gpus_on_host']} GPUs"

@@ -1,0 +1,142 @@
+"""Helpers of the collector tests: real multi-process gloo jobs with free ports and bounded waits."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+JOIN_TIMEOUT_S = 120.0
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "perfscope", "collect_helpers"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...], q: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    try:
+        q.put((rank, "ok", fn(rank, world_size, *args)))
+    except BaseException:
+        q.put((rank, "error", traceback.format_exc()))
+        raise
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S) -> dict[int, Any]:
+    """Run fn(rank, world_size, *args) in `world_size` fresh processes (like mp.spawn, which sets no
+    launcher environment). Returns {rank: ("ok", result) | ("error", traceback) | ("exit", code)}.
+    Every process is joined with a deadline and killed after it, so a test never hangs.
+
+    The processes come from a fork server that imported torch once (the import costs seconds per
+    process on 2 cores); it forks before any thread of torch exists."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, q)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    import queue
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while len(results) < world_size and time.monotonic() < deadline:
+        try:
+            rank, status, value = q.get(timeout=0.5)
+            results[rank] = (status, value)
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs):
+                break
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    for r, p in enumerate(procs):
+        results.setdefault(r, ("exit", p.exitcode))
+    return results
+
+
+# -- the workload of the DDP tests ------------------------------------------------------------------
+def make_model() -> Any:
+    import torch.nn as nn
+
+    # ~40k parameters in 6 tensors: several DDP buckets with bucket_cap_mb=0.05
+    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 96), nn.ReLU(), nn.Linear(96, 10))
+
+
+def make_loader(rank: int, world_size: int, batch_size: int, samples: int = 512) -> Any:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 32, generator=g)
+    y = torch.randint(0, 10, (samples,), generator=g)
+    ds = TensorDataset(x, y)
+    sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(ds, batch_size=batch_size, sampler=sampler)
+
+
+def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Train a small model with DDP on gloo under perfscope.profile; options: steps, die_rank,
+    die_at, comm_hook ('fp16'), manual_sync (average gradients by hand instead of DDP)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    import perfscope
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    model = make_model()
+    manual = options.get("manual_sync", False)
+    net = model if manual else nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    hook = None
+    if options.get("comm_hook") == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+        hook = fp16_compress_hook
+    steps = options.get("steps", 6)
+    out: dict[str, Any] = {"grads": None, "error": None}
+    try:
+        with perfscope.profile(
+            store, experiment="ddp-test", batch_size=8, poll_hz=20, gpu_telemetry=False, scaling_mode="weak"
+        ) as prof:
+            prof.watch(net, comm_hook=hook)
+            out["run_id"] = prof.run_id
+            for i, (x, y) in enumerate(prof.steps(make_loader(rank, world_size, 8))):
+                if i >= steps:
+                    break
+                with prof.phase("forward"):
+                    if rank == options.get("die_rank") and i == options.get("die_at"):
+                        os._exit(3)  # a rank killed mid-run: no cleanup of any kind
+                    loss = nn.functional.cross_entropy(net(x), y)
+                with prof.phase("backward"):
+                    loss.backward()
+                if manual:
+                    with prof.phase("sync"):
+                        for p in model.parameters():
+                            prof.all_reduce(p.grad, average=True)
+                # numpy, not tensors: torch would pass tensors through shared memory that dies with us
+                out["grads"] = torch.cat([p.grad.detach().flatten() for p in model.parameters()]).numpy().copy()
+                with prof.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+                prof.log(loss=loss.item())
+    except RuntimeError as exc:  # a peer died: the collective fails, our side must finish cleanly
+        out["error"] = type(exc).__name__
+    out["grad_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    if out["error"] is None:
+        dist.destroy_process_group()
+    return out

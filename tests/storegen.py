@@ -1,0 +1,315 @@
+"""Hand-made stores for tests: runs written through the real StoreWriter, with known numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfscope.writer import StoreWriter
+
+T0_NS = 1_700_000_000_000_000_000
+MS = 1_000_000
+
+#: Phase durations (ns) of every rank and step unless overridden.
+DEFAULT_PHASES: dict[str, float] = {
+    "data": 1 * MS,
+    "forward": 10 * MS,
+    "backward": 20 * MS,
+    "sync_exposed": 2 * MS,
+    "optimizer": 1 * MS,
+    "other": 1 * MS,
+}
+PHASE_ORDER = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
+
+PhaseFn = Callable[[int, int], Mapping[str, float | None]]
+
+
+@dataclass
+class Comm:
+    """Collectives of every step: one allreduce per bucket, each entered when the rank's forward
+    phase ends plus `delay_ns(rank, step)`. Every rank leaves when the last one has entered and
+    `transfer_ns(bucket_bytes)` has passed, so a rank's dur_ns includes its wait. Buckets of one
+    step are entered together (what matters here is who waits, not the bucket pipeline).
+    """
+
+    bucket_bytes: list[int]
+    transfer_ns: Callable[[int], float]
+    delay_ns: Callable[[int, int], float] = lambda rank, step: 0.0
+
+
+@dataclass
+class Gpu:
+    """NVML-like samples every `interval_ns` for each rank's GPU over the run's time span."""
+
+    util_pct: Callable[[int], float] = lambda rank: 80.0
+    power_w: float = 300.0
+    sm_clock_mhz: float = 1980.0
+    clocks_event_reasons: int = 0
+    mem_used_bytes: int = 20 * 2**30
+    interval_ns: int = 100 * MS
+    with_energy: bool = True
+
+
+@dataclass
+class Host:
+    proc_cpu_pct: float = 100.0
+    sys_cpu_pct: float = 50.0
+    interval_ns: int = 200 * MS
+
+
+@dataclass
+class RunSpec:
+    world_size: int = 1
+    steps: int = 40
+    experiment: str = "exp"
+    source: str = "measured"
+    cluster: str = "c1"
+    backend: str = "nccl"
+    model: str = "mlp"
+    device_model: str = "NVIDIA H100"
+    batch_size_per_rank: int = 32
+    global_batch_size: int | None = None
+    scaling_mode: str = ""
+    gpus_per_node: int = 8  # GPUs of a node; ranks fill a node before the next (sequential placement)
+    cpu_count: int = 64
+    device: bool = True  # ranks have a CUDA device_index
+    phases: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PHASES))
+    phase_fn: PhaseFn | None = None  # (rank, step) -> overrides
+    ranks_present: set[int] | None = None
+    comm: Comm | None = None
+    gpu: Gpu | None = None
+    host: Host | None = None
+    metrics: Mapping[str, Callable[[int], float]] = field(default_factory=dict)
+    grad_bytes: int | None = None
+    param_count: int | None = None
+    flops_per_step: float | None = None
+    device_peak_flops: float | None = None
+    dataset_samples: int | None = None
+    comm_total_from_comm: bool = True
+    start_ns: int = T0_NS
+    write_runs_row: bool = True
+    clock: str = "cuda"
+
+
+def _nodes(spec: RunSpec) -> int:
+    return max(1, -(-spec.world_size // spec.gpus_per_node))
+
+
+def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = None, **kw: object) -> RunSpec:
+    """Write one run into the store at `root`; keyword arguments override RunSpec fields."""
+    spec = spec or RunSpec()
+    for k, v in kw.items():
+        if not hasattr(spec, k):
+            raise TypeError(f"make_run: unknown field {k}")
+        setattr(spec, k, v)
+    n = spec.world_size
+    local = min(n, spec.gpus_per_node)
+    nodes = _nodes(spec)
+    present = spec.ranks_present if spec.ranks_present is not None else set(range(n))
+    gbs = spec.global_batch_size or spec.batch_size_per_rank * n
+    w = StoreWriter(root, run_id, writer_id=f"gen-{run_id}")
+    end_ns = spec.start_ns
+    steps_rows, comm_rows = [], []
+    t = spec.start_ns
+    for step in range(spec.steps):
+        per_rank = {}
+        for r in sorted(present):
+            ph: dict[str, float | None] = dict(spec.phases)
+            if spec.phase_fn is not None:
+                ph.update(spec.phase_fn(r, step))
+            per_rank[r] = ph
+        step_len = 0.0
+        enters: dict[int, int] = {}
+        if spec.comm is not None:
+            for r, ph in per_rank.items():
+                before = (ph.get("data") or 0) + (ph.get("forward") or 0)
+                enters[r] = t + int(before + spec.comm.delay_ns(r, step))
+        last_enter = max(enters.values(), default=0)
+        for r, ph in per_rank.items():
+            durs = {p: ph.get(p) for p in PHASE_ORDER}
+            step_ns = int(sum(v or 0 for v in durs.values()))
+            step_len = max(step_len, step_ns)
+            comm_total = None
+            comm_count = None
+            if spec.comm is not None:
+                comm_total = 0
+                for seq, nbytes in enumerate(spec.comm.bucket_bytes):
+                    # every rank leaves once the last one has entered and the transfer is done
+                    dur = int(last_enter - enters[r] + spec.comm.transfer_ns(nbytes))
+                    comm_rows.append((r, step, seq, "allreduce", seq, nbytes, enters[r], dur, spec.clock))
+                    comm_total += dur
+                comm_count = len(spec.comm.bucket_bytes)
+                if not spec.comm_total_from_comm:
+                    comm_total = None
+            steps_rows.append(
+                (
+                    r,
+                    step,
+                    t,
+                    step_ns,
+                    *(
+                        None if durs[p] is None else int(durs[p])  # type: ignore[arg-type]
+                        for p in PHASE_ORDER
+                    ),
+                    comm_total,
+                    comm_count,
+                    spec.batch_size_per_rank,
+                    spec.clock,
+                )
+            )
+        t += int(step_len)
+    end_ns = t
+    w.extend("steps", steps_rows)
+    if comm_rows:
+        w.extend("comm", comm_rows)
+    for r in sorted(present):
+        node = r // spec.gpus_per_node
+        w.append(
+            "ranks",
+            (
+                r,
+                r % spec.gpus_per_node,
+                node,
+                f"node{node}",
+                1000 + r,
+                0,
+                spec.cpu_count,
+                (r % spec.gpus_per_node) if spec.device else None,
+                spec.device_model if spec.device else "cpu",
+                spec.start_ns,
+            ),
+        )
+    if spec.gpu is not None:
+        g = spec.gpu
+        for r in sorted(present):
+            node = r // spec.gpus_per_node
+            energy = 0.0
+            ts = spec.start_ns
+            while ts <= end_ns:
+                w.append(
+                    "gpu_samples",
+                    (
+                        ts,
+                        f"node{node}",
+                        node,
+                        r % spec.gpus_per_node,
+                        f"GPU-{node}-{r}",
+                        g.util_pct(r),
+                        10.0,
+                        g.mem_used_bytes,
+                        80 * 2**30,
+                        g.power_w * 1000,
+                        energy if g.with_energy else None,
+                        g.sm_clock_mhz,
+                        2600.0,
+                        60.0,
+                        None,
+                        None,
+                        None,
+                        None,
+                        g.clocks_event_reasons,
+                        None,
+                        None,
+                    ),
+                )
+                energy += g.power_w * 1000 * g.interval_ns / 1e9  # mJ
+                ts += g.interval_ns
+    if spec.host is not None:
+        for node in range(nodes):
+            ts = spec.start_ns
+            while ts <= end_ns:
+                w.append(
+                    "host_samples",
+                    (
+                        ts,
+                        f"node{node}",
+                        node,
+                        spec.host.proc_cpu_pct,
+                        spec.host.sys_cpu_pct,
+                        2**30,
+                        2**34,
+                        1.0,
+                        spec.cpu_count,
+                    ),
+                )
+                ts += spec.host.interval_ns
+    low = min(present) if present else 0
+    for name, fn in spec.metrics.items():
+        for step in range(spec.steps):
+            frac = (step + 1) / spec.steps
+            w.append(
+                "metrics", (low, step, int(spec.start_ns + frac * (end_ns - spec.start_ns)), name, fn(step))
+            )
+    if spec.write_runs_row:
+        w.append(
+            "runs",
+            (
+                spec.experiment,
+                spec.source,
+                spec.start_ns,
+                n,
+                nodes,
+                local,
+                spec.backend,
+                spec.device_model,
+                spec.device_peak_flops,
+                spec.cluster,
+                spec.model,
+                spec.batch_size_per_rank,
+                gbs,
+                spec.param_count,
+                spec.grad_bytes,
+                spec.scaling_mode,
+                spec.flops_per_step,
+                spec.dataset_samples,
+                "node0",
+                "0.1.0",
+                "3.11",
+                "2.13",
+                "",
+                "",
+                "",
+                json.dumps({}),
+                end_ns,
+            ),
+        )
+    w.close()
+    return spec
+
+
+def step_ns_of(spec: RunSpec) -> float:
+    """The step time a constant-phase run has (no phase_fn): the sum of its phases."""
+    return float(sum(v or 0 for v in spec.phases.values()))
+
+
+def store_dir(tmp_path: Path, name: str = "store") -> Path:
+    p = tmp_path / name
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def ring_transfer_ns(p: int, nbytes: float, alpha_s: float, beta_s_per_byte: float) -> float:
+    """Ring allreduce time (DESIGN's alpha-beta model) in ns."""
+    return 1e9 * (2 * (p - 1) * alpha_s + 2 * (p - 1) / p * nbytes * beta_s_per_byte)
+
+
+def healthy_study(root: str | os.PathLike[str], sizes: tuple[int, ...] = (1, 2, 4, 8, 16), **kw: object) -> None:
+    """A study that scales well: small constant exposed sync, overlapped comm over a fast link,
+    little data loading, busy GPUs, one rank per GPU and plenty of cores. Explains to no finding."""
+    for n in sizes:
+        phases = {**DEFAULT_PHASES, "sync_exposed": 1 * MS if n > 1 else 0}
+        make_run(
+            root,
+            f"healthy-n{n}",
+            world_size=n,
+            gpus_per_node=16,
+            grad_bytes=2**25,
+            phases=phases,
+            gpu=Gpu(util_pct=lambda r: 85.0),
+            host=Host(),
+            comm=Comm([2**24, 2**24], lambda nb, n=n: ring_transfer_ns(n, nb, 5e-6, 1 / 100e9)),
+            **kw,
+        )
