@@ -7,8 +7,9 @@ Whole processes differ by about +-5 % on a shared machine, blocks inside one pro
 +-0.5 %, so the variants run interleaved in blocks in this one process, each round in a rotated
 order, and every variant is reported as the median over rounds of its ratio to the bare block of
 the same round. perfscope's block includes everything it runs: phases, NVTX ranges, the store
-writer's thread and the 10 Hz poller (started before the block, stopped after it). The result is a
-Markdown table on stdout.
+writer's thread and the 10 Hz poller (started before the block, stopped after it). Besides wall
+time, each block's process CPU time (all threads) is compared, which other processes on a shared
+machine disturb far less (the CPU ratio column). The result is a Markdown table on stdout.
 """
 
 from __future__ import annotations
@@ -25,20 +26,22 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-
-import perfscope
 from perfscope.collectors.faults import Faults
 from perfscope.collectors.host_metrics import HostSampler
 from perfscope.collectors.nvml import open_gpus
 from perfscope.collectors.nvtx_ranges import NvtxRanges
 from perfscope.collectors.poller import Poller
 
+import perfscope
+
 BATCH = 64
 
 
 def make_step(width: int) -> tuple[nn.Module, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    model = nn.Sequential(
+        nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     batches = [(torch.randn(BATCH, 256), torch.randint(0, 10, (BATCH,))) for _ in range(64)]
     return model, opt, batches
@@ -48,21 +51,37 @@ def batches_for(batches: list[Any], n: int) -> list[Any]:
     return [batches[i % len(batches)] for i in range(n)]
 
 
-def bare(model: nn.Module, opt: Any, data: list[Any]) -> float:
-    t0 = time.perf_counter()
+Clock = tuple[float, float]  # (wall s, process CPU s of all threads)
+
+
+def now() -> Clock:
+    return time.perf_counter(), time.process_time()
+
+
+def since(t0: Clock) -> Clock:
+    t1 = now()
+    return t1[0] - t0[0], t1[1] - t0[1]
+
+
+def train_step(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    loss.item()
+
+
+def bare(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
+    t0 = now()
     for x, y in data:
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        loss.item()
-    return time.perf_counter() - t0
+        train_step(model, opt, x, y)
+    return since(t0)
 
 
-def with_perfscope(model: nn.Module, opt: Any, data: list[Any], store: Path) -> float:
+def with_perfscope(model: nn.Module, opt: Any, data: list[Any], store: Path) -> Clock:
     with perfscope.profile(store, experiment="overhead", batch_size=BATCH, poll_hz=10) as prof:
         prof.watch(model)
-        t0 = time.perf_counter()
+        t0 = now()
         for x, y in prof.steps(data):
             with prof.phase("forward"):
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -72,22 +91,18 @@ def with_perfscope(model: nn.Module, opt: Any, data: list[Any], store: Path) -> 
                 opt.step()
                 opt.zero_grad()
             prof.log(loss=loss.item())
-        return time.perf_counter() - t0
+        return since(t0)
 
 
-def with_torch_profiler(model: nn.Module, opt: Any, data: list[Any]) -> float:
+def with_torch_profiler(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as p:
-        t0 = time.perf_counter()
+        t0 = now()
         for x, y in data:
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            loss.item()
+            train_step(model, opt, x, y)
             p.step()
-        return time.perf_counter() - t0
+        return since(t0)
 
 
 def calibrate(target_s: float = 0.002) -> int:
@@ -96,30 +111,44 @@ def calibrate(target_s: float = 0.002) -> int:
     for width in (64, 128, 192, 256, 384, 512, 768, 1024):
         model, opt, batches = make_step(width)
         bare(model, opt, batches_for(batches, 20))
-        per = bare(model, opt, batches_for(batches, 100)) / 100
+        per = bare(model, opt, batches_for(batches, 100))[0] / 100
         best = width
         if per >= target_s:
             break
     return best
 
 
-def nvtx_pair_ns(n: int = 200_000) -> tuple[float, bool]:
-    """ns per push/pop pair with cached attributes, less the empty loop; and whether a tool is attached."""
-    ranges = NvtxRanges()
-    push, pop = ranges.push, ranges.pop
-    push("forward")
-    pop()
+def _per_call_ns(fn: Callable[[], None], n: int = 200_000) -> float:
+    """ns per call of fn, less the empty loop."""
     t0 = time.perf_counter_ns()
     for _ in range(n):
         pass
     empty = time.perf_counter_ns() - t0
     t0 = time.perf_counter_ns()
     for _ in range(n):
-        push("forward")
+        fn()
+    return (time.perf_counter_ns() - t0 - empty) / n
+
+
+def nvtx_pair_ns() -> tuple[float, float, bool]:
+    """ns per push/pop pair: through perfscope (which skips the calls when no tool is attached)
+    and on the nvtx domain directly with cached attributes; and whether a tool is attached."""
+    import nvtx
+
+    ranges = NvtxRanges()
+    domain = nvtx.get_domain("perfscope")
+    attrs = domain.get_event_attributes(message=domain.get_registered_string("forward"), color="green")
+    push, pop = domain.push_range, domain.pop_range
+
+    def ours() -> None:
+        ranges.push("forward")
+        ranges.pop()
+
+    def raw() -> None:
+        push(attrs)
         pop()
-    pairs = time.perf_counter_ns() - t0
-    attached = type(ranges._domain).__name__ == "Domain"
-    return (pairs - empty) / n, attached
+
+    return _per_call_ns(ours), _per_call_ns(raw), type(domain).__name__ == "Domain"
 
 
 class _Discard:
@@ -162,11 +191,11 @@ def main() -> None:
     width = calibrate()
     model, opt, batches = make_step(width)
     bare(model, opt, batches_for(batches, 50))
-    per_step = bare(model, opt, batches_for(batches, 200)) / 200
+    per_step = bare(model, opt, batches_for(batches, 200))[0] / 200
     n = max(100, int(args.block_s / per_step))
     data = batches_for(batches, n)
     tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
-    variants: dict[str, Callable[[], float]] = {
+    variants: dict[str, Callable[[], Clock]] = {
         "bare": lambda: bare(model, opt, data),
         "perfscope.profile": lambda: with_perfscope(model, opt, data, tmp / f"s{time.monotonic_ns()}"),
         "torch.profiler (CPU)": lambda: with_torch_profiler(model, opt, data),
@@ -176,34 +205,53 @@ def main() -> None:
     names = list(variants)
     times: dict[str, list[float]] = {k: [] for k in names}
     ratios: dict[str, list[float]] = {k: [] for k in names}
+    cpu_ratios: dict[str, list[float]] = {k: [] for k in names}
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
-        got = {name: variants[name]() / n for name in order}
+        got = {name: variants[name]() for name in order}
         for name in names:
-            times[name].append(got[name])
-            ratios[name].append(got[name] / got["bare"])
+            times[name].append(got[name][0] / n)
+            ratios[name].append(got[name][0] / got["bare"][0])
+            cpu_ratios[name].append(got[name][1] / got["bare"][1])
 
     def q(xs: list[float], p: float) -> float:
         return statistics.quantiles(xs, n=10)[int(p * 10) - 1] if len(xs) >= 2 else xs[0]
 
-    print(f"## Collector overhead ({args.rounds} rounds of {n} steps per variant, MLP width {width}, "
-          f"batch {BATCH}, 1 thread, {os.cpu_count()} cores)\n")  # fmt: skip
-    print("| variant | time per step (median) | ratio to bare (median) | ratio p10-p90 |")
-    print("|---|---|---|---|")
+    load = os.getloadavg()[0]
+    print(
+        f"## Collector overhead ({args.rounds} rounds of {n} steps per variant, MLP width {width}, "
+        f"batch {BATCH}, 1 thread, {os.cpu_count()} cores, load average {load:.1f})\n"
+    )
+    print("| variant | time per step (median) | wall ratio to bare (median) | wall p10-p90 | CPU ratio |")
+    print("|---|---|---|---|---|")
     for name in names:
         med = statistics.median(times[name])
         rat = statistics.median(ratios[name])
         spread = "" if name == "bare" else f"{q(ratios[name], 0.1):.3f}-{q(ratios[name], 0.9):.3f}"
-        print(f"| {name} | {med * 1e3:.3f} ms | {rat:.3f}x | {spread} |")
+        cpu = statistics.median(cpu_ratios[name])
+        print(f"| {name} | {med * 1e3:.3f} ms | {rat:.3f}x | {spread} | {cpu:.3f}x |")
     extra_us = (statistics.median(ratios["perfscope.profile"]) - 1) * statistics.median(times["bare"]) * 1e6
-    pair_ns, attached = nvtx_pair_ns()
+    ours_ns, raw_ns, attached = nvtx_pair_ns()
     cpu_pct, samples, gpus = poller_cpu(args.poll_s)
     print()
-    print(f"- perfscope per step: {extra_us:+.1f} us over bare (target: at most 1.01x, about 18 us of a 2 ms step)")
-    print(f"- NVTX push/pop pair with cached attributes: {pair_ns:.0f} ns "
-          f"({'a tool is attached' if attached else 'no tool attached: the stand-in domain'})")  # fmt: skip
-    print(f"- poller at 10 Hz: {cpu_pct:.3f} % of one core ({samples} samples in {args.poll_s:.0f} s, "
-          f"host metrics{f' and {gpus} GPUs' if gpus else ' only, no NVML'}; target under 0.5 %)")  # fmt: skip
+    print(
+        f"- perfscope per step: {extra_us:+.1f} us over bare "
+        "(target: at most 1.01x, about 18 us of a 2 ms step)"
+    )
+    tool = (
+        "a tool is attached"
+        if attached
+        else "no tool attached: nvtx's stand-in domain, which perfscope skips"
+    )
+    print(
+        f"- NVTX push/pop pair: {ours_ns:.0f} ns through perfscope, {raw_ns:.0f} ns on the domain with cached"
+    )
+    print(f"  attributes ({tool})")
+    seen = f"host metrics and {gpus} GPUs" if gpus else "host metrics only, no NVML"
+    print(
+        f"- poller at 10 Hz: {cpu_pct:.3f} % of one core ({samples} samples in {args.poll_s:.0f} s, "
+        f"{seen}; target under 0.5 %)"
+    )
 
 
 if __name__ == "__main__":

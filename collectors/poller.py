@@ -67,6 +67,9 @@ class Poller:
         self.sample_once()  # the last interval: even a run shorter than one period gets a sample
         with contextlib.suppress(Exception):
             self.gpus.close()
+        with contextlib.suppress(Exception):
+            if self.host is not None:
+                self.host.close()
 
     def _run(self) -> None:
         next_t = time.monotonic()

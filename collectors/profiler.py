@@ -10,8 +10,6 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import psutil
-
 from perfscope.writer import StoreWriter
 
 from . import ddp, horovod, identity, manual
@@ -21,10 +19,10 @@ from .flops import StepFlopCounter
 from .host_metrics import HostSampler
 from .nvml import GpuTelemetry, NoGpus, open_gpus
 from .nvtx_ranges import NvtxRanges
-from .phases import Span, Timeline, infer_samples
+from .phases import Timeline, infer_samples
 from .poller import HostClaim, Poller
-from .rendezvous import Peer, Placement, agree, alone, find_exchange
-from .run_metadata import cuda_device_name, runs_row, software, split_keywords, tags_json
+from .rendezvous import Placement, place
+from .run_metadata import cuda_device_name, ranks_row, runs_row, split_keywords, tags_json
 
 #: set to 1 to turn perfscope.profile into a pass-through without touching the script
 DISABLE_ENV = "PERFSCOPE_DISABLE"
@@ -35,26 +33,26 @@ class Phase:
 
     An exception inside is recorded in the span's `error` column and propagates untouched."""
 
-    __slots__ = ("_open", "_prof", "name")
+    __slots__ = ("_prof", "name")
 
     def __init__(self, prof: Profiler, name: str) -> None:
         self._prof = prof
         self.name = name
-        self._open: list[Span] = []
 
     def __enter__(self) -> Phase:
-        prof = self._prof
-        if prof._recording:
+        tl = self._prof._live
+        if tl is not None:
             try:
-                self._open.append(prof._timeline.enter(self.name))
+                tl.enter(self.name)
             except Exception as exc:
-                prof._internal_error(exc)
+                self._prof._internal_error(exc)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
-        if self._open:
+        tl = self._prof._live
+        if tl is not None:
             try:
-                self._prof._timeline.exit(self._open.pop(), exc_type)
+                tl.exit_named(self.name, exc_type)
             except Exception as err:
                 self._prof._internal_error(err)
 
@@ -93,6 +91,7 @@ class Profiler:
         self._run_id_arg = run_id
         self._roll_interval_s = roll_interval_s
         self._recording = False
+        self._live: Timeline | None = None  # the timeline while recording: what the hot path checks
         self._started = False
         self._closed = False
         self._start_rows_written = False
@@ -142,6 +141,7 @@ class Profiler:
         try:
             self._start()
             self._recording = True
+            self._live = self._timeline
         except Exception as exc:
             self.faults.report(
                 "start_failed",
@@ -153,34 +153,7 @@ class Profiler:
     def _start(self) -> None:
         me = identity.from_environment()
         self.faults = Faults(me.rank)
-        proposed = self._run_id_arg or identity.explicit_run_id() or None
-        if proposed is not None:
-            proposed = identity.claim_run_id(identity.safe_run_id(proposed))
-        exchange = find_exchange(on_gpu=self._cuda_available())
-        if exchange is not None:
-            peer = Peer(
-                exchange.rank,
-                me.hostname,
-                me.pid,
-                psutil.cpu_count() or 1,
-                me.local_rank if me.launcher != "single" else None,  # mp.spawn: the exchange decides
-                proposed or identity.generate_run_id(),
-            )
-            placement = agree(exchange, peer)
-        else:
-            launcher = identity.launcher_run_id()
-            if proposed is None and launcher is not None:
-                proposed = identity.claim_run_id(identity.safe_run_id(launcher))
-            if proposed is None:
-                proposed = identity.generate_run_id()
-                if me.world_size > 1:
-                    self.faults.report(
-                        "run_id_not_shared",
-                        f"perfscope: rank {me.rank} of {me.world_size} cannot agree on a run id with the "
-                        "others (no process group yet, no launcher id); each rank records its own run. "
-                        "Initialise torch.distributed before perfscope.profile(), or set PERFSCOPE_RUN_ID.",
-                    )
-            placement = alone(me, proposed)
+        placement = place(me, self._run_id_arg, self.faults, on_gpu=_cuda_available())
         self.placement = placement
         self.run_id = placement.run_id
         self.rank = placement.rank
@@ -196,10 +169,11 @@ class Profiler:
         )
         self.faults.attach(self._writer)
         self._hostname = me.hostname
+        # rows go straight to the writer: one call less per table and step
         self._timeline = Timeline(
-            placement.rank, HostMarks(), self.clock, self._emit, default_samples=self.batch_size
+            placement.rank, HostMarks(), self.clock, self._writer.extend, default_samples=self.batch_size
         )
-        if self._timing == "cuda" or (self._timing == "auto" and self._cuda_in_use()):
+        if self._timing == "cuda" or (self._timing == "auto" and _cuda_in_use()):
             self._use_cuda_timing()
         ranges = NvtxRanges(self._nvtx_enabled)
         if ranges.enabled:
@@ -234,7 +208,7 @@ class Profiler:
         if self._closed:
             return
         self._closed = True
-        was_recording, self._recording = self._recording, False
+        was_recording, self._recording, self._live = self._recording, False, None
         for hook in self._hooks:
             hook.active = False
         if self._writer is None:
@@ -290,7 +264,12 @@ class Profiler:
         try:
             tl.begin_loop()
             while True:
-                span = self._safe_enter("data") if self._recording else None
+                span = None
+                if self._recording:
+                    try:
+                        span = tl.enter("data")
+                    except Exception as exc:
+                        self._internal_error(exc)
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -301,10 +280,11 @@ class Profiler:
                     if span is not None:
                         tl.exit(span, type(exc))
                     raise
+                samples = None
                 if span is not None:
                     try:
                         tl.exit(span, None)
-                        tl.set_samples(infer_samples(batch))
+                        samples = infer_samples(batch)
                         if self.count_flops and tl.index == 0 and not self._flops.running:
                             self._flops.start()
                     except Exception as exc:
@@ -317,17 +297,16 @@ class Profiler:
                     # (an exception escaping the loop body also closes the generator, before any
                     # enclosing `with` sees it: that step's spans are kept, with their error)
                     if self._recording:
-                        cur = tl.current()
-                        ran = cur.comm or cur.metrics or any(sp.name != "data" for sp in cur.spans)
+                        ran, failed = tl.open_step_state()
                         if not ran:
                             tl.discard_open_step()
-                        elif any(sp.error for sp in cur.spans):
+                        elif failed:
                             tl.abandon_open_step()
                         else:
-                            self._end_step(None)
+                            self._end_step(samples)
                     raise
                 if self._recording:
-                    self._end_step(None)
+                    self._end_step(samples)
         finally:
             self._in_steps -= 1
 
@@ -418,22 +397,11 @@ class Profiler:
         return opt
 
     # -- internals --------------------------------------------------------------------------------
-    def _emit(self, table: str, rows: list[tuple[Any, ...]]) -> None:
-        assert self._writer is not None
-        self._writer.extend(table, rows)
-
-    def _safe_enter(self, name: str) -> Span | None:
-        try:
-            return self._timeline.enter(name)
-        except Exception as exc:
-            self._internal_error(exc)
-            return None
-
     def _end_step(self, samples: int | None) -> None:
         try:
             self._timeline.end_step(samples)
-            if self._flops.running and self._timeline.index >= 1:
-                self._stop_flops()
+            if self._flops.running:
+                self._stop_flops()  # FLOPs are counted over one step
         except Exception as exc:
             self._internal_error(exc)
 
@@ -446,6 +414,7 @@ class Profiler:
     def _internal_error(self, exc: Exception) -> None:
         """A bug of ours in the hot path: stop recording rather than risk the job."""
         self._recording = False
+        self._live = None
         for hook in self._hooks:
             hook.active = False
         self.faults.report(
@@ -458,21 +427,6 @@ class Profiler:
         if self._columns.get("dataset_samples") is None:
             with contextlib.suppress(Exception):
                 self._columns["dataset_samples"] = len(loader.dataset)
-
-    @staticmethod
-    def _cuda_available() -> bool:
-        torch = sys.modules.get("torch")
-        try:
-            return bool(torch is not None and torch.cuda.is_available())
-        except Exception:
-            return False
-
-    def _cuda_in_use(self) -> bool:
-        torch = sys.modules.get("torch")
-        try:
-            return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
-        except Exception:
-            return False
 
     def _use_cuda_timing(self) -> None:
         tl = self._timeline
@@ -498,51 +452,41 @@ class Profiler:
         if self._start_rows_written or self._writer is None or self.placement is None:
             return
         self._start_rows_written = True
-        p = self.placement
         index, name = self._device()
-        self._writer.append(
-            "ranks",
-            (p.rank, p.local_rank, p.node_rank, self._hostname, os.getpid(), p.clock_offset_ns,
-             psutil.cpu_count() or 1, index, name, self.started_ns),
-        )  # fmt: skip
+        self._writer.append("ranks", ranks_row(self.placement, self._hostname, index, name, self.started_ns))
         self._write_runs_row(ended_ns=None)
 
     def _write_runs_row(self, *, ended_ns: int | None) -> None:
         if self.rank != 0 or self._writer is None or self.placement is None:
             return
-        p = self.placement
-        facts = self._facts
-        batch = self._columns.get("batch_size_per_rank")
-        fields: dict[str, Any] = {
-            "source": "measured",
-            "started_ns": self.started_ns,
-            "world_size": p.world_size,
-            "nodes": p.nodes,
-            "gpus_per_node": p.ranks_per_node,
-            "backend": p.backend,
-            "device_model": self._device()[1],
-            "cluster": _cluster_from_env(),
-            "model": facts.name if facts is not None else "",
-            "global_batch_size": batch * p.world_size if batch is not None else None,
-            "param_count": facts.param_count if facts is not None else None,
-            "grad_bytes": facts.grad_bytes if facts is not None else None,
-            "scaling_mode": "",
-            "hostname": self._hostname,
-            "driver_version": self._gpus.driver_version,
-            "tags": self._tags,
-            "ended_ns": ended_ns,
-            **software(),
-        }
-        fields.update({k: v for k, v in self._columns.items() if v is not None or k not in fields})
-        self._writer.append("runs", runs_row(fields))
+        row = runs_row(
+            self.placement,
+            self._columns,
+            self._facts,
+            started_ns=self.started_ns,
+            ended_ns=ended_ns,
+            hostname=self._hostname,
+            device_model=self._device()[1],
+            driver_version=self._gpus.driver_version,
+            tags=self._tags,
+        )
+        self._writer.append("runs", row)
 
 
-def _cluster_from_env() -> str:
-    env = os.environ
-    if env.get("PERFSCOPE_CLUSTER"):
-        return env["PERFSCOPE_CLUSTER"]
-    cluster, partition = env.get("SLURM_CLUSTER_NAME", ""), env.get("SLURM_JOB_PARTITION", "")
-    return "/".join(x for x in (cluster, partition) if x)
+def _cuda_available() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+    except Exception:
+        return False
 
 
 def profile(

@@ -4,12 +4,15 @@ clock offset. Over torch.distributed or Horovod, whichever the job has initialis
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import identity as ids
+from .faults import Faults
 from .identity import Identity
 
 
@@ -189,3 +192,32 @@ def alone(identity: Identity, run_id: str) -> Placement:
         backend="none",
         exchanged=False,
     )
+
+
+def place(me: Identity, requested_run_id: str | None, faults: Faults, *, on_gpu: bool = False) -> Placement:
+    """This rank's placement and the run id shared by all ranks, in this order of preference:
+    `run_id=` or PERFSCOPE_RUN_ID; else rank 0's generated id over the process group (or Horovod);
+    else an id derived from the launcher (torchelastic, SLURM); else a generated one. An id from the
+    environment is reused by every profile() of a process, so later runs get '-2', '-3' ..."""
+    proposed = requested_run_id or ids.explicit_run_id()
+    if proposed is not None:
+        proposed = ids.claim_run_id(ids.safe_run_id(proposed))
+    exchange = find_exchange(on_gpu=on_gpu)
+    if exchange is not None:
+        local_rank = me.local_rank if me.launcher != "single" else None  # mp.spawn: the exchange decides
+        peer = Peer(exchange.rank, me.hostname, me.pid, os.cpu_count() or 1, local_rank,
+                    proposed or ids.generate_run_id())  # fmt: skip
+        return agree(exchange, peer)
+    launcher = ids.launcher_run_id()
+    if proposed is None and launcher is not None:
+        proposed = ids.claim_run_id(ids.safe_run_id(launcher))
+    if proposed is None:
+        proposed = ids.generate_run_id()
+        if me.world_size > 1:
+            faults.report(
+                "run_id_not_shared",
+                f"perfscope: rank {me.rank} of {me.world_size} cannot agree on a run id with the others "
+                "(no process group yet, no launcher id); each rank records its own run. Initialise "
+                "torch.distributed before perfscope.profile(), or set PERFSCOPE_RUN_ID.",
+            )
+    return alone(me, proposed)

@@ -1,16 +1,21 @@
-"""The `runs` row: what the job, its keywords to perfscope.profile() and the software found say about
-a run. Any column of `runs` can be given by keyword; a keyword that is no column becomes a tag."""
+"""The `runs` and `ranks` rows: what the job, its keywords to perfscope.profile() and the software
+found say about a run. Any column of `runs` can be given by keyword; any other keyword becomes a tag."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from perfscope.schema import RUNS
+
+if TYPE_CHECKING:
+    from .ddp import ModelFacts
+    from .rendezvous import Placement
 
 #: columns measured at the start or end, never given by keyword
 _MEASURED_ONLY = frozenset({"started_ns", "ended_ns"})
@@ -105,5 +110,55 @@ def cuda_device_name(index: int | None) -> str | None:
         return None
 
 
-def runs_row(fields: dict[str, Any]) -> tuple[Any, ...]:
+def cluster_from_env() -> str:
+    """PERFSCOPE_CLUSTER, else SLURM's cluster/partition, else ''."""
+    env = os.environ
+    if env.get("PERFSCOPE_CLUSTER"):
+        return env["PERFSCOPE_CLUSTER"]
+    cluster, partition = env.get("SLURM_CLUSTER_NAME", ""), env.get("SLURM_JOB_PARTITION", "")
+    return "/".join(x for x in (cluster, partition) if x)
+
+
+def runs_row(
+    p: Placement,
+    columns: dict[str, Any],
+    facts: ModelFacts | None,
+    *,
+    started_ns: int,
+    ended_ns: int | None,
+    hostname: str,
+    device_model: str,
+    driver_version: str,
+    tags: str,
+) -> tuple[Any, ...]:
+    """What was measured, overridden by what was given by keyword (`columns`)."""
+    batch = columns.get("batch_size_per_rank")
+    fields: dict[str, Any] = {
+        "source": "measured",
+        "started_ns": started_ns,
+        "world_size": p.world_size,
+        "nodes": p.nodes,
+        "gpus_per_node": p.ranks_per_node,
+        "backend": p.backend,
+        "device_model": device_model,
+        "cluster": cluster_from_env(),
+        "model": facts.name if facts is not None else "",
+        "global_batch_size": batch * p.world_size if batch is not None else None,
+        "param_count": facts.param_count if facts is not None else None,
+        "grad_bytes": facts.grad_bytes if facts is not None else None,
+        "scaling_mode": "",
+        "hostname": hostname,
+        "driver_version": driver_version,
+        "tags": tags,
+        "ended_ns": ended_ns,
+        **software(),
+    }
+    fields.update({k: v for k, v in columns.items() if v is not None or k not in fields})
     return tuple(fields.get(c) for c in RUNS.column_names)
+
+
+def ranks_row(
+    p: Placement, hostname: str, device_index: int | None, device_name: str, started_ns: int
+) -> tuple[Any, ...]:
+    return (p.rank, p.local_rank, p.node_rank, hostname, os.getpid(), p.clock_offset_ns,
+            os.cpu_count() or 1, device_index, device_name, started_ns)  # fmt: skip

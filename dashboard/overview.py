@@ -94,9 +94,16 @@ OPEN_FINDINGS = 3
 
 def _finding(ctx: Context, rank: int, f: Any) -> None:
     icon = SEVERITY_ICONS.get(f.severity, ":material/info:")
-    with st.expander(
-        f"**{rank}. {f.title}**", expanded=rank <= OPEN_FINDINGS, icon=icon, key=f"finding-{rank}"
-    ):
+    box = st.expander(
+        f"**{rank}. {f.title}**",
+        expanded=rank <= OPEN_FINDINGS,
+        icon=icon,
+        key=f"finding:{f.id}",
+        on_change="rerun",
+    )
+    with box:
+        if not box.open:
+            return  # a closed finding draws only its title: a study can have dozens
         st.badge(f.severity, icon=icon, color=SEVERITY_COLOURS.get(f.severity, "gray"))  # type: ignore[arg-type]
         st.markdown(f.text)
         if f.recommendation:

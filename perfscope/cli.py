@@ -15,7 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "sql": ("sql", "run a read-only SQL query over a store's tables"),
     "compact": ("compact", "merge a store's small segments into large files"),
     "analyze": ("analyze", "explain a store's scaling: speedup, efficiency, lost time and ranked findings"),
-    "simulate": ("simulate", "write simulated runs: the seed study, a JSON study, or a fitted model's predictions"),
+    "simulate": ("simulate", "write simulated runs: the seed study, a JSON study, or a fit's predictions"),
     "demo": ("demo", "record a real DDP training job at world sizes 1, 2, 4 into a store"),
     "dashboard": ("dashboard", "open a store in the browser: runs, scaling curves, findings, SQL"),
 }

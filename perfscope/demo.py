@@ -90,7 +90,14 @@ def _epochs(loader: Any, sampler: Any, steps: int) -> Any:
 
 
 def train_rank(
-    rank: int, world_size: int, port: int, store: str, batch: int, the_plan: DemoPlan, labels: dict[str, str], counter: Any
+    rank: int,
+    world_size: int,
+    port: int,
+    store: str,
+    batch: int,
+    the_plan: DemoPlan,
+    labels: dict[str, str],
+    counter: Any,
 ) -> None:
     """One rank of one demo run (the target of torch.multiprocessing.start_processes)."""
     import torch
@@ -107,7 +114,9 @@ def train_rank(
     torch.manual_seed(0)
     from datetime import timedelta
 
-    dist.init_process_group(labels["backend"], rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        labels["backend"], rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
+    )
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -117,7 +126,9 @@ def train_rank(
     )
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05 * (batch * world_size / 64) ** 0.5, momentum=0.9)
     data = make_dataset(the_plan.dataset_samples)
-    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=0, drop_last=True)
+    sampler: Any = DistributedSampler(
+        data, num_replicas=world_size, rank=rank, shuffle=True, seed=0, drop_last=True
+    )
     loader = DataLoader(data, batch_size=batch, sampler=sampler, drop_last=True)
     try:
         with perfscope.profile(
@@ -170,7 +181,12 @@ def labels_for(max_world: int) -> dict[str, str]:
             "experiment": "demo-gpu",
             "cluster": f"{host} ({torch.cuda.device_count()}x {name})",
         }
-    return {"backend": "gloo", "device": "cpu", "experiment": "demo-cpu", "cluster": f"{host} ({os.cpu_count()} cores)"}
+    return {
+        "backend": "gloo",
+        "device": "cpu",
+        "experiment": "demo-cpu",
+        "cluster": f"{host} ({os.cpu_count()} cores)",
+    }
 
 
 Progress = Callable[[int, int, int, int, int], None]  # steps done, steps total, run index, world, batch
@@ -197,13 +213,17 @@ def run_demo(store: Path, the_plan: DemoPlan, progress: Progress | None = None) 
                 if progress is not None:
                     progress(counter.value, the_plan.total_steps, index, world, batch)
                 if time.monotonic() > deadline:
-                    raise PerfscopeError(f"demo run (world size {world}, batch {batch}) took over {RUN_TIMEOUT_S:.0f} s")
+                    raise PerfscopeError(
+                        f"demo run (world size {world}, batch {batch}) took over {RUN_TIMEOUT_S:.0f} s"
+                    )
         except mp.ProcessRaisedException as exc:
             raise PerfscopeError(
                 f"demo run (world size {world}, batch {batch}) failed in a rank:\n{exc}", exit_code=1
             ) from None
         except mp.ProcessExitedException as exc:
-            raise PerfscopeError(f"demo run (world size {world}, batch {batch}) failed: {exc}", exit_code=1) from None
+            raise PerfscopeError(
+                f"demo run (world size {world}, batch {batch}) failed: {exc}", exit_code=1
+            ) from None
         finally:
             for p in job.processes:
                 if p.is_alive():
@@ -225,7 +245,9 @@ def progress_bar(stream: Any = sys.stderr) -> Progress:
         if tty:
             bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
             end = "\n" if done >= total else ""
-            stream.write(f"\r[{bar}] {frac:4.0%}  run {index + 1}: world size {world}, batch {batch}/rank {end}")
+            stream.write(
+                f"\r[{bar}] {frac:4.0%}  run {index + 1}: world size {world}, batch {batch}/rank {end}"
+            )
             stream.flush()
         elif index != last_run[0] and done >= 0:
             last_run[0] = index

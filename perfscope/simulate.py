@@ -2,11 +2,12 @@
 gpu_samples, host_samples, metrics and events, every run marked `source = 'simulated'`.
 
 `write_study(store, parse_config(seed_study_config()))` writes the bundled seed study; the config
-format is described in perfscope.simulate_presets. The same seed gives the same data, byte for byte.
+format is described in perfscope.simulate_presets. The same seed gives the same data.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import zlib
@@ -28,6 +29,7 @@ from .simulate_model import (
     Timeline,
     Workload,
     amount_in_windows,
+    board_power_w,
     busy_share_in_windows,
     simulate_timeline,
 )
@@ -73,28 +75,26 @@ def run_id_for(experiment: str, partition: str, backend: str, world_size: int, b
 
 
 def plan_runs(cfg: StudyConfig, extra_tags: Mapping[str, Any] | None = None) -> list[RunSpec]:
-    specs = []
-    for exp in cfg.experiments:
-        for part in exp.partitions:
-            for backend in exp.backends:
-                for batch in exp.batch_sizes:
-                    for n in exp.world_sizes:
-                        specs.append(
-                            RunSpec(
-                                run_id=run_id_for(exp.name, part.name, backend, n, batch, cfg.seed),
-                                experiment=exp.name,
-                                partition=part,
-                                backend=part.backends[backend],
-                                workload=cfg.workload,
-                                world_size=n,
-                                batch_per_rank=batch,
-                                steps=exp.steps,
-                                scaling_mode=exp.scaling_mode,
-                                convergence=cfg.convergence if exp.convergence else None,
-                                extra_tags=dict(extra_tags or {}),
-                            )
-                        )
-    return specs
+    """Every run of a study: each experiment's partitions × backends × batch sizes × world sizes."""
+    return [
+        RunSpec(
+            run_id=run_id_for(exp.name, part.name, backend, n, batch, cfg.seed),
+            experiment=exp.name,
+            partition=part,
+            backend=part.backends[backend],
+            workload=cfg.workload,
+            world_size=n,
+            batch_per_rank=batch,
+            steps=exp.steps,
+            scaling_mode=exp.scaling_mode,
+            convergence=cfg.convergence if exp.convergence else None,
+            extra_tags=dict(extra_tags or {}),
+        )
+        for exp in cfg.experiments
+        for part, backend, batch, n in itertools.product(
+            exp.partitions, exp.backends, exp.batch_sizes, exp.world_sizes
+        )
+    ]
 
 
 # ---- one run's tables ---------------------------------------------------------------------------
@@ -196,10 +196,9 @@ def _gpu_table(
             tl.start_ns[:, rank], tl.step_ns[:, rank], tl.kernel_busy_ns[:, rank], ts, SAMPLE_PERIOD_NS
         )
         n = len(ts)
-        power_w = part.idle_power_w * 1.3 + (part.max_power_w - part.idle_power_w * 1.3) * 0.55 * util
-        power_w = power_w * np.exp(rng.normal(0.0, 0.01, n))
+        power_w = board_power_w(part, util) * np.exp(rng.normal(0.0, 0.01, n))
         energy_mj = rng.uniform(1e8, 1e10) + np.cumsum(power_w * 1e3 * SAMPLE_PERIOD_NS / 1e9)
-        heat = (power_w - part.idle_power_w) / (part.max_power_w - part.idle_power_w)
+        heat = (power_w - part.idle_power_w) / max(part.max_power_w - part.idle_power_w, 1.0)
         nvlink = _rate_in_windows(tl, rank, np.full(k, ring_bytes), ts) / 1024 if over_nvlink else None
         cols["ts_ns"].append(ts)
         cols["hostname"].append([part.hostname(node)] * n)

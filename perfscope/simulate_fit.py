@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from .errors import PerfscopeError
-from .simulate_model import Backend, Partition, Workload, simulate_timeline
+from .simulate_model import (
+    ACTIVE_IDLE_FACTOR,
+    KERNEL_POWER_SHARE,
+    Backend,
+    Partition,
+    Workload,
+    simulate_timeline,
+)
 from .store import Store
 
 #: the fill batch is chosen from this grid by least squares (0: no fill effect)
@@ -414,8 +421,8 @@ def _hardware(
     cpus = store.query(
         "SELECT max(cpu_count) AS c FROM ranks WHERE run_id IN (SELECT unnest(?))", [ids]
     ).to_pylist()[0]["c"]
-    # invert the generator's power model: P = 1.3·idle + (max - 1.3·idle)·0.55·util
-    idle_w = max((gpu.get("power0_mw") or 0.0) / 1e3 / 1.3, 0.0)
+    # invert the generator's power model (simulate_model.board_power_w), linear in utilisation
+    idle_w = max((gpu.get("power0_mw") or 0.0) / 1e3 / ACTIVE_IDLE_FACTOR, 0.0)
     slope_w = (gpu.get("power_slope") or 0.0) * 100 / 1e3
     return {
         "device_model": first["device_model"] or "unknown",
@@ -425,7 +432,7 @@ def _hardware(
         "device_mem_bytes": int(gpu.get("mem_total_bytes") or 0),
         "device_peak_flops": float(first["device_peak_flops"] or 0.0),
         "idle_power_w": idle_w,
-        "max_power_w": max(idle_w * 1.3 + slope_w / 0.55, idle_w),
+        "max_power_w": max(idle_w * ACTIVE_IDLE_FACTOR + slope_w / KERNEL_POWER_SHARE, idle_w),
         "sm_clock_mhz": float(gpu.get("sm_clock_mhz") or 0.0),
         "mem_clock_mhz": float(gpu.get("mem_clock_mhz") or 0.0),
         "has_nvlink": bool(gpu.get("nvlink")),

@@ -162,6 +162,18 @@ class Convergence:
         return self.final_loss + (self.initial_loss - self.final_loss) * decay
 
 
+#: a GPU held by a running job idles in a higher power state than an unused one
+ACTIVE_IDLE_FACTOR = 1.3
+#: small kernels draw about half of the board's headroom while they run
+KERNEL_POWER_SHARE = 0.55
+
+
+def board_power_w(partition: Partition, util: np.ndarray) -> np.ndarray:
+    """Board power for a kernel-active share `util` (0-1)."""
+    active_idle = partition.idle_power_w * ACTIVE_IDLE_FACTOR
+    return active_idle + (partition.max_power_w - active_idle) * KERNEL_POWER_SHARE * util
+
+
 def nodes_for(world_size: int, gpus_per_node: int) -> int:
     return -(-world_size // gpus_per_node)
 

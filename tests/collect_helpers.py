@@ -20,7 +20,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...], q: Any) -> None:
+def _entry(
+    fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...], q: Any
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     try:
         q.put((rank, "ok", fn(rank, world_size, *args)))
@@ -29,7 +31,9 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: 
         raise
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S) -> dict[int, Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S
+) -> dict[int, Any]:
     """Run fn(rank, world_size, *args) in `world_size` fresh processes (like mp.spawn, which sets no
     launcher environment). Returns {rank: ("ok", result) | ("error", traceback) | ("exit", code)}.
     Every process is joined with a deadline and killed after it, so a test never hangs.
@@ -88,7 +92,8 @@ def make_loader(rank: int, world_size: int, batch_size: int, samples: int = 512)
 
 def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict[str, Any]:
     """Train a small model with DDP on gloo under perfscope.profile; options: steps, die_rank,
-    die_at, comm_hook ('fp16'), manual_sync (average gradients by hand instead of DDP)."""
+    die_at, comm_hook ('fp16'), register_before_watch (register that hook on DDP, not through
+    watch), manual_sync (average gradients by hand instead of DDP)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -107,6 +112,9 @@ def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) 
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
         hook = fp16_compress_hook
+        if options.get("register_before_watch"):  # the user registered it directly on DDP
+            net.register_comm_hook(None, fp16_compress_hook)
+            hook = None
     steps = options.get("steps", 6)
     out: dict[str, Any] = {"grads": None, "error": None}
     try:
@@ -129,7 +137,9 @@ def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) 
                         for p in model.parameters():
                             prof.all_reduce(p.grad, average=True)
                 # numpy, not tensors: torch would pass tensors through shared memory that dies with us
-                out["grads"] = torch.cat([p.grad.detach().flatten() for p in model.parameters()]).numpy().copy()
+                out["grads"] = (
+                    torch.cat([p.grad.detach().flatten() for p in model.parameters()]).numpy().copy()
+                )
                 with prof.phase("optimizer"):
                     opt.step()
                     opt.zero_grad()

@@ -296,7 +296,9 @@ def ring_transfer_ns(p: int, nbytes: float, alpha_s: float, beta_s_per_byte: flo
     return 1e9 * (2 * (p - 1) * alpha_s + 2 * (p - 1) / p * nbytes * beta_s_per_byte)
 
 
-def healthy_study(root: str | os.PathLike[str], sizes: tuple[int, ...] = (1, 2, 4, 8, 16), **kw: object) -> None:
+def healthy_study(
+    root: str | os.PathLike[str], sizes: tuple[int, ...] = (1, 2, 4, 8, 16), **kw: object
+) -> None:
     """A study that scales well: small constant exposed sync, overlapped comm over a fast link,
     little data loading, busy GPUs, one rank per GPU and plenty of cores. Explains to no finding."""
     for n in sizes:

@@ -26,17 +26,41 @@ def test_json_is_the_documented_format(store_path, capsys):
     assert main(["analyze", str(store_path), "--json", "--experiment", "exp"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["format"] == "perfscope-analyze" and out["format_version"] == JSON_FORMAT_VERSION
-    assert set(out) == {"format", "format_version", "perfscope_version", "store", "selection", "runs",
-                        "scaling", "findings", "definitions"}
+    assert set(out) == {
+        "format",
+        "format_version",
+        "perfscope_version",
+        "store",
+        "selection",
+        "runs",
+        "scaling",
+        "findings",
+        "definitions",
+    }
     assert out["selection"]["experiments"] == ["exp"]
     assert [r["run_id"] for r in out["runs"]] == ["n1", "n2", "n4", "n8"]
     with open_store(store_path) as store:
         expected = {r["run_id"]: r["efficiency"] for r in run_analysis("scaling", store).to_pylist()}
-    assert {r["run_id"]: r["efficiency"] for r in out["scaling"]} == {k: expected[k] for k in ("n1", "n2", "n4", "n8")}
+    assert {r["run_id"]: r["efficiency"] for r in out["scaling"]} == {
+        k: expected[k] for k in ("n1", "n2", "n4", "n8")
+    }
     top = out["findings"][0]
     assert top["rule"] == "communication-bound"
-    assert set(top) == {"id", "rule", "severity", "category", "title", "text", "evidence", "recommendation",
-                        "confidence", "confidence_label", "explained_loss", "numbers", "group_id"}
+    assert set(top) == {
+        "id",
+        "rule",
+        "severity",
+        "category",
+        "title",
+        "text",
+        "evidence",
+        "recommendation",
+        "confidence",
+        "confidence_label",
+        "explained_loss",
+        "numbers",
+        "group_id",
+    }
     assert set(out["definitions"]) >= {"speedup", "busbw", "pop"}
 
 

@@ -19,7 +19,13 @@ SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 @pytest.mark.parametrize(
     ("i", "j", "c0", "c1"),
-    [(0.5, 1, 30.0, 2.0), (1.0, 0, 5.0, 0.25), (0.0, 1, 10.0, 3.0), (2.0, 0, 1.0, 0.01), (-1.0, 0, 4.0, 100.0)],
+    [
+        (0.5, 1, 30.0, 2.0),
+        (1.0, 0, 5.0, 0.25),
+        (0.0, 1, 10.0, 3.0),
+        (2.0, 0, 1.0, 0.01),
+        (-1.0, 0, 4.0, 100.0),
+    ],
 )
 def test_normal_form_recovers_the_generating_term(i, j, c0, c1):
     y = [c0 + c1 * p**i * (math.log2(p) ** j) for p in SIZES]
@@ -76,8 +82,14 @@ def test_alpha_beta_is_non_negative():
 def _sqrt_log_study(tmp_path, sizes):
     for n in sizes:
         sync = 2 * MS * math.sqrt(n) * math.log2(n)
-        make_run(tmp_path, f"n{n}", world_size=n, steps=30, grad_bytes=2**24,
-                 phases={**DEFAULT_PHASES, "sync_exposed": sync})
+        make_run(
+            tmp_path,
+            f"n{n}",
+            world_size=n,
+            steps=30,
+            grad_bytes=2**24,
+            phases={**DEFAULT_PHASES, "sync_exposed": sync},
+        )
 
 
 def test_scaling_model_and_prediction_from_a_store(tmp_path):

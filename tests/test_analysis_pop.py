@@ -29,10 +29,18 @@ def test_pop_metrics_by_value(tmp_path):
 
 
 def test_straggler_ranking_from_comm_entries(tmp_path):
-    make_run(tmp_path, "late2", world_size=4,
-             comm=Comm([2**20, 2**21], lambda nb: 1e6, delay_ns=lambda r, s: 3e6 if r == 2 else 0))
-    make_run(tmp_path, "fair", world_size=4,
-             comm=Comm([2**20], lambda nb: 1e6, delay_ns=lambda r, s: 1e6 if r == s % 4 else 0))
+    make_run(
+        tmp_path,
+        "late2",
+        world_size=4,
+        comm=Comm([2**20, 2**21], lambda nb: 1e6, delay_ns=lambda r, s: 3e6 if r == 2 else 0),
+    )
+    make_run(
+        tmp_path,
+        "fair",
+        world_size=4,
+        comm=Comm([2**20], lambda nb: 1e6, delay_ns=lambda r, s: 1e6 if r == s % 4 else 0),
+    )
     with open_store(tmp_path) as store:
         rows = run_analysis("stragglers", store).to_pylist()
         heat = run_analysis("collective_wait", store, Selection(run_ids=("late2",))).to_pylist()
@@ -54,8 +62,15 @@ def test_straggler_ranking_from_comm_entries(tmp_path):
 
 def test_straggler_without_comm_rows_uses_exposed_sync(tmp_path):
     # the rank that waited least in the sync entered it last
-    make_run(tmp_path, "h2", world_size=2, backend="horovod-mpi",
-             phase_fn=lambda r, s: {"forward": 13 * MS, "sync_exposed": 1 * MS} if r == 1 else {"sync_exposed": 4 * MS})
+    make_run(
+        tmp_path,
+        "h2",
+        world_size=2,
+        backend="horovod-mpi",
+        phase_fn=lambda r, s: (
+            {"forward": 13 * MS, "sync_exposed": 1 * MS} if r == 1 else {"sync_exposed": 4 * MS}
+        ),
+    )
     with open_store(tmp_path) as store:
         rows = {r["rank"]: r for r in run_analysis("stragglers", store).to_pylist()}
     assert rows[1]["is_straggler"] and rows[1]["last_share"] == 1.0

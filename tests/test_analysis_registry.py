@@ -20,11 +20,21 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "analysis.md"
 def rich_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("rich")
     for n in (1, 2, 4, 8):
-        make_run(root, f"n{n}", world_size=n, gpus_per_node=4, grad_bytes=2**22, flops_per_step=1e12,
-                 device_peak_flops=1e15, dataset_samples=10_000, gpu=Gpu(), host=Host(),
-                 phases={**DEFAULT_PHASES, "sync_exposed": MS * n},
-                 comm=Comm([2**21, 2**21], lambda nb, n=n: 1e9 * (2 * (n - 1) * 5e-6 + nb / 5e9)),
-                 metrics={"loss": lambda s: 1.0 / (s + 1)})
+        make_run(
+            root,
+            f"n{n}",
+            world_size=n,
+            gpus_per_node=4,
+            grad_bytes=2**22,
+            flops_per_step=1e12,
+            device_peak_flops=1e15,
+            dataset_samples=10_000,
+            gpu=Gpu(),
+            host=Host(),
+            phases={**DEFAULT_PHASES, "sync_exposed": MS * n},
+            comm=Comm([2**21, 2**21], lambda nb, n=n: 1e9 * (2 * (n - 1) * 5e-6 + nb / 5e9)),
+            metrics={"loss": lambda s: 1.0 / (s + 1)},
+        )
     make_run(root, "b64", world_size=1, batch_size_per_rank=64, metrics={"loss": lambda s: 1.0 / (s + 2)})
     make_run(root, "mpi2", world_size=2, backend="mpi")
     return root
@@ -78,8 +88,12 @@ def test_analysis_runs_names_its_definition_and_matches_its_doc(rich, name):
         assert table.num_rows > 0, f"{name} returned nothing on a store that has its data"
     missing = [c for c in _documented_columns()[name] if c not in table.column_names]
     assert not missing, f"{name} lacks documented columns {missing}"
-    if "run_id" in table.column_names and name not in {"gpu_timeline", "host_timeline", "collective_wait",
-                                                       "step_series"}:
+    if "run_id" in table.column_names and name not in {
+        "gpu_timeline",
+        "host_timeline",
+        "collective_wait",
+        "step_series",
+    }:
         assert "source" in table.column_names, f"{name} lists runs without saying measured/simulated"
 
 

@@ -45,8 +45,12 @@ def test_weak_scaling_speedup_efficiency_and_lost_time(tmp_path):
 
 def test_strong_scaling_inferred_from_fixed_global_batch(tmp_path):
     for n in (1, 2, 4):
-        phases = {**DEFAULT_PHASES, "forward": 40 * MS / n, "backward": 80 * MS / n,
-                  "sync_exposed": 5 * MS if n > 1 else 0}
+        phases = {
+            **DEFAULT_PHASES,
+            "forward": 40 * MS / n,
+            "backward": 80 * MS / n,
+            "sync_exposed": 5 * MS if n > 1 else 0,
+        }
         make_run(tmp_path, f"s{n}", world_size=n, batch_size_per_rank=256 // n, phases=phases)
     with open_store(tmp_path) as store:
         rows = _rows(store)
@@ -82,14 +86,18 @@ def test_repeated_baseline_runs_use_their_median(tmp_path):
     assert rows["c"]["speedup"] == pytest.approx(2.0)
 
 
-def test_mixed_declared_modes_are_flagged_not_silently_compared():
-    rows = [
+def _declared(modes: dict[int, str]) -> list[dict[str, object]]:
+    """Runs of one weak series (per-rank batch 32) with the scaling mode each declares."""
+    return [
         {"run_id": f"r{n}", "experiment": "e", "cluster": "c", "backend": "nccl", "model": "m",
          "world_size": n, "batch_size_per_rank": 32, "global_batch_size": 32 * n,
          "scaling_mode_declared": mode}
-        for n, mode in ((1, "weak"), (2, "strong"), (4, "weak"))
-    ]
-    groups = {m.run_id: m for m in assign_groups(rows)}
+        for n, mode in modes.items()
+    ]  # fmt: skip
+
+
+def test_mixed_declared_modes_are_flagged_not_silently_compared():
+    groups = {m.run_id: m for m in assign_groups(_declared({1: "weak", 2: "strong", 4: "weak"}))}
     # r2 says strong but shares the per-rank batch of the weak series: one group, flagged
     assert {m.group_id for m in groups.values()} == {"e/c/nccl/m/weak:b32"}
     assert all(m.mixed for m in groups.values())
@@ -98,21 +106,19 @@ def test_mixed_declared_modes_are_flagged_not_silently_compared():
 
 def test_declared_mode_contradicted_by_batches_is_mixed():
     # every run says "strong", but the per-rank batch is what stays fixed
-    rows = [
-        {"run_id": f"r{n}", "experiment": "e", "cluster": "c", "backend": "nccl", "model": "m",
-         "world_size": n, "batch_size_per_rank": 32, "global_batch_size": 32 * n,
-         "scaling_mode_declared": "strong"}
-        for n in (1, 2, 4)
-    ]
-    ms = assign_groups(rows)
+    ms = assign_groups(_declared({1: "strong", 2: "strong", 4: "strong"}))
     assert {m.group_id for m in ms} == {"e/c/nccl/m/weak:b32"}
     assert all(m.mixed and "declares strong" in m.mode_note for m in ms)
 
 
 def test_backend_compare_names_the_faster_backend(tmp_path):
     for n in (1, 2):
-        make_run(tmp_path, f"n{n}", world_size=n, backend="nccl", phases={**DEFAULT_PHASES, "sync_exposed": 4 * MS})
-        make_run(tmp_path, f"m{n}", world_size=n, backend="mpi", phases={**DEFAULT_PHASES, "sync_exposed": 2 * MS})
+        make_run(
+            tmp_path, f"n{n}", world_size=n, backend="nccl", phases={**DEFAULT_PHASES, "sync_exposed": 4 * MS}
+        )
+        make_run(
+            tmp_path, f"m{n}", world_size=n, backend="mpi", phases={**DEFAULT_PHASES, "sync_exposed": 2 * MS}
+        )
     with open_store(tmp_path) as store:
         rows = run_analysis("backend_compare", store).to_pylist()
     at2 = [r for r in rows if r["world_size"] == 2]

@@ -68,7 +68,10 @@ def test_step_time_is_the_slowest_rank_and_phases_add_up(store_path):
     assert r["step_ns"] == pytest.approx(37 * MS)  # rank 1: 35 ms + 2 ms more forward
     assert r["forward_ns"] == pytest.approx(11 * MS)  # mean over ranks
     assert r["imbalance_ns"] == pytest.approx(1 * MS)  # max - mean step time
-    total = sum(r[f"{p}_ns"] for p in ("data", "forward", "backward", "sync_exposed", "optimizer", "other", "imbalance"))
+    total = sum(
+        r[f"{p}_ns"]
+        for p in ("data", "forward", "backward", "sync_exposed", "optimizer", "other", "imbalance")
+    )
     assert total == pytest.approx(r["step_ns"])
     assert sum(p["share"] for p in phases) == pytest.approx(1.0)
     assert r["samples_per_step"] == 64

@@ -18,8 +18,13 @@ def _ring_ns(p: int, nbytes: int, alpha: float, beta: float) -> float:
 
 def _ring_run(root, n, gpn=8, buckets=(1 << 20, 1 << 22, 1 << 24)):
     a, b = (ALPHA_INTRA, BETA_INTRA) if n <= gpn else (ALPHA_INTER, BETA_INTER)
-    make_run(root, f"r{n}", world_size=n, gpus_per_node=gpn,
-             comm=Comm(list(buckets), lambda nb: _ring_ns(n, nb, a, b)))
+    make_run(
+        root,
+        f"r{n}",
+        world_size=n,
+        gpus_per_node=gpn,
+        comm=Comm(list(buckets), lambda nb: _ring_ns(n, nb, a, b)),
+    )
 
 
 def test_busbw_from_comm_rows(tmp_path):
@@ -39,8 +44,12 @@ def test_busbw_from_comm_rows(tmp_path):
 
 
 def test_waiting_for_a_late_rank_is_not_transfer_time(tmp_path):
-    make_run(tmp_path, "r2", world_size=2,
-             comm=Comm([2**20], lambda nb: 1e6, delay_ns=lambda r, s: 5e6 if r == 1 else 0))
+    make_run(
+        tmp_path,
+        "r2",
+        world_size=2,
+        comm=Comm([2**20], lambda nb: 1e6, delay_ns=lambda r, s: 5e6 if r == 1 else 0),
+    )
     with open_store(tmp_path) as store:
         c = run_analysis("collectives", store).to_pylist()[0]
         s = run_analysis("sync", store).to_pylist()[0]
@@ -78,8 +87,14 @@ def test_few_points_are_flagged(tmp_path):
 def test_without_comm_rows_bandwidth_falls_back_to_exposed_sync(tmp_path):
     # a Horovod-like summary: only the exposed sync per step and the gradient bytes
     for n in (1, 4):
-        make_run(tmp_path, f"h{n}", world_size=n, backend="horovod-nccl", grad_bytes=8 * 2**20,
-                 phases={**DEFAULT_PHASES, "sync_exposed": 4 * MS if n > 1 else 0})
+        make_run(
+            tmp_path,
+            f"h{n}",
+            world_size=n,
+            backend="horovod-nccl",
+            grad_bytes=8 * 2**20,
+            phases={**DEFAULT_PHASES, "sync_exposed": 4 * MS if n > 1 else 0},
+        )
     with open_store(tmp_path) as store:
         rows = {r["run_id"]: r for r in run_analysis("sync", store).to_pylist()}
         fit = run_analysis("allreduce_fit", store).to_pylist()

@@ -17,8 +17,32 @@ def test_utilisation_and_energy_per_sample(tmp_path):
         make_run(tmp_path, f"w{n}", world_size=n, gpu=Gpu(util_pct=lambda r: 80.0), host=Host())
     # an idle GPU on the same host that no rank of w1 uses must not count
     with StoreWriter(tmp_path, "w1", writer_id="foreign") as w:
-        w.append("gpu_samples", (1_700_000_000_500_000_000, "node0", 0, 7, "GPU-idle", 0.0, 0.0, 0, 0,
-                                 50_000.0, 0.0, 300.0, 0.0, 30.0, None, None, None, None, 0, None, None))
+        w.append(
+            "gpu_samples",
+            (
+                1_700_000_000_500_000_000,
+                "node0",
+                0,
+                7,
+                "GPU-idle",
+                0.0,
+                0.0,
+                0,
+                0,
+                50_000.0,
+                0.0,
+                300.0,
+                0.0,
+                30.0,
+                None,
+                None,
+                None,
+                None,
+                0,
+                None,
+                None,
+            ),
+        )
     with open_store(tmp_path) as store:
         u = {r["run_id"]: r for r in run_analysis("utilisation", store).to_pylist()}
     w1, w2 = u["w1"], u["w2"]
@@ -68,10 +92,18 @@ def test_placement_counts_ranks_cores_and_gpus(tmp_path):
 
 def _sweep(tmp_path):
     for b in (75, 300, 1000):
-        make_run(tmp_path, f"b{b}", world_size=1, batch_size_per_rank=b, steps=100, dataset_samples=750_000,
-                 flops_per_step=1e12, device_peak_flops=1e15,
-                 phases={**DEFAULT_PHASES, "forward": 10 * MS * math.sqrt(b / 75)},
-                 metrics={"loss": lambda s, b=b: 2 * math.exp(-s * b / 3000) + 0.1})
+        make_run(
+            tmp_path,
+            f"b{b}",
+            world_size=1,
+            batch_size_per_rank=b,
+            steps=100,
+            dataset_samples=750_000,
+            flops_per_step=1e12,
+            device_peak_flops=1e15,
+            phases={**DEFAULT_PHASES, "forward": 10 * MS * math.sqrt(b / 75)},
+            metrics={"loss": lambda s, b=b: 2 * math.exp(-s * b / 3000) + 0.1},
+        )
 
 
 def test_batch_sweep_step_epoch_and_throughput(tmp_path):

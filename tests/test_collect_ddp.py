@@ -12,7 +12,7 @@ import pytest
 from perfscope import open_store
 
 pytest.importorskip("torch")
-from collect_helpers import ddp_worker, run_ranks  # noqa: E402  (after the importorskip)
+from collect_helpers import ddp_worker, run_ranks
 
 STEPS = 6
 #: exposed sync may exceed total comm only by clock granularity
@@ -39,12 +39,15 @@ def test_ddp_buckets_sync_and_run_id(tmp_path: Path, world_size: int) -> None:
         assert q("SELECT count(DISTINCT run_id) FROM steps").column(0)[0].as_py() == 1
         ranks = q("SELECT rank, local_rank, clock_offset_ns FROM ranks ORDER BY rank").to_pylist()
         assert [(r["rank"], r["local_rank"], r["clock_offset_ns"]) for r in ranks] == [
-            (r, r, 0) for r in range(world_size)  # one host: one clock, local rank from the exchange
+            (r, r, 0)
+            for r in range(world_size)  # one host: one clock, local rank from the exchange
         ]
         per_rank = q("SELECT rank, list(step ORDER BY step) AS steps FROM steps GROUP BY rank ORDER BY rank")
         assert per_rank.column("steps").to_pylist() == [list(range(STEPS))] * world_size
         # every step's buckets carry exactly the model's gradient bytes, on every rank
-        sums = q("SELECT rank, step, sum(bytes)::BIGINT AS b, count(*) AS n FROM comm GROUP BY ALL").to_pylist()
+        sums = q(
+            "SELECT rank, step, sum(bytes)::BIGINT AS b, count(*) AS n FROM comm GROUP BY ALL"
+        ).to_pylist()
         assert len(sums) == world_size * STEPS and {s["b"] for s in sums} == {grad_bytes}
         assert max(s["n"] for s in sums) > 1, "the model spans several buckets"
         # seq names the same collective (bucket and size) on every rank
@@ -54,6 +57,9 @@ def test_ddp_buckets_sync_and_run_id(tmp_path: Path, world_size: int) -> None:
         ).to_pylist()
         assert all(k["ranks"] == world_size and k["kinds"] == 1 for k in keyed)
         steps = q("SELECT * FROM steps").to_pylist()
+    # one poller per host: every telemetry segment comes from rank 0's writer
+    host_files = list(tmp_path.glob("host_samples/*/*.parquet"))
+    assert host_files and all(f.name.startswith("r0-") for f in host_files)
     for s in steps:
         assert s["comm_count"] >= 1 and s["comm_total_ns"] > 0
         assert 0 <= s["sync_exposed_ns"] <= s["comm_total_ns"] + TOLERANCE_NS
@@ -76,12 +82,31 @@ def test_a_user_comm_hook_is_composed_not_replaced(tmp_path: Path) -> None:
     assert np.array_equal(grads, grads.astype(np.float16).astype(np.float32))  # fp16-rounded values
 
 
+def test_a_hook_registered_before_watch_is_left_alone_with_a_warning(tmp_path: Path) -> None:
+    out = _ok(
+        run_ranks(
+            ddp_worker, 1, str(tmp_path), {"steps": 2, "comm_hook": "fp16", "register_before_watch": True}
+        )
+    )
+    with open_store(tmp_path) as store:
+        events = store.query("SELECT kind, message FROM events").to_pylist()
+        comm = store.query("SELECT count(*) FROM comm").column(0)[0].as_py()
+        steps = store.query("SELECT count(*) FROM steps").column(0)[0].as_py()
+    assert [e["kind"] for e in events] == ["ddp_hook_present"]
+    assert "fp16_compress_hook" in events[0]["message"] and "comm_hook=" in events[0]["message"]
+    assert comm == 0 and steps == 2 and out[0]["error"] is None  # unrecorded, but trained
+
+
 def test_hand_written_sync_is_exposed_and_recorded(tmp_path: Path) -> None:
     out = _ok(run_ranks(ddp_worker, 2, str(tmp_path), {"steps": 3, "manual_sync": True}))
     with open_store(tmp_path) as store:
         steps = store.query("SELECT * FROM steps").to_pylist()
-        comm = store.query("SELECT rank, step, op, bucket, sum(bytes)::BIGINT AS b FROM comm GROUP BY ALL").to_pylist()
-        nested = store.query("SELECT count(*) FROM spans WHERE name = 'sync' AND depth > 0").column(0)[0].as_py()
+        comm = store.query(
+            "SELECT rank, step, op, bucket, sum(bytes)::BIGINT AS b FROM comm GROUP BY ALL"
+        ).to_pylist()
+        nested = (
+            store.query("SELECT count(*) FROM spans WHERE name = 'sync' AND depth > 0").column(0)[0].as_py()
+        )
     assert {(c["op"], c["bucket"], c["b"]) for c in comm} == {("allreduce", None, out[0]["grad_bytes"])}
     assert nested == 0, "all_reduce inside an open sync phase opens no second one"
     for s in steps:

@@ -26,7 +26,9 @@ def test_cuda_event_timing_without_synchronize(tmp_path: Path, monkeypatch: pyte
     def forbidden() -> None:
         raise AssertionError("perfscope synchronized the device")
 
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)
+    ).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = [torch.randn(256, 1024, device="cuda") for _ in range(20)]
     cycles = 20_000_000  # torch.cuda._sleep spins the GPU: ~10 ms at ~2 GHz
@@ -54,13 +56,14 @@ def test_cuda_event_timing_without_synchronize(tmp_path: Path, monkeypatch: pyte
     # the host returns at once from _sleep; only device timing sees the ~10 ms
     assert min(sleep_ns) > 2_000_000, sleep_ns
     assert all(s["other_ns"] >= 0 and s["step_ns"] >= s["forward_ns"] for s in steps)
-    assert run["device_model"] == torch.cuda.get_device_name(0) and run["cuda_version"] and run["driver_version"]
+    assert (
+        run["device_model"] == torch.cuda.get_device_name(0) and run["cuda_version"] and run["driver_version"]
+    )
     assert rank["device_index"] == 0 and len(losses) == 20 and all(v == v for v in losses)
 
 
 def test_real_nvml_values_are_in_documented_ranges() -> None:
     import pynvml
-
     from perfscope.collectors.faults import Faults
     from perfscope.collectors.nvml import NvmlGpus
 

@@ -95,7 +95,9 @@ def _standin_horovod(*, mpi: bool = True) -> types.ModuleType:
     return hvd
 
 
-def test_horovod_optimizer_synchronisation_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_horovod_optimizer_synchronisation_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hvd = _standin_horovod(mpi=True)
     monkeypatch.setitem(__import__("sys").modules, "horovod.torch", hvd)
     torch.manual_seed(0)
@@ -118,7 +120,8 @@ def test_horovod_optimizer_synchronisation_is_recorded(tmp_path: Path, monkeypat
     with open_store(tmp_path) as store:
         (run,) = store.query("SELECT backend, world_size FROM runs").to_pylist()
         comm = store.query(
-            "SELECT step, list(seq ORDER BY seq) AS seqs, sum(bytes)::BIGINT AS b, count(*) AS n FROM comm GROUP BY step"
+            "SELECT step, list(seq ORDER BY seq) AS seqs, sum(bytes)::BIGINT AS b, count(*) AS n "
+            "FROM comm GROUP BY step"
         ).to_pylist()
         steps = store.query("SELECT * FROM steps ORDER BY step").to_pylist()
         parents = store.query("SELECT DISTINCT parent FROM spans WHERE name = 'sync'").column(0).to_pylist()
@@ -133,7 +136,12 @@ def test_horovod_optimizer_synchronisation_is_recorded(tmp_path: Path, monkeypat
         assert s["optimizer_ns"] >= 0 and s["other_ns"] >= 0
 
 
-def test_without_horovod_installed_the_error_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_horovod_installed_the_error_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(__import__("sys").modules, "horovod.torch", None)
-    with perfscope.profile(tmp_path, poll_hz=0) as prof, pytest.raises(ImportError, match="pip install horovod"):
+    with (
+        perfscope.profile(tmp_path, poll_hz=0) as prof,
+        pytest.raises(ImportError, match="pip install horovod"),
+    ):
         prof.horovod_optimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))

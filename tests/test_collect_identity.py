@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-
 from perfscope.collectors import rendezvous
 from perfscope.collectors.identity import (
     claim_run_id,
@@ -48,13 +47,24 @@ from perfscope.collectors.rendezvous import Peer, agree
 )  # fmt: skip
 def test_launcher_environments(env: dict[str, str], expected: tuple[Any, ...]) -> None:
     me = from_environment(env)
-    assert (me.launcher, me.rank, me.world_size, me.local_rank, me.local_world_size, me.node_rank, me.nodes) == expected
+    assert (
+        me.launcher,
+        me.rank,
+        me.world_size,
+        me.local_rank,
+        me.local_world_size,
+        me.node_rank,
+        me.nodes,
+    ) == expected
 
 
 def test_run_ids_from_the_environment() -> None:
     assert explicit_run_id({"PERFSCOPE_RUN_ID": " exp-1 "}) == "exp-1" and explicit_run_id({}) is None
     assert launcher_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None  # torchrun's default: no id
-    assert launcher_run_id({"TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "2"}) == "torchelastic-abc-r2"
+    assert (
+        launcher_run_id({"TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "2"})
+        == "torchelastic-abc-r2"
+    )
     assert launcher_run_id({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3"}) == "slurm-4242.3"
     assert safe_run_id("a/b c") == "a-b-c"
     base = f"claim-{time.monotonic_ns()}"
@@ -112,7 +122,13 @@ def test_placement_and_clock_offsets_across_hosts(monkeypatch: pytest.MonkeyPatc
         t.join(30)
     assert len(placements) == len(hosts)
     assert {p.run_id for p in placements.values()} == {"id-of-0"}  # rank 0's id wins
-    assert [(placements[r].node_rank, placements[r].local_rank) for r in range(5)] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    assert [(placements[r].node_rank, placements[r].local_rank) for r in range(5)] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
     assert {(p.nodes, p.ranks_per_node) for p in placements.values()} == {(2, 3)}
     assert placements[3].local_pids == (1002, 1003, 1004)
     assert placements[0].clock_offset_ns == placements[1].clock_offset_ns == 0

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from perfscope.collectors import phases
 from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.cuda_timing import CudaMarks
 from perfscope.collectors.phases import Timeline, exposed_sync_ns, infer_samples
+
 from perfscope.schema import TABLES
 
 
@@ -117,7 +117,9 @@ def test_nested_canonical_phases_never_count_twice_and_user_spans_go_to_other(cl
         ([450], [2_000], (400, 480), 30),
     ],
 )
-def test_exposed_sync_definition(ready: list[int], done: list[int], window: tuple[int, int], expected: int) -> None:
+def test_exposed_sync_definition(
+    ready: list[int], done: list[int], window: tuple[int, int], expected: int
+) -> None:
     got = exposed_sync_ns(ready, done, *window)
     assert got == expected
     assert got <= sum(d - r for r, d in zip(ready, done, strict=True))

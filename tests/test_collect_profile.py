@@ -27,7 +27,9 @@ nn = torch.nn
 
 def _loader(n: int = 64, batch: int = 8) -> Any:
     g = torch.Generator().manual_seed(1)
-    ds = torch.utils.data.TensorDataset(torch.randn(n, 32, generator=g), torch.randint(0, 4, (n,), generator=g))
+    ds = torch.utils.data.TensorDataset(
+        torch.randn(n, 32, generator=g), torch.randint(0, 4, (n,), generator=g)
+    )
     return torch.utils.data.DataLoader(ds, batch_size=batch)
 
 
@@ -124,7 +126,12 @@ def test_a_measured_run_reads_back(tmp_path: Path) -> None:
     run = runs[0]
     params = sum(p.numel() for p in model.parameters())
     assert (run["param_count"], run["grad_bytes"], run["model"]) == (params, params * 4, "Sequential")
-    assert (run["world_size"], run["backend"], run["device_model"], run["dataset_samples"]) == (1, "none", "cpu", 64)
+    assert (run["world_size"], run["backend"], run["device_model"], run["dataset_samples"]) == (
+        1,
+        "none",
+        "cpu",
+        64,
+    )
     assert run["torch_version"] == torch.__version__ and run["source"] == "measured"
     assert [s["step"] for s in steps] == list(range(8)) and all(s["samples"] == 8 for s in steps)
     for s in steps:
@@ -236,7 +243,10 @@ def _read_only_dir(path: Path) -> Iterator[Path]:
         finally:
             path.chmod(0o755)
         return
-    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+    if (
+        shutil.which("chattr") is None
+        or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode
+    ):
         pytest.skip("running as root without chattr +i: no way to make a folder read-only for this process")
     try:
         yield path
@@ -255,3 +265,54 @@ def test_a_read_only_store_warns_once_and_training_goes_on(tmp_path: Path) -> No
         assert len(losses) == 8 and not (ro / "store").exists()
     texts = [str(w.message) for w in caught if issubclass(w.category, PerfscopeWarning)]
     assert len([t for t in texts if "could not write to the store" in t]) == 1
+
+
+class RecordingDomain:
+    """The calls an NVTX tool would see, in place of the domain nvtx returns when one is attached."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.attributes_made: list[str] = []
+
+    def get_registered_string(self, name: str) -> str:
+        return f"registered:{name}"
+
+    def get_event_attributes(self, message: Any = None, color: Any = None) -> str:
+        self.attributes_made.append(message)
+        return f"attrs:{message}"
+
+    def push_range(self, attrs: Any) -> None:
+        self.calls.append(("push", attrs))
+
+    def pop_range(self) -> None:
+        self.calls.append(("pop", None))
+
+    def start_range(self, attrs: Any) -> int:
+        self.calls.append(("start", attrs))
+        return len(self.calls)
+
+    def end_range(self, range_id: int) -> None:
+        self.calls.append(("end", range_id))
+
+
+def test_nvtx_ranges_for_steps_and_phases_with_cached_attributes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nvtx
+
+    domain = RecordingDomain()
+    monkeypatch.setattr(nvtx, "get_domain", lambda name: domain if name == "perfscope" else None)
+    with perfscope.profile(tmp_path, poll_hz=0) as prof:
+        for _ in prof.steps(range(4)):
+            with prof.phase("forward"), prof.span("inner"):
+                pass
+    kinds = [k for k, _ in domain.calls]
+    # data, forward, inner per step, and the last wait on the loader that ended the loop
+    assert kinds.count("push") == kinds.count("pop") == 4 * 3 + 1
+    assert sorted(domain.attributes_made) == sorted(
+        f"registered:{n}" for n in ("data", "forward", "inner", "step")
+    )
+    starts = [i + 1 for i, (k, _) in enumerate(domain.calls) if k == "start"]
+    ends = [rid for k, rid in domain.calls if k == "end"]
+    assert len(starts) == 5 and sorted(ends) == starts  # every step range closed, the last at close
+    assert ("push", "attrs:registered:forward") in domain.calls

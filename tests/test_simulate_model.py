@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from perfscope.simulate_model import (
+    Backend,
     Convergence,
+    Timeline,
     busy_share_in_windows,
     nodes_for,
     ranks_on_nodes,
@@ -51,7 +53,9 @@ def test_small_batches_pay_the_fixed_overhead() -> None:
     assert HPDLF.kernel_ns(4000) / HPDLF.kernel_ns(2000) == pytest.approx(2.0, rel=1e-3)
 
 
-def _timeline(world: int, backend=NCCL, steps: int = 60, batch: int = 75, seed: int = 1):  # type: ignore[no-untyped-def]
+def _timeline(
+    world: int, backend: Backend = NCCL, steps: int = 60, batch: int = 75, seed: int = 1
+) -> Timeline:
     return simulate_timeline(
         HPDLF, backend, world, batch, steps, GRAD_BYTES, 10**18, np.random.default_rng(seed)
     )

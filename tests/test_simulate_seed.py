@@ -135,6 +135,18 @@ def _by(rows: list[dict[str, Any]], cluster: str, backend: str) -> dict[int, dic
     return {r["world_size"]: r for r in rows if r["cluster"] == cluster and r["backend"] == backend}
 
 
+def test_bundled_store_is_what_the_preset_generates(store: Store, tmp_path: Path) -> None:
+    """The pinned figures describe today's model: regenerating the preset gives the same data."""
+    from perfscope.simulate import write_study
+    from perfscope.simulate_presets import parse_config, seed_study_config
+
+    write_study(tmp_path / "again", parse_config(seed_study_config()))
+    with open_store(tmp_path / "again") as again:
+        for table in ("runs", "steps", "comm", "gpu_samples", "metrics"):
+            sql = f"SELECT * FROM {table} ORDER BY ALL"
+            assert again.query(sql).equals(store.query(sql)), f"{table} differs: regenerate the store"
+
+
 def test_bundled_store_is_small_and_all_simulated(store: Store) -> None:
     size = sum(p.stat().st_size for p in BUNDLED.rglob("*.parquet"))
     assert size < 6_000_000, f"the bundled store grew to {size / 1e6:.1f} MB"

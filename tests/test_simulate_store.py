@@ -387,3 +387,21 @@ def test_documented_config_examples_are_valid() -> None:
         (exp,) = cfg.experiments
         assert exp.name == "what-if" and exp.partitions[0].gpus_per_node == 4
         assert exp.partitions[0].backends["horovod-nccl"].inter_gb_per_s == 12.0
+
+
+def test_fit_refuses_a_batch_it_cannot_predict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundled = Path(__file__).resolve().parent.parent / "sample_traces" / "seed-study"
+    args = [
+        "--fit-from",
+        str(bundled),
+        "--fit-cluster",
+        "gpu2",
+        "--world-sizes",
+        "16",
+        "--batch-sizes",
+        "300",
+    ]
+    code, _, err = _cli(capsys, str(tmp_path / "out"), *args)
+    assert code == 2
+    assert "was measured at batch 75 only" in err and "batch 300 cannot be predicted" in err
+    assert not (tmp_path / "out").exists()

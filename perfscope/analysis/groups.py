@@ -59,8 +59,11 @@ def assign_groups(rows: list[dict[str, object]]) -> list[Membership]:
         strong_multi = len(by_gbs[(*fam, r["_gbs"])]) >= 2
         inferred = "weak" if weak_multi else "strong" if strong_multi else ""
         mode = declared if declared in ("weak", "strong") else inferred or "weak"
-        if declared in ("weak", "strong") and inferred and declared != inferred and not (
-            weak_multi if declared == "weak" else strong_multi
+        if (
+            declared in ("weak", "strong")
+            and inferred
+            and declared != inferred
+            and not (weak_multi if declared == "weak" else strong_multi)
         ):
             # The batches contradict the label: compare as the batches say, and flag it.
             mode = inferred

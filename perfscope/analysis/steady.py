@@ -81,7 +81,7 @@ def thresholds_table(store: Store, sel: Selection) -> str:
 
 
 def step_agg_table(store: Store, sel: Selection) -> str:
-    """Per run and steady step: the slowest rank's step time (DESIGN step time) and ranks present."""
+    """Per run and steady step: the slowest rank's step time (DESIGN step time), ranks present."""
     thr = thresholds_table(store, sel)
     return temp_table(
         store,
@@ -112,8 +112,7 @@ def rank_agg_table(store: Store, sel: Selection) -> str:
                {phase_cols},
                sum(s.comm_total_ns)::DOUBLE AS comm_total_sum, count(s.comm_total_ns) AS comm_total_n,
                sum(s.comm_count)::DOUBLE AS comm_count_sum, count(s.comm_count) AS comm_count_n,
-               sum(s.samples)::DOUBLE AS samples_sum, count(s.samples) AS samples_n,
-               min(s.start_ns) AS first_start_ns, max(s.start_ns + s.step_ns) AS last_end_ns
+               sum(s.samples)::DOUBLE AS samples_sum, count(s.samples) AS samples_n
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
         GROUP BY s.run_id, s.rank
         """,
@@ -146,7 +145,8 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                    avg(step_max_ns) AS step_max_mean_ns,
                    stddev_samp(step_max_ns) / nullif(avg(step_max_ns), 0) AS step_cv,
                    max(n_ranks) AS max_ranks_per_step,
-                   count(*) FILTER (WHERE n_ranks < most_ranks) AS incomplete_steps
+                   count(*) FILTER (WHERE n_ranks < most_ranks) AS incomplete_steps,
+                   min(start_ns) AS window_start_ns, max(start_ns + step_max_ns) AS window_end_ns
             FROM (SELECT *, max(n_ranks) OVER (PARTITION BY run_id) AS most_ranks FROM {sa})
             GROUP BY run_id
         ), k AS (
@@ -158,7 +158,6 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                    CASE WHEN sum(comm_count_n) > 0 THEN sum(comm_count_sum) / sum(comm_count_n) END
                        AS comm_count_mean,
                    sum(samples_sum / nullif(samples_n, 0)) AS samples_per_step_recorded,
-                   min(first_start_ns) AS window_start_ns, max(last_end_ns) AS window_end_ns,
                    sum(samples_sum) AS samples_steady
             FROM {ra} GROUP BY run_id
         ), j AS (

@@ -9,7 +9,7 @@ from .cache import temp_table
 from .registry import analysis
 from .scaling import grouped_stats_table
 from .selection import Selection
-from .steady import thresholds_table
+from .steady import rank_agg_table, thresholds_table
 from .sync import instances_table
 
 #: Heat-map buckets of steps per run.
@@ -22,74 +22,85 @@ def straggler_threshold_sql(n_ranks: str) -> str:
     return f"greatest(0.5, 1.0 / {n_ranks} + 0.25)"
 
 
-def rank_waits_table(store: Store, sel: Selection) -> str:
-    """Per run, rank and steady step: wait at collective summed over the step's collectives."""
+def _comm_runs(store: Store, sel: Selection) -> str:
+    return f"SELECT DISTINCT run_id FROM {instances_table(store, sel)} WHERE ranks > 1"
+
+
+def sync_spread_table(store: Store, sel: Selection) -> str:
+    """Per steady step of multi-rank runs without comm rows: the least and most exposed sync and
+    the rank with the least (it waited least, so it entered the synchronisation last)."""
     thr = thresholds_table(store, sel)
-    inst = instances_table(store, sel)
     gs = grouped_stats_table(store, sel)
     return temp_table(
         store,
-        ("rank_waits", sel),
+        ("sync_spread", sel),
         f"""
-        SELECT c.run_id, c.rank, c.step, sum(i.last_entry_ns - c.start_ns)::DOUBLE AS wait_ns,
-               count(*) AS instances, 'comm.start_ns' AS wait_source
-        FROM comm c JOIN {inst} i USING (run_id, step, seq)
-        WHERE i.ranks > 1
-        GROUP BY c.run_id, c.rank, c.step
-        UNION ALL
-        -- Without comm rows: the rank that waited least in the sync entered last.
-        SELECT s.run_id, s.rank, s.step,
-               (s.sync_exposed_ns - min(s.sync_exposed_ns) OVER (PARTITION BY s.run_id, s.step))::DOUBLE,
-               1, 'steps.sync_exposed_ns'
+        SELECT s.run_id, s.step, min(s.sync_exposed_ns) AS sync_min_ns,
+               max(s.sync_exposed_ns) AS sync_max_ns, arg_min(s.rank, s.sync_exposed_ns) AS last_rank
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
         WHERE s.run_id IN (SELECT run_id FROM {gs} WHERE world_size > 1)
-              AND s.run_id NOT IN (SELECT DISTINCT run_id FROM {inst})
-              AND s.sync_exposed_ns IS NOT NULL
+          AND s.run_id NOT IN ({_comm_runs(store, sel)})
+          AND s.sync_exposed_ns IS NOT NULL
+        GROUP BY s.run_id, s.step
         """,
     )
 
 
 @analysis("stragglers", "Wait at collective per rank", "wait-at-collective")
 def stragglers(store: Store, sel: Selection) -> pa.Table:
-    """Per run and rank: how often it entered a collective last, and how long it made others wait."""
-    waits = rank_waits_table(store, sel)
+    """Per run and rank: how often it entered a collective last, and how long it made others wait.
+
+    With comm rows: per instance w_i = max_j(start_j) − start_i. Without: per step the rank with
+    the least exposed sync entered last, and w_i = sync_i − min_j(sync_j), summed from the per-rank
+    and per-step aggregates (no extra pass over the steps).
+    """
     inst = instances_table(store, sel)
     gs = grouped_stats_table(store, sel)
+    sa = sync_spread_table(store, sel)
+    ra = rank_agg_table(store, sel)
     return store.query(
         f"""
-        WITH last_comm AS (
-            SELECT run_id, last_rank AS rank, count(*) FILTER (WHERE last_unique) AS last_count,
-                   any_value(n) AS n_instances
-            FROM (SELECT *, count(*) OVER (PARTITION BY run_id) AS n FROM {inst} WHERE ranks > 1)
-            GROUP BY run_id, last_rank
-        ), last_steps AS (
-            SELECT run_id, rank, count(*) FILTER (WHERE last) AS last_count
-            FROM (SELECT *, wait_ns = 0 AND count(*) FILTER (WHERE wait_ns = 0)
-                            OVER (PARTITION BY run_id, step) = 1 AS last
-                  FROM {waits} WHERE wait_source = 'steps.sync_exposed_ns')
-            GROUP BY run_id, rank
+        WITH comm_waits AS (
+            SELECT c.run_id, c.rank, count(*) AS instances,
+                   sum(i.last_entry_ns - c.start_ns)::DOUBLE AS wait_sum,
+                   NULL::BIGINT AS steps, 'comm.start_ns' AS wait_source
+            FROM comm c JOIN {inst} i USING (run_id, step, seq)
+            WHERE i.ranks > 1
+            GROUP BY c.run_id, c.rank
+        ), comm_last AS (
+            SELECT run_id, last_rank AS rank, count(*) AS last_count
+            FROM {inst} WHERE ranks > 1 AND last_unique GROUP BY run_id, last_rank
+        ), step_min AS (
+            SELECT run_id, sum(sync_min_ns)::DOUBLE AS sync_min_sum FROM {sa} GROUP BY run_id
+        ), sync_waits AS (
+            SELECT a.run_id, a.rank, a.sync_exposed_n AS instances,
+                   a.sync_exposed_sum - m.sync_min_sum AS wait_sum,
+                   a.rows AS steps, 'steps.sync_exposed_ns' AS wait_source
+            FROM {ra} a JOIN step_min m USING (run_id)
+            WHERE a.sync_exposed_n > 0
+              AND a.run_id IN (SELECT run_id FROM {sa})
+        ), sync_last AS (
+            -- a step has a last rank only when the ranks' exposed sync differs
+            SELECT run_id, last_rank AS rank, count(*) AS last_count
+            FROM {sa} WHERE sync_max_ns > sync_min_ns GROUP BY run_id, last_rank
         ), w AS (
-            SELECT run_id, rank, sum(instances) AS instances, sum(wait_ns) AS wait_sum,
-                   count(*) AS steps, any_value(wait_source) AS wait_source
-            FROM {waits} GROUP BY run_id, rank
-        ), j AS (
-            SELECT w.*, g.source, g.world_size, g.step_ns, g.ranks_seen,
-                   coalesce(lc.last_count, ls.last_count, 0) AS last_count
-            FROM w JOIN {gs} g USING (run_id)
-            LEFT JOIN last_comm lc USING (run_id, rank)
-            LEFT JOIN last_steps ls USING (run_id, rank)
+            SELECT w.*, coalesce(cl.last_count, 0) AS last_count FROM comm_waits w
+            LEFT JOIN comm_last cl USING (run_id, rank)
+            UNION ALL
+            SELECT w.*, coalesce(sl.last_count, 0) FROM sync_waits w
+            LEFT JOIN sync_last sl USING (run_id, rank)
         ), n AS (SELECT run_id, rank, any_value(hostname) AS hostname FROM ranks GROUP BY ALL)
-        SELECT j.run_id, source, world_size, j.rank, n.hostname, instances, last_count,
-               last_count / nullif(CASE WHEN wait_source = 'comm.start_ns'
-                   THEN instances ELSE steps END, 0) AS last_share,
-               wait_sum / nullif(instances, 0) AS wait_mean_ns,
-               wait_sum / nullif(steps, 0) AS wait_per_step_ns,
-               wait_sum / nullif(steps, 0) / nullif(step_ns, 0) AS wait_share_of_step,
-               last_count / nullif(CASE WHEN wait_source = 'comm.start_ns' THEN instances ELSE steps END, 0)
-                   > {straggler_threshold_sql("ranks_seen")} AS is_straggler,
-               wait_source
-        FROM j LEFT JOIN n USING (run_id, rank)
-        ORDER BY j.run_id, j.rank
+        SELECT w.run_id, g.source, g.world_size, w.rank, n.hostname, w.instances, w.last_count,
+               w.last_count / nullif(w.instances, 0) AS last_share,
+               w.wait_sum / nullif(w.instances, 0) AS wait_mean_ns,
+               w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0) AS wait_per_step_ns,
+               w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0) / nullif(g.step_ns, 0)
+                   AS wait_share_of_step,
+               w.last_count / nullif(w.instances, 0) > {straggler_threshold_sql("g.ranks_seen")}
+                   AS is_straggler,
+               w.wait_source
+        FROM w JOIN {gs} g USING (run_id) LEFT JOIN n USING (run_id, rank)
+        ORDER BY w.run_id, w.rank
         """
     )
 
@@ -97,15 +108,27 @@ def stragglers(store: Store, sel: Selection) -> pa.Table:
 @analysis("collective_wait", "Wait at collective, rank × step", "wait-at-collective")
 def collective_wait(store: Store, sel: Selection) -> pa.Table:
     """Heat map data: per run, rank and step bucket, the wait at collective summed over the step."""
-    waits = rank_waits_table(store, sel)
+    inst = instances_table(store, sel)
     thr = thresholds_table(store, sel)
+    sa = sync_spread_table(store, sel)
     return store.query(
         f"""
-        WITH k AS (SELECT run_id, first_steady_step,
-                          greatest(1, ceil((last_step - first_steady_step + 1) / {WAIT_BUCKETS}))::BIGINT AS k
-                   FROM {thr})
+        WITH waits AS (
+            SELECT c.run_id, c.rank, c.step, sum(i.last_entry_ns - c.start_ns)::DOUBLE AS wait_ns
+            FROM comm c JOIN {inst} i USING (run_id, step, seq)
+            WHERE i.ranks > 1
+            GROUP BY c.run_id, c.rank, c.step
+            UNION ALL
+            SELECT s.run_id, s.rank, s.step, (s.sync_exposed_ns - a.sync_min_ns)::DOUBLE
+            FROM steps s JOIN {sa} a USING (run_id, step)
+            WHERE s.sync_exposed_ns IS NOT NULL
+        ), k AS (
+            SELECT run_id, first_steady_step,
+                   greatest(1, ceil((last_step - first_steady_step + 1) / {WAIT_BUCKETS}))::BIGINT AS k
+            FROM {thr}
+        )
         SELECT w.run_id, w.rank, min(w.step) AS step, count(*) AS steps_in_bucket, avg(w.wait_ns) AS wait_ns
-        FROM {waits} w JOIN k USING (run_id)
+        FROM waits w JOIN k USING (run_id)
         GROUP BY w.run_id, w.rank, (w.step - k.first_steady_step) // k.k
         ORDER BY w.run_id, w.rank, step
         """

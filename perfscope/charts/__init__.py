@@ -1,1 +1,102 @@
-"""One chart builder per chart (Altair), shared by the dashboard and the report."""
+"""One chart builder per chart (Altair), shared by the dashboard and the report: the `CHARTS` registry
+and SVG/PNG rendering through vl-convert (no browser).
+
+A builder takes analysis tables (pyarrow, in the order of `ChartSpec.analyses`) and returns a chart;
+it reads no store and holds no SQL. An empty table gives a chart that says "no data".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from .backends import backend_compare_chart
+from .batch import batch_sweep_chart, metric_curve_chart
+from .phases import lost_time_chart, phase_breakdown_chart
+from .scaling import efficiency_chart, per_gpu_speedup_chart, speedup_chart
+from .stragglers import last_rank_chart, wait_heatmap
+from .style import ChartLike
+from .sync import busbw_chart, sync_time_chart
+from .utilisation import energy_chart, utilisation_chart
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    name: str
+    title: str
+    builder: Callable[..., ChartLike]
+    analyses: tuple[str, ...]  # names in perfscope.analysis.ANALYSES, passed positionally
+
+    def build(self, tables: Mapping[str, pa.Table | None], **options: Any) -> ChartLike:
+        """The chart from the tables it reads (a missing one counts as empty)."""
+        return self.builder(*(tables.get(a) for a in self.analyses), **options)
+
+
+def _spec(name: str, title: str, builder: Callable[..., ChartLike], *analyses: str) -> ChartSpec:
+    return ChartSpec(name, title, builder, analyses)
+
+
+#: Every chart by name, in the order a scaling study reads.
+CHARTS: dict[str, ChartSpec] = {
+    s.name: s
+    for s in (
+        _spec("speedup", "Speedup against world size", speedup_chart, "scaling", "scaling_prediction"),
+        _spec(
+            "efficiency", "Efficiency against world size", efficiency_chart, "scaling", "scaling_prediction"
+        ),
+        _spec("per_gpu_speedup", "Per-GPU speedup", per_gpu_speedup_chart, "scaling"),
+        _spec("phase_breakdown", "Phase breakdown per run", phase_breakdown_chart, "phase_breakdown"),
+        _spec("lost_time", "Lost time by phase", lost_time_chart, "lost_time"),
+        _spec("sync_time", "Gradient sync time", sync_time_chart, "sync"),
+        _spec("busbw", "Bus bandwidth and the alpha-beta model", busbw_chart, "sync", "allreduce_fit"),
+        _spec("utilisation", "GPU kernel-active time share (NVML)", utilisation_chart, "utilisation"),
+        _spec("energy", "Energy per sample", energy_chart, "utilisation"),
+        _spec("wait_heatmap", "Wait at collective, rank × step", wait_heatmap, "collective_wait"),
+        _spec("last_rank", "Last rank to enter the collective", last_rank_chart, "stragglers"),
+        _spec("batch_sweep", "Batch-size sweep", batch_sweep_chart, "batch_sweep"),
+        _spec(
+            "metric_curves", "Metric against wall time", metric_curve_chart, "metric_curves", "time_to_metric"
+        ),
+        _spec("backend_compare", "Backends compared", backend_compare_chart, "backend_compare"),
+    )
+}
+
+
+def to_svg(chart: ChartLike) -> str:
+    """The chart as a standalone SVG document (rendered by vl-convert, no browser, no network)."""
+    import vl_convert as vlc
+
+    return str(vlc.vegalite_to_svg(chart.to_dict()))
+
+
+def to_png(chart: ChartLike, scale: float = 2.0) -> bytes:
+    """The chart as PNG bytes; `scale` 2 gives sharp images on high-density screens and in print."""
+    import vl_convert as vlc
+
+    return bytes(vlc.vegalite_to_png(chart.to_dict(), scale=scale))
+
+
+__all__ = [
+    "CHARTS",
+    "ChartLike",
+    "ChartSpec",
+    "backend_compare_chart",
+    "batch_sweep_chart",
+    "busbw_chart",
+    "efficiency_chart",
+    "energy_chart",
+    "last_rank_chart",
+    "lost_time_chart",
+    "metric_curve_chart",
+    "per_gpu_speedup_chart",
+    "phase_breakdown_chart",
+    "speedup_chart",
+    "sync_time_chart",
+    "to_png",
+    "to_svg",
+    "utilisation_chart",
+    "wait_heatmap",
+]

@@ -28,7 +28,17 @@ from .style import (
     source_note,
 )
 
-_BREAKDOWN_COLUMNS = ("run_id", "experiment", "source", "cluster", "backend", "world_size", "phase", "time_ns", "share")
+_BREAKDOWN_COLUMNS = (
+    "run_id",
+    "experiment",
+    "source",
+    "cluster",
+    "backend",
+    "world_size",
+    "phase",
+    "time_ns",
+    "share",
+)
 _LOST_COLUMNS = ("group_id", "run_id", "source", "world_size", "phase", "lost_ns", "share_of_lost")
 
 
@@ -103,7 +113,7 @@ def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
         )
     subtitle = ["phases add up to the step time (slowest rank); imbalance = max − mean over ranks"]
     subtitle.append(source_note(srcs, marks="bars"))
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)
 
 
 def lost_time_chart(lost_time: pa.Table | None) -> ChartLike:
@@ -143,4 +153,4 @@ def lost_time_chart(lost_time: pa.Table | None) -> ChartLike:
         "L(N) = N·T(N) − N0·T(N0)·G(N)/G(N0), split by phase; a bar below zero is time saved",
         source_note(sources(values), marks="bars"),
     ]
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)

@@ -56,7 +56,9 @@ def _predictions(prediction: pa.Table | None, groups: set[str], field: str) -> l
     out = []
     for r in rows(prediction, _PREDICTION_COLUMNS):
         if r["group_id"] in groups and r.get(field) is not None:
-            out.append({**r, "value": r[field], "source": "prediction" if r["kind"] == "prediction" else "model"})
+            out.append(
+                {**r, "value": r[field], "source": "prediction" if r["kind"] == "prediction" else "model"}
+            )
     return out
 
 
@@ -92,7 +94,9 @@ def _curve(
     ]
     if prediction:
         pbase = alt.Chart(data(prediction)).encode(
-            world_size_x(ticks), alt.Y("value:Q"), alt.Color("series:N", scale=alt.Scale(scheme=SERIES_SCHEME))
+            world_size_x(ticks),
+            alt.Y("value:Q"),
+            alt.Color("series:N", scale=alt.Scale(scheme=SERIES_SCHEME)),
         )
         layers.append(pbase.mark_line(strokeDash=[6, 4], strokeWidth=1.5).encode(detail="series:N"))
         pred_points = [p for p in prediction if p["source"] == "prediction"]
@@ -165,7 +169,7 @@ def speedup_chart(scaling: pa.Table | None, prediction: pa.Table | None = None) 
     y = alt.Y("speedup:Q", title="speedup S(N) = X(N)/X(N0)", scale=y_scale)
     curve = _curve(values, "speedup", y, preds, ticks)
     chart = alt.layer(ideal_layer, ideal_text, *curve).properties(width=WIDTH, height=HEIGHT)
-    return finish(chart, title, _subtitle(values, preds, "S(N) = X(N)/X(N0), N0 = smallest N in the group"))  # type: ignore[no-any-return]
+    return finish(chart, title, _subtitle(values, preds, "S(N) = X(N)/X(N0), N0 = smallest N in the group"))
 
 
 def _baseline(values: list[Row], group_id: str) -> float:
@@ -198,7 +202,7 @@ def efficiency_chart(scaling: pa.Table | None, prediction: pa.Table | None = Non
     y = alt.Y("efficiency:Q", title="efficiency E(N) = S(N)·N0/N", axis=alt.Axis(format="%"))
     curve = _curve(values, "efficiency", y, preds, ticks)
     chart = alt.layer(rule, rule_text, *curve).properties(width=WIDTH, height=HEIGHT)
-    return finish(chart, title, _subtitle(values, preds, "E(N) = S(N)·N0/N; 100% is perfect scaling"))  # type: ignore[no-any-return]
+    return finish(chart, title, _subtitle(values, preds, "E(N) = S(N)·N0/N; 100% is perfect scaling"))
 
 
 def per_gpu_speedup_chart(scaling: pa.Table | None) -> ChartLike:
@@ -228,4 +232,4 @@ def per_gpu_speedup_chart(scaling: pa.Table | None) -> ChartLike:
     chart = alt.layer(*curve, labels).properties(width=WIDTH, height=HEIGHT)
     subtitle = _subtitle(values, [], "S(N)/N; labels give the value at the largest N")
     # the offset leaves room for the value labels right of the last point
-    return finish(chart, title, subtitle, legend_offset=44)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle, legend_offset=44)

@@ -32,7 +32,10 @@ def _pick_run(values: list[Row], run_id: str | None, *, prefer: set[str] | None 
         return run_id if run_id in ids else None
     if prefer:
         ids = (ids & prefer) or ids
-    size = {r["run_id"]: r.get("world_size") or len({q["rank"] for q in values if q["run_id"] == r["run_id"]}) for r in values}
+    size = {
+        r["run_id"]: r.get("world_size") or len({q["rank"] for q in values if q["run_id"] == r["run_id"]})
+        for r in values
+    }
     return max(sorted(ids), key=lambda i: size[i]) if ids else None
 
 
@@ -43,7 +46,9 @@ def wait_heatmap(collective_wait: pa.Table | None, run_id: str | None = None) ->
     chosen = _pick_run(values, run_id)
     values = [r for r in values if r["run_id"] == chosen and r["wait_ns"] is not None]
     if not values:
-        why = f"run {run_id} has no collectives" if run_id else "no collectives between ranks in this selection"
+        why = (
+            f"run {run_id} has no collectives" if run_id else "no collectives between ranks in this selection"
+        )
         return no_data(title, why)
     for r in values:
         r["wait_ms"] = r["wait_ns"] / 1e6
@@ -71,7 +76,7 @@ def wait_heatmap(collective_wait: pa.Table | None, run_id: str | None = None) ->
         f"run {chosen}; w_i = max_j(enter_j) − enter_i, summed over the step's collectives",
         "a rank that rarely waits is the one the others wait for",
     ]
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)
 
 
 def last_rank_chart(stragglers: pa.Table | None, run_id: str | None = None) -> ChartLike:
@@ -82,7 +87,9 @@ def last_rank_chart(stragglers: pa.Table | None, run_id: str | None = None) -> C
     chosen = _pick_run(values, run_id, prefer={r["run_id"] for r in values if r["is_straggler"]})
     values = [r for r in values if r["run_id"] == chosen and r["last_share"] is not None]
     if not values:
-        why = f"run {run_id} has no collectives" if run_id else "no collectives between ranks in this selection"
+        why = (
+            f"run {run_id} has no collectives" if run_id else "no collectives between ranks in this selection"
+        )
         return no_data(title, why)
     n = int(values[0]["world_size"] or len(values))
     for r in values:
@@ -117,4 +124,4 @@ def last_rank_chart(stragglers: pa.Table | None, run_id: str | None = None) -> C
     chart = alt.layer(bars, rule, text).properties(width=WIDTH, height=PANEL_HEIGHT + 40)
     source = values[0].get("source") or "measured"
     subtitle = [f"run {chosen} (N = {n}, {source})"]
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)

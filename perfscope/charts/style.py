@@ -3,7 +3,7 @@ the theme, and the "no data" chart."""
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import altair as alt
 
@@ -45,7 +45,7 @@ SOURCE_FILL_OPACITY: dict[str, float] = {"measured": 1.0, "simulated": 0.0, "pre
 SOURCE_DASH: dict[str, list[int]] = {"measured": [1, 0], "simulated": [1, 0], "prediction": [6, 4]}
 
 #: Series colours (groups, backends, batch sizes): Tableau 10, the phase colours stay separate.
-SERIES_SCHEME = "tableau10"
+SERIES_SCHEME: Final = "tableau10"
 IDEAL_COLOUR = "#555555"
 THRESHOLD_COLOUR = "#B22222"
 
@@ -111,7 +111,9 @@ def source_note(sources: set[str], *, marks: str = "points") -> str:
     if "simulated" in sources:
         if marks == "bars":
             only = "measured" not in sources
-            parts.append("all runs simulated (not measured)" if only else "'sim': simulated run (not measured)")
+            parts.append(
+                "all runs simulated (not measured)" if only else "'sim': simulated run (not measured)"
+            )
         else:
             parts.append("simulated runs: hollow triangles (not measured)")
     if "prediction" in sources:
@@ -150,4 +152,4 @@ def no_data(title: str, reason: str = "no data in this selection") -> alt.Chart:
         .encode(text="text:N")
         .properties(width=WIDTH, height=80)
     )
-    return finish(chart, title)  # type: ignore[no-any-return]
+    return finish(chart, title)

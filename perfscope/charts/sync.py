@@ -44,7 +44,15 @@ _SYNC_COLUMNS = (
     "busbw_p90_gb_per_s",
     "bw_source",
 )
-_FIT_COLUMNS = ("cluster", "backend", "scope", "alpha_s", "beta_s_per_byte", "bandwidth_gb_per_s", "too_few_points")
+_FIT_COLUMNS = (
+    "cluster",
+    "backend",
+    "scope",
+    "alpha_s",
+    "beta_s_per_byte",
+    "bandwidth_gb_per_s",
+    "too_few_points",
+)
 
 _MEASURES = {
     "sync_exposed_ns": "exposed sync (the step waits)",
@@ -81,7 +89,11 @@ def sync_time_chart(sync: pa.Table | None) -> ChartLike:
         return no_data(title, "no gradient synchronisation recorded in this selection")
     _series(values)
     ticks = world_size_ticks(values)
-    enc: list[Any] = [world_size_x(ticks), alt.Y("ms:Q", title="ms per step (steady-state median)"), _colour()]
+    enc: list[Any] = [
+        world_size_x(ticks),
+        alt.Y("ms:Q", title="ms per step (steady-state median)"),
+        _colour(),
+    ]
     base = alt.Chart(data(values)).encode(*enc)
     chart = (
         alt.layer(
@@ -108,10 +120,12 @@ def sync_time_chart(sync: pa.Table | None) -> ChartLike:
         "exposed = the part of the step spent waiting for gradients; total = every collective's duration",
         source_note(sources(values)),
     ]
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)
 
 
-def ring_allreduce_busbw_gb_per_s(p: int, n_bytes: float, alpha_s: float, beta_s_per_byte: float) -> float | None:
+def ring_allreduce_busbw_gb_per_s(
+    p: int, n_bytes: float, alpha_s: float, beta_s_per_byte: float
+) -> float | None:
     """The bus bandwidth the fitted ring model T = 2(p−1)·α + 2(p−1)/p·n·β implies for one message."""
     if p < 2 or n_bytes <= 0:
         return None
@@ -122,7 +136,7 @@ def ring_allreduce_busbw_gb_per_s(p: int, n_bytes: float, alpha_s: float, beta_s
 
 
 def _model_points(values: list[Row], fit: pa.Table | None) -> list[Row]:
-    """Per run, the model's busbw at that run's N and mean message size, from its (cluster, backend, scope) fit."""
+    """Per run: the fitted model's busbw at its N and mean message size ((cluster, backend, scope) fit)."""
     fits = {(f["cluster"], f["backend"], f["scope"]): f for f in rows(fit, _FIT_COLUMNS)}
     out = []
     for r in values:
@@ -132,9 +146,18 @@ def _model_points(values: list[Row], fit: pa.Table | None) -> list[Row]:
         count = r["comm_count"] or 1
         if not r["bytes_per_step"]:
             continue
-        bw = ring_allreduce_busbw_gb_per_s(int(r["world_size"]), r["bytes_per_step"] / count, f["alpha_s"], f["beta_s_per_byte"])
+        bw = ring_allreduce_busbw_gb_per_s(
+            int(r["world_size"]), r["bytes_per_step"] / count, f["alpha_s"], f["beta_s_per_byte"]
+        )
         if bw is not None:
-            out.append({"series": r["series"], "world_size": r["world_size"], "model_gb_per_s": bw, "scope": r["scope"]})
+            out.append(
+                {
+                    "series": r["series"],
+                    "world_size": r["world_size"],
+                    "model_gb_per_s": bw,
+                    "scope": r["scope"],
+                }
+            )
     return out
 
 
@@ -142,7 +165,9 @@ def busbw_chart(sync: pa.Table | None, allreduce_fit: pa.Table | None = None) ->
     """Allreduce bus bandwidth against N per group (p10–p90 whiskers), and the alpha-beta model's line."""
     title = "Allreduce bus bandwidth against world size"
     values = [
-        r for r in rows(sync, _SYNC_COLUMNS) if not r["mixed"] and r["busbw_gb_per_s"] is not None and r["world_size"] > 1
+        r
+        for r in rows(sync, _SYNC_COLUMNS)
+        if not r["mixed"] and r["busbw_gb_per_s"] is not None and r["world_size"] > 1
     ]
     if not values:
         return no_data(title, "no collectives between two or more ranks in this selection")
@@ -180,4 +205,4 @@ def busbw_chart(sync: pa.Table | None, allreduce_fit: pa.Table | None = None) ->
         source_note(sources(values)),
     ]
     chart = alt.layer(*layers).properties(width=WIDTH, height=HEIGHT)
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)

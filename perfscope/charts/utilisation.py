@@ -53,7 +53,9 @@ def _points(values: list[Row], y: alt.Y, tooltip: list[alt.Tooltip], whiskers: t
     base = alt.Chart(data(values)).encode(world_size_x(ticks), colour)
     layers: list[Any] = []
     if whiskers:
-        layers.append(base.mark_rule(strokeWidth=1).encode(alt.Y(f"{whiskers[0]}:Q"), alt.Y2(f"{whiskers[1]}:Q")))
+        layers.append(
+            base.mark_rule(strokeWidth=1).encode(alt.Y(f"{whiskers[0]}:Q"), alt.Y2(f"{whiskers[1]}:Q"))
+        )
     layers += [
         base.mark_line().encode(y, detail="series:N"),
         base.mark_point(filled=True).encode(
@@ -82,13 +84,15 @@ def utilisation_chart(utilisation: pa.Table | None) -> ChartLike:
         "share of time some kernel ran (nvmlDeviceGetUtilizationRates): not an efficiency; whiskers p10–p90",
         source_note(sources(values)),
     ]
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)
 
 
 def energy_chart(utilisation: pa.Table | None) -> ChartLike:
     """GPU energy per training sample (mJ) against N: what each extra GPU costs."""
     title = "GPU energy per sample against world size"
-    values = [r for r in rows(utilisation, _COLUMNS) if not r["mixed"] and r["energy_per_sample_j"] is not None]
+    values = [
+        r for r in rows(utilisation, _COLUMNS) if not r["mixed"] and r["energy_per_sample_j"] is not None
+    ]
     if not values:
         return no_data(title, "no GPU energy readings in this selection (CPU runs or NVML missing)")
     for r in values:
@@ -107,4 +111,4 @@ def energy_chart(utilisation: pa.Table | None) -> ChartLike:
         "Σ over the run's GPUs of the NVML energy counter over the steady window, per sample",
         source_note(sources(values)),
     ]
-    return finish(chart, title, subtitle)  # type: ignore[no-any-return]
+    return finish(chart, title, subtitle)

@@ -12,15 +12,21 @@ from ..errors import PerfscopeError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", nargs="?", default="perfscope-demo", help="store folder (default: perfscope-demo)")
-    p.add_argument("--quick", action="store_true", help="a tiny version: world sizes 1 and 2, 12 steps per run")
+    p.add_argument(
+        "store", nargs="?", default="perfscope-demo", help="store folder (default: perfscope-demo)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny version: world sizes 1 and 2, 12 steps per run"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise PerfscopeError("perfscope demo trains a real model and needs torch: pip install 'perfscope[torch]'") from None
+        raise PerfscopeError(
+            "perfscope demo trains a real model and needs torch: pip install 'perfscope[torch]'"
+        ) from None
     from ..demo import plan, progress_bar, run_demo
 
     store = Path(args.store)

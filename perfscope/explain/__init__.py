@@ -15,6 +15,7 @@ from . import rules_comm, rules_compute, rules_quality, rules_topology  # noqa: 
 from .context import Context
 from .finding import CATEGORIES, SEVERITIES, Evidence, Finding, rank_findings
 from .rulebook import RULES, Rule
+from .rules_placement import annotate_confounded
 
 __all__ = ["CATEGORIES", "RULES", "SEVERITIES", "Evidence", "Finding", "Rule", "explain", "rank_findings"]
 
@@ -36,4 +37,4 @@ def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
                 PerfscopeWarning,
                 stacklevel=2,
             )
-    return rank_findings(findings)
+    return rank_findings(annotate_confounded(findings))

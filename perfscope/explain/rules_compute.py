@@ -1,5 +1,5 @@
-"""Rules about the work on each rank: stragglers, input-bound, per-GPU work too small, and
-oversubscribed hosts (DESIGN rules 5, 6, 7, 12)."""
+"""Rules about the work on each rank: stragglers, input-bound, per-GPU work too small
+(DESIGN rules 5, 6, 7)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import defaultdict
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .rulebook import cause_severity, make_finding, rule
+from .rules_placement import crowded_hosts
 from .words import dur, listing, num, pct, times
 
 LOW_LOAD_BALANCE = 0.9
@@ -25,10 +26,6 @@ LR_CAVEATS = (
     "Judge the result by time to the target accuracy, not samples per second: very large batches can "
     "generalise worse (Keskar et al.)."
 )
-
-
-def _oversubscribed_runs(ctx: Context) -> set[str]:
-    return {r["run_id"] for r in ctx.rows("placement") if r["oversubscribed_cpu"] or r["oversubscribed_gpu"]}
 
 
 @rule("straggler", 5, "Straggler: one rank makes the others wait")
@@ -249,7 +246,7 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
     out = []
     pop = ctx.by_run("pop")
     util = ctx.by_run("utilisation")
-    over = _oversubscribed_runs(ctx)
+    over = set(crowded_hosts(ctx))
     ttm = ctx.rows("time_to_metric")
     for gid, rows in ctx.scaling_groups().items():
         top, base = largest(rows), baseline(rows)
@@ -315,94 +312,3 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
             )
         )
     return out
-
-
-@rule("oversubscription", 12, "Oversubscription: more ranks than cores or GPUs on a host")
-def oversubscription(ctx: Context) -> list[Finding]:
-    out = []
-    scaling = ctx.by_run("scaling")
-    by_run: dict[str, list[Row]] = defaultdict(list)
-    for p in ctx.rows("placement"):
-        if p["oversubscribed_cpu"] or p["oversubscribed_gpu"]:
-            by_run[p["run_id"]].append(p)
-    by_group: dict[str, list[str]] = defaultdict(list)
-    for rid in by_run:
-        by_group[(scaling.get(rid) or {}).get("group_id") or rid].append(rid)
-    for scope, rids in by_group.items():
-        parts, caps, explained_all = [], {}, []
-        for rid in sorted(rids, key=lambda x: (scaling.get(x) or {}).get("world_size") or 0):
-            hosts = by_run[rid]
-            h = min(hosts, key=lambda x: _cap(x))
-            cap = _cap(h)
-            caps[rid] = cap
-            sc = scaling.get(rid) or {}
-            eff = sc.get("efficiency")
-            what = (
-                f"{h['ranks_on_host']} ranks share {h['gpus_on_host']} GPU(s)"
-                if h["oversubscribed_gpu"]
-                else f"{h['ranks_on_host']} ranks share {h['cpu_count']} logical CPUs "
-                f"({num(h['cores_per_rank'])} cores per rank)"
-            )
-            parts.append(
-                f"run {rid} (N={h['world_size']}) on host {h['hostname']}: {what}, so at most "
-                f"{pct(cap)} of the ideal speedup is reachable"
-                + (f" (measured efficiency {num(eff)})" if eff is not None else "")
-            )
-            if eff is not None and eff < 1:
-                explained_all.append(min(1.0, (1 - cap) / (1 - eff)))
-        explained = max(explained_all) if explained_all else None
-        cpu = any(h["oversubscribed_cpu"] for r in rids for h in by_run[r])
-        text = (
-            "More ranks than the host can run at once: "
-            + "; ".join(parts)
-            + ". The ranks time-share "
-            + ("the cores" if cpu else "the GPUs")
-            + ", so adding ranks there adds no compute; the speedup beyond that point measures "
-            "contention, not the job's scaling."
-            + (
-                " Every PyTorch rank also starts intra-op threads (one per core by default), which adds "
-                "to the contention."
-                if cpu
-                else ""
-            )
-        )
-        out.append(
-            make_finding(
-                ctx,
-                "oversubscription",
-                scope,
-                severity="alarm",
-                category="cause",
-                title="Oversubscribed host: " + listing(_crowding(by_run[r][0]) for r in rids),
-                text=text,
-                run_ids=rids,
-                analyses=("placement", "scaling"),
-                recommendation=(
-                    "Run at most one rank per core on CPU hosts (one per GPU on GPU hosts) and spread larger "
-                    "runs over more hosts; limit each rank's threads (OMP_NUM_THREADS or "
-                    "torch.set_num_threads(cores // ranks_per_host)). Read the scaling only up to the "
-                    "largest world size that fits the hardware."
-                ),
-                confidence=0.9,
-                explained_loss=explained,
-                numbers={f"cap_{r}": c for r, c in caps.items()},
-                group_id=(scaling.get(rids[0]) or {}).get("group_id"),
-            )
-        )
-    return out
-
-
-def _cap(h: Row) -> float:
-    """The share of ideal a host's ranks can reach when they time-share its cores or GPUs."""
-    caps = [1.0]
-    if h["oversubscribed_cpu"] and h["cpu_count"]:
-        caps.append(h["cpu_count"] / h["ranks_on_host"])
-    if h["oversubscribed_gpu"] and h["gpus_on_host"]:
-        caps.append(h["gpus_on_host"] / h["ranks_on_host"])
-    return min(caps)
-
-
-def _crowding(h: Row) -> str:
-    if h["oversubscribed_cpu"]:
-        return f"{h['ranks_on_host']} ranks on {h['cpu_count']} cores"
-    return f"{h['ranks_on_host']} ranks on {h['gpus_on_host']} GPUs"

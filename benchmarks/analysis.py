@@ -1,0 +1,216 @@
+"""Time and peak memory of the analysis on large synthetic stores (1M, 10M, 100M step rows).
+
+    .venv/bin/python benchmarks/analysis.py                  # 1e6, 1e7, 1e8 rows under /tmp
+    .venv/bin/python benchmarks/analysis.py --rows 1e7 --keep --dir /tmp/bench
+
+For each size it writes a store of synthetic runs (8 configurations x world sizes 1..64, realistic
+phase times with noise, Parquet segments with 1M-row row groups written by perfscope's own
+segment writer), then measures, each in a fresh process: the scaling summary
+(`run_analysis("scaling")`, timed inside the process) and the whole `perfscope analyze --json`
+command (wall time of the process). Peak memory is the child's maximum RSS (os.wait4).
+The stores are deleted afterwards unless --keep is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from perfscope.schema import TABLES
+from perfscope.writer import StoreWriter, segment_dir, write_segment
+
+WORLD_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CONFIGS = [(c, b, bs) for c in ("alpha", "hpdlf") for b in ("nccl", "mpi") for bs in (32, 64)]
+GPUS_PER_NODE = 8
+T0_NS = 1_700_000_000_000_000_000
+ROW_GROUP = 1_000_000
+
+SCALING_CHILD = """
+import sys, time, json
+from perfscope.store import open_store
+from perfscope.analysis import run_analysis
+t = time.perf_counter()
+with open_store(sys.argv[1]) as store:
+    table = run_analysis("scaling", store)
+print(json.dumps({"seconds": time.perf_counter() - t, "rows": table.num_rows}))
+"""
+
+
+def _steps_table(rng: np.random.Generator, n: int, steps: int, batch: int, sync_ms: float) -> pa.Table:
+    m = n * steps
+    rank = np.tile(np.arange(n, dtype=np.int32), steps)
+    step = np.repeat(np.arange(steps, dtype=np.int64), n)
+    fwd = rng.normal(10e6 * batch / 32, 2e5, m).astype(np.int64)
+    bwd = (2 * fwd).astype(np.int64)
+    sync = (sync_ms * 1e6 + rng.exponential(1e5, m)).astype(np.int64)
+    data = rng.integers(50_000, 150_000, m, dtype=np.int64)
+    opt = np.full(m, 500_000, np.int64)
+    other = rng.integers(20_000, 80_000, m, dtype=np.int64)
+    step_ns = data + fwd + bwd + sync + opt + other
+    per_step = step_ns.reshape(steps, n).max(axis=1)
+    start = T0_NS + np.repeat(np.concatenate([[0], np.cumsum(per_step)[:-1]]), n)
+    cols = {
+        "rank": rank,
+        "step": step,
+        "start_ns": start,
+        "step_ns": step_ns,
+        "data_ns": data,
+        "forward_ns": fwd,
+        "backward_ns": bwd,
+        "sync_exposed_ns": sync,
+        "optimizer_ns": opt,
+        "other_ns": other,
+        "comm_total_ns": sync * 2,
+        "comm_count": np.full(m, 4, np.int32),
+        "samples": np.full(m, batch, np.int32),
+    }
+    schema = TABLES["steps"].arrow_schema
+    arrays = [pa.array(cols[f.name], type=f.type) for f in schema if f.name != "clock"]
+    arrays.append(pa.DictionaryArray.from_arrays(np.zeros(m, np.int8), ["cuda"]).cast(pa.string()))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def generate(root: Path, target_rows: int, seed: int = 0) -> int:
+    """Write runs whose step rows add up to about `target_rows`; returns the exact count."""
+    rng = np.random.default_rng(seed)
+    steps = max(40, target_rows // (len(CONFIGS) * sum(WORLD_SIZES)))
+    total = 0
+    for cluster, backend, batch in CONFIGS:
+        for n in WORLD_SIZES:
+            run_id = f"bench-{cluster}-{backend}-b{batch}-n{n}"
+            nodes = -(-n // GPUS_PER_NODE)
+            sync_ms = 0.0 if n == 1 else (0.5 if nodes == 1 else 2.0) * np.log2(n)
+            table = _steps_table(rng, n, steps, batch, sync_ms)
+            d = segment_dir(root, "steps", run_id)
+            d.mkdir(parents=True, exist_ok=True)
+            write_segment(d / "bench-000001.parquet", table, row_group_size=ROW_GROUP)
+            total += table.num_rows
+            with StoreWriter(root, run_id, writer_id="bench-meta") as w:
+                w.append(
+                    "runs",
+                    (
+                        "bench",
+                        "measured",
+                        T0_NS,
+                        n,
+                        nodes,
+                        min(n, GPUS_PER_NODE),
+                        backend,
+                        "NVIDIA H100",
+                        989e12,
+                        cluster,
+                        "resnet",
+                        batch,
+                        batch * n,
+                        25_000_000,
+                        100_000_000,
+                        "weak",
+                        None,
+                        1_281_167,
+                        "node0",
+                        "0.1.0",
+                        "3.11",
+                        "2.13",
+                        "12.4",
+                        "2.21",
+                        "550",
+                        "{}",
+                        T0_NS + 10**12,
+                    ),
+                )
+                w.extend(
+                    "ranks",
+                    [
+                        (
+                            r,
+                            r % GPUS_PER_NODE,
+                            r // GPUS_PER_NODE,
+                            f"node{r // GPUS_PER_NODE}",
+                            1000 + r,
+                            0,
+                            64,
+                            r % GPUS_PER_NODE,
+                            "NVIDIA H100",
+                            T0_NS,
+                        )
+                        for r in range(n)
+                    ],
+                )
+    return total
+
+
+def _measure(cmd: list[str]) -> dict[str, Any]:
+    """Run `cmd` as the only child of a fresh Python, so its RUSAGE_CHILDREN figures are cmd's
+    alone: wall time, CPU time (user + system, less sensitive to other load) and peak RSS."""
+    wrapper = (
+        "import json, resource, subprocess, sys, time\n"
+        "t = time.perf_counter()\n"
+        "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "wall = time.perf_counter() - t\n"
+        "ru = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(json.dumps({'rc': p.returncode, 'wall_s': wall, 'cpu_s': ru.ru_utime + ru.ru_stime,"
+        " 'peak_rss_mb': ru.ru_maxrss / 1024, 'stdout': p.stdout, 'stderr': p.stderr[-2000:]}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, check=True)
+    data: dict[str, Any] = json.loads(out.stdout)
+    if data["rc"] != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {data['stderr']}")
+    return data
+
+
+def bench(root: Path, rows: int) -> dict[str, object]:
+    t = time.perf_counter()
+    exact = generate(root, rows)
+    gen_s = time.perf_counter() - t
+    size_mb = sum(p.stat().st_size for p in root.rglob("*.parquet")) / 2**20
+    scaling = _measure([sys.executable, "-c", SCALING_CHILD, str(root)])
+    inner = json.loads(scaling["stdout"].strip().splitlines()[-1])  # after any DuckDB progress bar
+    analyze = _measure([sys.executable, "-m", "perfscope", "analyze", str(root), "--json"])
+    report = json.loads(analyze["stdout"])
+    return {
+        "step_rows": exact,
+        "store_mb": round(size_mb, 1),
+        "generate_s": round(gen_s, 1),
+        "load1_before": round(os.getloadavg()[0], 2),
+        "scaling_summary_s": round(inner["seconds"], 2),
+        "scaling_process_wall_s": round(scaling["wall_s"], 2),
+        "scaling_process_cpu_s": round(scaling["cpu_s"], 2),
+        "scaling_peak_rss_mb": round(scaling["peak_rss_mb"]),
+        "analyze_wall_s": round(analyze["wall_s"], 2),
+        "analyze_cpu_s": round(analyze["cpu_s"], 2),
+        "analyze_peak_rss_mb": round(analyze["peak_rss_mb"]),
+        "analyze_findings": len(report["findings"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", nargs="+", type=float, default=[1e6, 1e7, 1e8], help="step rows per store")
+    p.add_argument("--dir", default="/tmp/perfscope-bench-analysis", help="where the stores are written")
+    p.add_argument("--keep", action="store_true", help="keep the generated stores")
+    args = p.parse_args(argv)
+    base = Path(args.dir)
+    print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}")
+    for rows in args.rows:
+        root = base / f"rows_{int(rows):d}"
+        shutil.rmtree(root, ignore_errors=True)
+        try:
+            print(json.dumps(bench(root, int(rows))), flush=True)
+        finally:
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Rule 12, oversubscription (more ranks than cores or GPUs on a host), and the caveat it puts on
+every other cause found in the same runs: contention can produce those patterns by itself."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from .context import Context, Row
+from .finding import Finding
+from .rulebook import make_finding, rule
+from .words import listing, num, pct
+
+#: Confidence of a cause found in oversubscribed runs is multiplied by this.
+CONFOUNDED_CONFIDENCE = 0.5
+
+
+def crowded_hosts(ctx: Context) -> dict[str, list[Row]]:
+    """run_id -> its placement rows of hosts with more ranks than cores or GPUs."""
+    by_run: dict[str, list[Row]] = defaultdict(list)
+    for p in ctx.rows("placement"):
+        if p["oversubscribed_cpu"] or p["oversubscribed_gpu"]:
+            by_run[p["run_id"]].append(p)
+    return by_run
+
+
+@rule("oversubscription", 12, "Oversubscription: more ranks than cores or GPUs on a host")
+def oversubscription(ctx: Context) -> list[Finding]:
+    out = []
+    scaling = ctx.by_run("scaling")
+    by_run = crowded_hosts(ctx)
+    by_group: dict[str, list[str]] = defaultdict(list)
+    for rid in by_run:
+        by_group[(scaling.get(rid) or {}).get("group_id") or rid].append(rid)
+    for scope, rids in by_group.items():
+        parts, caps, lower_bounds = [], {}, {}
+        for rid in sorted(rids, key=lambda x: (scaling.get(x) or {}).get("world_size") or 0):
+            hosts = by_run[rid]
+            h = min(hosts, key=lambda x: _cap(x))
+            cap = _cap(h)
+            caps[rid] = cap
+            sc = scaling.get(rid) or {}
+            eff = sc.get("efficiency")
+            what = (
+                f"{h['ranks_on_host']} ranks share {h['gpus_on_host']} GPU(s)"
+                if h["oversubscribed_gpu"]
+                else f"{h['ranks_on_host']} ranks share {h['cpu_count']} logical CPUs "
+                f"({num(h['cores_per_rank'])} cores per rank)"
+            )
+            parts.append(
+                f"run {rid} (N={h['world_size']}) on host {h['hostname']}: {what}, so at most "
+                f"{pct(cap)} of the ideal speedup is reachable"
+                + (f" (measured efficiency {num(eff)})" if eff is not None else "")
+            )
+            if eff is not None and eff < 1:
+                lower_bounds[rid] = min(1.0, (1 - cap) / (1 - eff))
+        # Time-sharing alone explains at least (1 − cap)/(1 − E) of the loss; the rest (collectives
+        # waiting on descheduled ranks, stragglers, jitter) is what contention looks like, so the
+        # whole loss at these world sizes is confounded.
+        explained = 1.0 if lower_bounds else None
+        cpu = any(h["oversubscribed_cpu"] for r in rids for h in by_run[r])
+        text = (
+            "More ranks than the host can run at once: "
+            + "; ".join(parts)
+            + ". The ranks time-share "
+            + ("the cores" if cpu else "the GPUs")
+            + ", so adding ranks there adds no compute; the speedup beyond that point measures "
+            "contention, not the job's scaling."
+            + (
+                " Every PyTorch rank also starts intra-op threads (one per core by default), which adds "
+                "to the contention."
+                if cpu
+                else ""
+            )
+        )
+        text += _saturated_note(ctx, rids, scaling)
+        out.append(
+            make_finding(
+                ctx,
+                "oversubscription",
+                scope,
+                severity="alarm",
+                category="cause",
+                title="Oversubscribed host: " + listing(_crowding(by_run[r][0]) for r in rids),
+                text=text,
+                run_ids=rids,
+                analyses=("placement", "scaling"),
+                recommendation=(
+                    "Run at most one rank per core on CPU hosts (one per GPU on GPU hosts) and spread larger "
+                    "runs over more hosts; limit each rank's threads (OMP_NUM_THREADS or "
+                    "torch.set_num_threads(cores // ranks_per_host)). Read the scaling only up to the "
+                    "largest world size that fits the hardware."
+                ),
+                confidence=0.9,
+                explained_loss=explained,
+                numbers={f"cap_{r}": c for r, c in caps.items()}
+                | {f"explains_at_least_{r}": v for r, v in lower_bounds.items()},
+                group_id=(scaling.get(rids[0]) or {}).get("group_id"),
+            )
+        )
+    return out
+
+
+def _cap(h: Row) -> float:
+    """The share of ideal a host's ranks can reach when they time-share its cores or GPUs."""
+    caps = [1.0]
+    if h["oversubscribed_cpu"] and h["cpu_count"]:
+        caps.append(h["cpu_count"] / h["ranks_on_host"])
+    if h["oversubscribed_gpu"] and h["gpus_on_host"]:
+        caps.append(h["gpus_on_host"] / h["ranks_on_host"])
+    return min(caps)
+
+
+def _crowding(h: Row) -> str:
+    if h["oversubscribed_cpu"]:
+        return f"{h['ranks_on_host']} ranks on {h['cpu_count']} cores"
+    return f"{h['ranks_on_host']} ranks on {h['gpus_on_host']} GPUs"
+
+
+def _saturated_note(ctx: Context, rids: list[str], scaling: dict[str, Row]) -> str:
+    """Runs of the same study that fit the cores exactly still leave none for the framework's own
+    threads (gloo, data loader, perfscope's writer); say so when their efficiency is poor."""
+    group = (scaling.get(rids[0]) or {}).get("group_id")
+    tight = [
+        p
+        for p in ctx.rows("placement")
+        if p["run_id"] not in rids
+        and p["world_size"] > 1
+        and p["gpus_on_host"] is None
+        and p["cores_per_rank"] is not None
+        and p["cores_per_rank"] <= 1
+        and (scaling.get(p["run_id"]) or {}).get("group_id") == group
+    ]
+    if not tight:
+        return ""
+    notes = [
+        f"N={p['world_size']} ({num(p['cores_per_rank'])} core per rank, efficiency "
+        f"{num((scaling.get(p['run_id']) or {}).get('efficiency'))})"
+        for p in tight
+    ]
+    return (
+        f" Runs that fit the cores exactly, {listing(notes)}, leave no core for the communication "
+        "and data-loading threads either."
+    )
+
+
+def annotate_confounded(findings: list[Finding]) -> list[Finding]:
+    """Add a caveat to every other cause that rests on oversubscribed runs and halve its confidence."""
+    crowded: set[str] = set()
+    for f in findings:
+        if f.rule == "oversubscription":
+            crowded |= set(f.evidence.run_ids)
+    if not crowded:
+        return findings
+    out = []
+    for f in findings:
+        hit = sorted(crowded & set(f.evidence.run_ids))
+        if f.category == "cause" and f.rule != "oversubscription" and hit:
+            f = dataclasses.replace(
+                f,
+                text=f.text + f" Caveat: run(s) {listing(hit)} put more ranks on a host than it has cores "
+                "or GPUs; contention alone can produce this pattern, so fix the placement before "
+                "acting on it.",
+                confidence=round(f.confidence * CONFOUNDED_CONFIDENCE, 2),
+            )
+        out.append(f)
+    return out

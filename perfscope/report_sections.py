@@ -1,0 +1,730 @@
+"""The story a report tells, section by section, built from analysis tables and findings only: setup,
+speedup and efficiency, lost time, sync, backends, utilisation, stragglers, batch size, prediction,
+findings, data quality."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from .charts import CHARTS
+from .charts.rows import group_label_map, natural_key, rows
+from .report_model import ChartBlock, Column, Finding, FindingsBlock, Num, Section, TableBlock
+
+#: Tables longer than this fold away in HTML (they stay complete in Markdown and --tables).
+FOLD_ROWS = 14
+
+Tables = Mapping[str, pa.Table]
+
+
+@dataclass
+class Context:
+    tables: Tables
+    findings: list[Finding]
+    labels: dict[str, str]  # group_id -> short label
+
+    def rows(self, name: str, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        return rows(self.tables.get(name), list(columns) if columns is not None else None)
+
+    def chart(self, name: str, caption: str = "", **options: Any) -> ChartBlock:
+        spec = CHARTS[name]
+        chart = spec.build(self.tables, **options)
+        return ChartBlock(name, spec.title, chart, spec.analyses, caption)
+
+    def label(self, group_id: str | None) -> str:
+        return self.labels.get(group_id or "", group_id or "")
+
+
+def _cols(*pairs: tuple[str, str]) -> list[Column]:
+    return [Column(n, h) for n, h in pairs]
+
+
+def _table(
+    analysis: str, caption: str, columns: list[Column], values: list[dict[str, Any]], key: str = "run_id"
+) -> TableBlock:
+    return TableBlock(analysis, caption, columns, values, key=key, collapsed=len(values) > FOLD_ROWS)
+
+
+def _with_group(ctx: Context, values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for r in values:
+        r["group"] = ctx.label(r.get("group_id"))
+    return values
+
+
+def _curve_groups(values: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows by scaling group, only groups with two or more world sizes and not mixed, N ascending."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in values:
+        if not r.get("mixed"):
+            by.setdefault(r["group_id"], []).append(r)
+    return {
+        g: sorted(rs, key=lambda r: r["world_size"])
+        for g, rs in sorted(by.items())
+        if len({r["world_size"] for r in rs}) >= 2
+    }
+
+
+def _largest(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The row at the largest world size of each group."""
+    return [rs[-1] for rs in _curve_groups(values).values()]
+
+
+def _joined(items: Iterable[Any]) -> str:
+    return ", ".join(str(i) for i in sorted(set(items), key=lambda v: natural_key(str(v))))
+
+
+# ---- sections -----------------------------------------------------------------------------------
+
+
+def overview(ctx: Context) -> Section:
+    s = Section("overview", "At a glance", definitions=("speedup",))
+    runs = ctx.rows("run_summary", ("experiment", "source"))
+    scaling = _with_group(ctx, ctx.rows("scaling"))
+    sim = sum(1 for r in runs if r["source"] == "simulated")
+    s.blocks.append(
+        [
+            f"{len(runs)} runs of {_joined(r['experiment'] for r in runs)}"
+            + (f"; {sim} of them simulated (not measured)." if sim else ", all measured.")
+        ]
+    )
+    last = _largest(scaling)
+    for r in last:
+        s.blocks.append(
+            [
+                f"{r['group']}: at N = {r['world_size']} the speedup is ",
+                Num(r["speedup"], "scaling", "speedup", r["run_id"]),
+                " of an ideal ",
+                Num(r["ideal_speedup"], "scaling", "ideal_speedup", r["run_id"]),
+                ", per-GPU speedup ",
+                Num(r["per_gpu_speedup"], "scaling", "per_gpu_speedup", r["run_id"]),
+                " (efficiency ",
+                Num(r["efficiency"], "scaling", "efficiency", r["run_id"]),
+                ").",
+            ]
+        )
+    if not last:
+        s.blocks.append(["No scaling group in this selection has two or more world sizes."])
+    top = [f for f in ctx.findings if f.severity != "info"][:3]
+    if top:
+        s.blocks.append(["Main findings (ranked by the share of lost efficiency they explain):"])
+        for f in top:
+            s.blocks.append([f"{f.rank}. {f.title}"])
+    return s
+
+
+def setup(ctx: Context) -> Section:
+    s = Section("setup", "Setup", definitions=("steady-state", "step-time", "throughput"))
+    runs = ctx.rows("run_summary")
+    setups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in runs:
+        key = (r["experiment"], r["cluster"], r["backend"], r["model"], r["device_model"], r["gpus_per_node"])
+        setups.setdefault(key, []).append(r)
+    rows_ = []
+    for (exp, cluster, backend, model, device, gpn), rs in sorted(setups.items(), key=lambda kv: str(kv[0])):
+        rows_.append(
+            {
+                "experiment": exp,
+                "cluster": cluster,
+                "backend": backend,
+                "model": model,
+                "device_model": device,
+                "gpus_per_node": gpn,
+                "world_sizes": _joined(r["world_size"] for r in rs),
+                "batch_sizes_per_rank": _joined(r["batch_size_per_rank"] for r in rs),
+                "runs": len(rs),
+                "source": _joined(r["source"] for r in rs),
+            }
+        )
+    s.blocks.append(
+        [
+            "What was run: each line is one setup (experiment, cluster or partition, backend, model, "
+            "device), with the world sizes and per-rank batch sizes it was run at."
+        ]
+    )
+    s.blocks.append(
+        _table(
+            "run_summary",
+            "Setups",
+            _cols(
+                ("experiment", "experiment"),
+                ("cluster", "cluster"),
+                ("backend", "backend"),
+                ("model", "model"),
+                ("device_model", "device"),
+                ("gpus_per_node", "GPUs/node"),
+                ("world_sizes", "world sizes N"),
+                ("batch_sizes_per_rank", "batch/rank"),
+                ("runs", "runs"),
+                ("source", "source"),
+            ),
+            rows_,
+            key="experiment",
+        )
+    )
+    sim = [r for r in runs if r["source"] == "simulated"]
+    if sim:
+        s.blocks.append(
+            [
+                f"{len(sim)} of {len(runs)} runs are simulated: written by `perfscope simulate` from a model "
+                "of the hardware, not measured. Charts draw them as hollow triangles and tables say "
+                "'simulated'; read their numbers as what the model predicts."
+            ]
+        )
+    warm = sorted({r["warmup_steps"] for r in runs if r["warmup_steps"] is not None})
+    steady = [r["steady_steps"] for r in runs if r["steady_steps"] is not None]
+    if warm and steady:
+        s.blocks.append(
+            [
+                f"Steady state: the first {_joined(warm)} steps of each run are warm-up and dropped; "
+                f"{min(steady)}–{max(steady)} steady steps remain per run. Step time is the slowest "
+                "rank's, median over the steady steps."
+            ]
+        )
+    versions = [c for c in ("torch_version", "cuda_version", "nccl_version", "driver_version") if c in runs[0]]
+    cols = [
+        ("run_id", "run"),
+        ("source", "source"),
+        ("cluster", "cluster"),
+        ("backend", "backend"),
+        ("world_size", "N"),
+        ("nodes", "nodes"),
+        ("batch_size_per_rank", "batch/rank"),
+        ("global_batch_size", "global batch"),
+        ("steady_steps", "steady steps"),
+        ("step_ns", "step time T"),
+        ("step_cv", "step CV"),
+        ("throughput_samples_per_s", "throughput X"),
+    ] + [(c, c.replace("_version", "")) for c in versions]
+    s.blocks.append(_table("run_summary", "Runs", _cols(*cols), runs))
+    over = [r for r in ctx.rows("placement") if r["oversubscribed_cpu"] or r["oversubscribed_gpu"]]
+    if over:
+        s.blocks.append(["Some hosts ran more ranks than they have CPUs or GPUs:"])
+        s.blocks.append(
+            _table(
+                "placement",
+                "Oversubscribed hosts",
+                _cols(
+                    ("run_id", "run"),
+                    ("hostname", "host"),
+                    ("ranks_on_host", "ranks"),
+                    ("cpu_count", "CPUs"),
+                    ("gpus_on_host", "GPUs"),
+                ),
+                over,
+            )
+        )
+    return s
+
+
+def speedup(ctx: Context) -> Section:
+    s = Section("speedup", "Speedup and efficiency", definitions=("speedup", "scaling-mode", "throughput"))
+    scaling = _with_group(ctx, ctx.rows("scaling"))
+    s.blocks.append(
+        [
+            "Speedup compares throughput with the smallest world size N0 of the same group (same "
+            "experiment, cluster, backend, model and batch). Efficiency is the speedup over the ideal; the "
+            "seed study quotes the per-GPU speedup S(N)/N."
+        ]
+    )
+    mixed = [r for r in scaling if r["mixed"]]
+    if mixed:
+        s.blocks.append(
+            [
+                f"{len(mixed)} runs are in groups that mix strong and weak scaling; they are not compared: "
+                + "; ".join(sorted({r["mode_note"] for r in mixed if r["mode_note"]}))
+            ]
+        )
+    s.blocks.append(ctx.chart("speedup"))
+    s.blocks.append(ctx.chart("efficiency"))
+    s.blocks.append(ctx.chart("per_gpu_speedup"))
+    curve_rows = [r for rs in _curve_groups(scaling).values() for r in rs]
+    s.blocks.append(
+        _table(
+            "scaling",
+            "Scaling per group",
+            _cols(
+                ("group", "group"),
+                ("world_size", "N"),
+                ("nodes", "nodes"),
+                ("source", "source"),
+                ("step_ns", "step time T"),
+                ("throughput_samples_per_s", "throughput X"),
+                ("speedup", "speedup S"),
+                ("efficiency", "efficiency E"),
+                ("per_gpu_speedup", "S/N"),
+            ),
+            curve_rows,
+        )
+    )
+    return s
+
+
+_PHASE_LOSS = (
+    ("lost_data_ns", "data"),
+    ("lost_forward_ns", "forward"),
+    ("lost_backward_ns", "backward"),
+    ("lost_sync_exposed_ns", "exposed sync"),
+    ("lost_optimizer_ns", "optimizer"),
+    ("lost_other_ns", "other"),
+    ("lost_imbalance_ns", "imbalance"),
+)
+
+
+def lost_time(ctx: Context) -> Section:
+    s = Section("lost-time", "Where the lost time went", definitions=("lost-time", "pop"))
+    scaling = _with_group(ctx, ctx.rows("scaling"))
+    s.blocks.append(
+        [
+            "Each bar splits a run's steady-state step into its phases. Lost time is the GPU time per "
+            "step beyond perfect scaling, split by phase: the phase that grows is the one that ate the "
+            "efficiency."
+        ]
+    )
+    for r in _largest(scaling):
+        if not r["lost_ns"]:
+            continue
+        worst = max(_PHASE_LOSS, key=lambda p: r[p[0]] or 0)
+        s.blocks.append(
+            [
+                f"{r['group']}: at N = {r['world_size']}, ",
+                Num(r["lost_ns"], "scaling", "lost_ns", r["run_id"]),
+                f" of GPU time is lost per step; the largest part is {worst[1]} (",
+                Num(r[worst[0]], "scaling", worst[0], r["run_id"]),
+                ").",
+            ]
+        )
+    s.blocks.append(ctx.chart("phase_breakdown"))
+    s.blocks.append(ctx.chart("lost_time"))
+    last = _largest(scaling)
+    s.blocks.append(
+        _table(
+            "scaling",
+            "Lost GPU time per step at the largest N, by phase",
+            _cols(("group", "group"), ("world_size", "N"), ("lost_ns", "lost"), *_PHASE_LOSS),
+            last,
+        )
+    )
+    pop = _with_group(ctx, ctx.rows("pop"))
+    pop_last = _largest(pop)
+    if pop_last:
+        s.blocks.append(
+            [
+                "POP efficiencies at the largest N (useful = forward + backward + optimizer): values "
+                "under 0.8 are worth a look."
+            ]
+        )
+        s.blocks.append(
+            _table(
+                "pop",
+                "POP efficiencies at the largest N",
+                _cols(
+                    ("group", "group"),
+                    ("world_size", "N"),
+                    ("load_balance", "load balance"),
+                    ("comm_efficiency", "comm. efficiency"),
+                    ("parallel_efficiency", "parallel eff."),
+                    ("computation_scaling", "computation scaling"),
+                    ("global_efficiency", "global eff."),
+                ),
+                pop_last,
+            )
+        )
+    return s
+
+
+def sync(ctx: Context) -> Section:
+    s = Section("sync", "Gradient synchronisation", definitions=("busbw", "alpha-beta"))
+    values = _with_group(ctx, ctx.rows("sync"))
+    s.blocks.append(
+        [
+            "Exposed sync is the part of the step spent waiting for gradients; total is the duration of "
+            "every collective, part of which overlaps with backward. Bus bandwidth follows nccl-tests, "
+            "and the ring-allreduce model T = 2(p−1)·α + 2(p−1)/p·n·β is fitted separately inside a "
+            "node and across nodes."
+        ]
+    )
+    s.blocks.append(ctx.chart("sync_time"))
+    s.blocks.append(ctx.chart("busbw"))
+    fit = ctx.rows("allreduce_fit")
+    for f in fit:
+        if f["bandwidth_gb_per_s"] is None:
+            continue
+        s.blocks.append(
+            [
+                f"{f['cluster']} · {f['backend']} {f['scope']}: α = ",
+                Num(f["alpha_s"], "allreduce_fit", "alpha_s", f"{f['cluster']}/{f['backend']}/{f['scope']}"),
+                ", bandwidth 1/β = ",
+                Num(
+                    f["bandwidth_gb_per_s"],
+                    "allreduce_fit",
+                    "bandwidth_gb_per_s",
+                    f"{f['cluster']}/{f['backend']}/{f['scope']}",
+                ),
+                f" from {f['points']} points" + (" (too few points to trust)." if f["too_few_points"] else "."),
+            ]
+        )
+    for f in fit:
+        f["fit_key"] = f"{f['cluster']}/{f['backend']}/{f['scope']}"
+    s.blocks.append(
+        _table(
+            "allreduce_fit",
+            "Alpha-beta fit of the ring allreduce",
+            _cols(
+                ("cluster", "cluster"),
+                ("backend", "backend"),
+                ("scope", "scope"),
+                ("alpha_s", "α (latency)"),
+                ("bandwidth_gb_per_s", "1/β (bandwidth)"),
+                ("points", "points"),
+                ("world_sizes", "world sizes"),
+                ("smape_pct", "SMAPE"),
+                ("r2_adj", "adj. R²"),
+                ("too_few_points", "too few points"),
+            ),
+            fit,
+            key="fit_key",
+        )
+    )
+    curve = [r for rs in _curve_groups(values).values() for r in rs if r["world_size"] > 1]
+    s.blocks.append(
+        _table(
+            "sync",
+            "Synchronisation per run",
+            _cols(
+                ("group", "group"),
+                ("world_size", "N"),
+                ("scope", "scope"),
+                ("sync_exposed_ns", "exposed sync"),
+                ("comm_total_ns", "total comm"),
+                ("overlap_share", "overlap"),
+                ("comm_count", "collectives/step"),
+                ("bytes_per_step", "bytes/step"),
+                ("busbw_gb_per_s", "busbw"),
+                ("bw_source", "from"),
+            ),
+            curve,
+        )
+    )
+    return s
+
+
+def backends(ctx: Context) -> Section | None:
+    values = ctx.rows("backend_compare")
+    if len({r["backend"] for r in values}) < 2:
+        return None
+    s = Section("backends", "Backends compared", definitions=("step-time", "throughput"))
+    s.blocks.append(
+        ["The same setup with different communication backends, at the same world size: 1.0 is the faster one."]
+    )
+    for f in ctx.findings:
+        if f.id.startswith("backend-comparison"):
+            s.blocks.append([f.title])
+    s.blocks.append(ctx.chart("backend_compare"))
+    s.blocks.append(
+        _table(
+            "backend_compare",
+            "Backends side by side",
+            _cols(
+                ("cluster", "cluster"),
+                ("world_size", "N"),
+                ("nodes", "nodes"),
+                ("backend", "backend"),
+                ("step_ns", "step time T"),
+                ("sync_exposed_ns", "exposed sync"),
+                ("ratio_to_best", "T / best"),
+                ("best_backend", "best"),
+            ),
+            values,
+        )
+    )
+    return s
+
+
+def utilisation(ctx: Context) -> Section:
+    s = Section("utilisation", "Utilisation and energy", definitions=("utilisation", "energy", "mfu"))
+    s.blocks.append(
+        [
+            "GPU utilisation here is NVML's kernel-active time share: the share of time some kernel ran. "
+            "It is not an efficiency: a GPU can be 100% 'utilised' by one tiny kernel at a time."
+        ]
+    )
+    s.blocks.append(ctx.chart("utilisation"))
+    s.blocks.append(ctx.chart("energy"))
+    values = _with_group(ctx, ctx.rows("utilisation"))
+    curve = [r for rs in _curve_groups(values).values() for r in rs] or values
+    s.blocks.append(
+        _table(
+            "utilisation",
+            "Utilisation and energy per run",
+            _cols(
+                ("group", "group"),
+                ("world_size", "N"),
+                ("gpus", "GPUs"),
+                ("util_gpu_pct", "kernel-active share"),
+                ("util_mem_pct", "memory busy"),
+                ("power_w", "power/GPU"),
+                ("sm_clock_mhz", "SM clock"),
+                ("throttle_share", "throttled"),
+                ("energy_per_sample_j", "energy/sample"),
+                ("host_proc_cpu_pct", "process CPU"),
+            ),
+            curve,
+        )
+    )
+    mfu = [r for r in ctx.rows("mfu") if r["mfu"] is not None]
+    if mfu:
+        s.blocks.append(
+            _table(
+                "mfu",
+                "Model FLOP/s utilisation (MFU)",
+                _cols(
+                    ("run_id", "run"),
+                    ("world_size", "N"),
+                    ("device_model", "device"),
+                    ("achieved_flops_per_s", "achieved/GPU"),
+                    ("device_peak_flops", "peak"),
+                    ("mfu", "MFU"),
+                ),
+                mfu,
+            )
+        )
+    return s
+
+
+def stragglers(ctx: Context) -> Section:
+    s = Section("stragglers", "Stragglers", definitions=("wait-at-collective", "pop"))
+    flagged = [r for r in ctx.rows("stragglers") if r["is_straggler"]]
+    run_id = next((f.run_ids[0] for f in ctx.findings if f.id.startswith("straggler") and f.run_ids), None)
+    if run_id is None and flagged:
+        run_id = flagged[0]["run_id"]
+    s.blocks.append(
+        [
+            "At every collective the early ranks wait for the last one. A rank that is last far more "
+            "often than 1/n of the time holds the others back."
+        ]
+    )
+    if flagged:
+        s.blocks.append([f"{len(flagged)} rank(s) in {len({r['run_id'] for r in flagged})} run(s) are flagged:"])
+        s.blocks.append(
+            _table(
+                "stragglers",
+                "Ranks flagged as stragglers",
+                _cols(
+                    ("run_id", "run"),
+                    ("world_size", "N"),
+                    ("rank", "rank"),
+                    ("hostname", "host"),
+                    ("last_share", "last in"),
+                    ("wait_per_step_ns", "others wait/step"),
+                    ("wait_share_of_step", "wait share"),
+                    ("wait_source", "from"),
+                ),
+                flagged,
+            )
+        )
+    else:
+        s.blocks.append(["No rank is flagged as a straggler in this selection."])
+    options = {"run_id": run_id} if run_id else {}
+    s.blocks.append(ctx.chart("last_rank", **options))
+    s.blocks.append(ctx.chart("wait_heatmap", **options))
+    return s
+
+
+def batch(ctx: Context) -> Section | None:
+    sweep = ctx.rows("batch_sweep")
+    curves = ctx.tables.get("metric_curves")
+    if not sweep and (curves is None or curves.num_rows == 0):
+        return None
+    s = Section("batch", "Batch-size effects", definitions=("batch-sweep", "throughput"))
+    s.blocks.append(
+        [
+            "A larger batch raises samples per second, but it can need more samples to reach the same "
+            "quality: time-to-target decides (scale the learning rate linearly or with √k, with warm-up, "
+            "or use LARS/LAMB)."
+        ]
+    )
+    s.blocks.append(ctx.chart("batch_sweep"))
+    s.blocks.append(ctx.chart("metric_curves"))
+    s.blocks.append(
+        _table(
+            "batch_sweep",
+            "Batch-size sweep",
+            _cols(
+                ("cluster", "cluster"),
+                ("world_size", "N"),
+                ("global_batch_size", "global batch"),
+                ("step_ns", "step time T"),
+                ("per_sample_ns", "time/sample"),
+                ("throughput_samples_per_s", "throughput X"),
+                ("epoch_s", "epoch"),
+                ("throughput_vs_smallest", "X / smallest batch"),
+            ),
+            sorted(sweep, key=lambda r: (str(r["cluster"]), r["world_size"], r["global_batch_size"] or 0)),
+        )
+    )
+    ttm = ctx.rows("time_to_metric")
+    if ttm:
+        s.blocks.append(
+            _table(
+                "time_to_metric",
+                "Time to a common metric target",
+                _cols(
+                    ("metric", "metric"),
+                    ("target", "target"),
+                    ("world_size", "N"),
+                    ("global_batch_size", "global batch"),
+                    ("reached", "reached"),
+                    ("time_to_target_s", "time to target"),
+                    ("steps_to_target", "steps"),
+                    ("final_value", "final value"),
+                ),
+                sorted(ttm, key=lambda r: (r["metric"], r["global_batch_size"] or 0)),
+            )
+        )
+    return s
+
+
+def prediction(ctx: Context) -> Section:
+    s = Section("prediction", "Predicted scaling", definitions=("scaling-model", "alpha-beta"))
+    models = _with_group(ctx, [r for r in ctx.rows("scaling_model") if not r.get("mixed")])
+    s.blocks.append(
+        [
+            "The step time of each group is fitted with the Extra-P normal form c0 + c1·p^i·log2(p)^j "
+            "and extrapolated; dashed lines and hollow diamonds are predictions, not measurements. A "
+            "model from fewer than 5 world sizes is not trusted."
+        ]
+    )
+    s.blocks.append(ctx.chart("speedup", caption="with the model's predictions"))
+    s.blocks.append(ctx.chart("efficiency", caption="with the model's predictions"))
+    s.blocks.append(
+        _table(
+            "scaling_model",
+            "Scaling model per group",
+            _cols(
+                ("group", "group"),
+                ("points", "points"),
+                ("formula", "step time model (ns)"),
+                ("smape_pct", "SMAPE"),
+                ("loo_smape_pct", "leave-one-out SMAPE"),
+                ("r2_adj", "adj. R²"),
+                ("trusted", "trusted"),
+            ),
+            models,
+            key="group_id",
+        )
+    )
+    preds = _with_group(ctx, [r for r in ctx.rows("scaling_prediction") if r["kind"] == "prediction"])
+    if preds:
+        s.blocks.append(
+            _table(
+                "scaling_prediction",
+                "Predicted step time and efficiency",
+                _cols(
+                    ("group", "group"),
+                    ("world_size", "N"),
+                    ("model_step_ns", "step time"),
+                    ("model_speedup", "speedup"),
+                    ("model_efficiency", "efficiency"),
+                    ("predicted_allreduce_ns", "allreduce (α-β)"),
+                    ("trusted", "trusted"),
+                ),
+                preds,
+                key="group_id",
+            )
+        )
+    return s
+
+
+def findings(ctx: Context) -> Section:
+    s = Section("findings", "Findings and recommendations")
+    if ctx.findings:
+        s.blocks.append(
+            [
+                "Ranked by the share of the lost efficiency each explains, then by severity and "
+                "confidence. Each names its evidence: the runs and the analyses behind its numbers."
+            ]
+        )
+        s.blocks.append(FindingsBlock(ctx.findings))
+    else:
+        s.blocks.append(["No rule fired: nothing in this selection needs explaining."])
+    return s
+
+
+def quality(ctx: Context) -> Section | None:
+    values = ctx.rows("quality")
+    if not values:
+        return None
+    s = Section("quality", "Data quality", definitions=("data-quality",))
+    s.blocks.append(["What may make the numbers above less certain:"])
+    s.blocks.append(
+        _table(
+            "quality",
+            "Data quality and confounds",
+            _cols(
+                ("severity", "severity"),
+                ("kind", "kind"),
+                ("run_id", "run"),
+                ("message", "what"),
+            ),
+            values,
+        )
+    )
+    return s
+
+
+#: The sections in reading order; a builder returning None leaves its section out (no such data).
+SECTIONS: tuple[Callable[[Context], Section | None], ...] = (
+    overview,
+    setup,
+    speedup,
+    lost_time,
+    sync,
+    backends,
+    utilisation,
+    stragglers,
+    batch,
+    prediction,
+    findings,
+    quality,
+)
+
+#: Every analysis the sections read (the report runs exactly these; --tables exports them).
+ANALYSES_USED: tuple[str, ...] = (
+    "run_summary",
+    "scaling",
+    "placement",
+    "phase_breakdown",
+    "lost_time",
+    "pop",
+    "sync",
+    "allreduce_fit",
+    "backend_compare",
+    "utilisation",
+    "mfu",
+    "stragglers",
+    "collective_wait",
+    "batch_sweep",
+    "metric_curves",
+    "time_to_metric",
+    "scaling_model",
+    "scaling_prediction",
+    "quality",
+)
+
+def build_sections(ctx: Context) -> list[Section]:
+    out = []
+    for fn in SECTIONS:
+        section = fn(ctx)
+        if section is not None:
+            out.append(section)
+    return out
+
+
+def context(tables: Tables, findings: list[Finding]) -> Context:
+    group_ids = set()
+    for name in ("scaling", "sync", "utilisation", "pop", "scaling_model", "scaling_prediction"):
+        group_ids |= {r["group_id"] for r in rows(tables.get(name), ["group_id"]) if r["group_id"]}
+    return Context(tables, findings, group_label_map(group_ids))
