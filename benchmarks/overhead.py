@@ -105,6 +105,34 @@ def with_torch_profiler(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
         return since(t0)
 
 
+def paired_steps_us(model: nn.Module, opt: Any, data: list[Any], store: Path) -> tuple[float, float]:
+    """Instrumented and bare steps alternating one by one inside one open profile: the median of
+    each, in us. Load that drifts over seconds hits both alike, so their difference is the cost of
+    the recording calls themselves (the background threads run during both and are measured apart)."""
+    instrumented: list[float] = []
+    plain: list[float] = []
+    with perfscope.profile(store, experiment="overhead-paired", batch_size=BATCH, poll_hz=10) as prof:
+        for i, (x, y) in enumerate(data):
+            t0 = time.perf_counter()
+            if i % 2:
+                train_step(model, opt, x, y)
+                plain.append(time.perf_counter() - t0)
+                continue
+            with prof.phase("data"):
+                pass
+            with prof.phase("forward"):
+                loss = nn.functional.cross_entropy(model(x), y)
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            prof.log(loss=loss.item())
+            prof.step()
+            instrumented.append(time.perf_counter() - t0)
+    return statistics.median(instrumented) * 1e6, statistics.median(plain) * 1e6
+
+
 def calibrate(target_s: float = 0.002) -> int:
     """The MLP width whose bare step takes about `target_s` on this machine."""
     best = 64
@@ -231,9 +259,15 @@ def main() -> None:
         cpu = statistics.median(cpu_ratios[name])
         print(f"| {name} | {med * 1e3:.3f} ms | {rat:.3f}x | {spread} | {cpu:.3f}x |")
     extra_us = (statistics.median(ratios["perfscope.profile"]) - 1) * statistics.median(times["bare"]) * 1e6
+    paired = [paired_steps_us(model, opt, data, tmp / f"p{k}") for k in range(3)]
+    paired_us = statistics.median(a - b for a, b in paired)
     ours_ns, raw_ns, attached = nvtx_pair_ns()
     cpu_pct, samples, gpus = poller_cpu(args.poll_s)
     print()
+    print(
+        f"- recording calls per step, paired with bare steps one by one: {paired_us:+.1f} us "
+        f"(median of 3 x {n // 2} pairs)"
+    )
     print(
         f"- perfscope per step: {extra_us:+.1f} us over bare "
         "(target: at most 1.01x, about 18 us of a 2 ms step)"

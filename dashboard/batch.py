@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import streamlit as st
+
 from perfscope.charts.batch import batch_sweep_chart, metric_curve_chart
 
 from .state import Context
-from .widgets import Col, chart, definition_note, show_table, simulated_notice
+from .widgets import Col, charts, definition_note, show_table, simulated_notice
 
 SWEEP_COLUMNS = {
     "experiment": Col("experiment"),
@@ -52,11 +53,7 @@ def render(ctx: Context) -> None:
         )
         return
     simulated_notice(sweep if sweep.num_rows else curves)
-    left, right = st.columns(2)
-    with left:
-        chart(batch_sweep_chart(sweep))
-    with right:
-        chart(metric_curve_chart(curves))
+    charts(batch_sweep_chart(sweep), metric_curve_chart(curves))
     show_table(sweep, SWEEP_COLUMNS)
     definition_note("batch_sweep")
     st.subheader("Time to a common target")

@@ -18,7 +18,7 @@ from perfscope.charts.timeline import (
 
 from . import links
 from .state import Context
-from .widgets import Col, chart, definition_note, ms, no_runs, num, one_row, pct, show_table
+from .widgets import Col, chart, charts, definition_note, ms, no_runs, num, one_row, pct, show_table
 
 RANK_COLUMNS = {
     "rank": Col("rank", fmt="%d"),
@@ -122,9 +122,8 @@ def _headline(run: dict[str, Any]) -> None:
 
 def _stragglers(ctx: Context, run_id: str) -> None:
     one = ctx.refine(run_ids=(run_id,))
-    chart(wait_heatmap(ctx.table("collective_wait", one)))
     strag = ctx.table("stragglers", one)
-    chart(last_rank_chart(strag))
+    charts(wait_heatmap(ctx.table("collective_wait", one)), last_rank_chart(strag))
     show_table(strag, STRAGGLER_COLUMNS)
     # the whole selection's table: the cached one the Scaling page uses, with the group's baseline
     pop = one_row(ctx.table("pop"), "run_id", run_id)
@@ -149,11 +148,7 @@ def _telemetry(ctx: Context, run_id: str) -> None:
         )
         chart(host)
     else:
-        left, right = st.columns(2)
-        with left:
-            chart(gpu_timeline_chart(gpu, window))
-        with right:
-            chart(host)
+        charts(gpu_timeline_chart(gpu, window), host)
     st.subheader("Ranks per host")
     show_table(ctx.table("placement", one), PLACEMENT_COLUMNS)
     definition_note("gpu_timeline", "host_timeline", "placement")

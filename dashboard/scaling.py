@@ -6,8 +6,8 @@ from typing import Any
 
 import pyarrow as pa
 import streamlit as st
-from perfscope.charts.backends import backend_compare_chart
 
+from perfscope.charts.backends import backend_compare_chart
 from perfscope.charts.phases import lost_time_chart, phase_breakdown_chart
 from perfscope.charts.rows import group_label_map, multi_point_groups, rows
 from perfscope.charts.scaling import efficiency_chart, per_gpu_speedup_chart, speedup_chart
@@ -16,7 +16,17 @@ from perfscope.charts.utilisation import energy_chart, utilisation_chart
 
 from . import links
 from .state import Context
-from .widgets import Col, chart, definition_note, filter_rows, no_runs, relabel, show_table, simulated_notice
+from .widgets import (
+    Col,
+    chart,
+    charts,
+    definition_note,
+    filter_rows,
+    no_runs,
+    relabel,
+    show_table,
+    simulated_notice,
+)
 
 LARGEST_COLUMNS = {
     "group_id": Col("group"),
@@ -171,15 +181,12 @@ def _largest(scaling: pa.Table) -> pa.Table:
 
 def _speedup(ctx: Context, scaling: pa.Table, picked: list[str], labels: dict[str, str]) -> None:
     prediction = filter_rows(ctx.table("scaling_prediction"), "group_id", picked)
-    left, right = st.columns(2)
-    with left:
-        chart(speedup_chart(scaling, prediction))
-    with right:
-        chart(efficiency_chart(scaling, prediction))
-    left, right = st.columns(2)
-    with left:
-        chart(per_gpu_speedup_chart(scaling))
-    with right:
+    charts(
+        speedup_chart(scaling, prediction),
+        efficiency_chart(scaling, prediction),
+        per_gpu_speedup_chart(scaling),
+    )
+    with st.container(width=720):
         st.subheader("At the largest world size")
         st.caption("Per group: what the seed study quotes (per-GPU speedup S(N)/N) at its largest N.")
         show_table(relabel(_largest(scaling), "group_id", labels), LARGEST_COLUMNS)
@@ -190,22 +197,17 @@ def _speedup(ctx: Context, scaling: pa.Table, picked: list[str], labels: dict[st
 def _sync(ctx: Context, picked: list[str]) -> None:
     sync = filter_rows(ctx.table("sync"), "group_id", picked)
     fit = ctx.table("allreduce_fit")
-    left, right = st.columns(2)
-    with left:
-        chart(sync_time_chart(sync))
-    with right:
-        chart(busbw_chart(sync, fit))
+    charts(sync_time_chart(sync), busbw_chart(sync, fit))
     st.subheader("Ring allreduce fit (alpha-beta)")
     show_table(fit, FIT_COLUMNS)
     definition_note("sync", "allreduce_fit")
 
 
 def _phases(ctx: Context, picked: list[str], runs: list[str], labels: dict[str, str]) -> None:
-    left, right = st.columns(2)
-    with left:
-        chart(phase_breakdown_chart(filter_rows(ctx.table("phase_breakdown"), "run_id", runs)))
-    with right:
-        chart(lost_time_chart(filter_rows(ctx.table("lost_time"), "group_id", picked)))
+    charts(
+        phase_breakdown_chart(filter_rows(ctx.table("phase_breakdown"), "run_id", runs)),
+        lost_time_chart(filter_rows(ctx.table("lost_time"), "group_id", picked)),
+    )
     st.subheader("POP efficiencies")
     show_table(relabel(filter_rows(ctx.table("pop"), "group_id", picked), "group_id", labels), POP_COLUMNS)
     definition_note("phase_breakdown", "lost_time", "pop")
@@ -213,11 +215,7 @@ def _phases(ctx: Context, picked: list[str], runs: list[str], labels: dict[str, 
 
 def _utilisation(ctx: Context, picked: list[str]) -> None:
     util = filter_rows(ctx.table("utilisation"), "group_id", picked)
-    left, right = st.columns(2)
-    with left:
-        chart(utilisation_chart(util))
-    with right:
-        chart(energy_chart(util))
+    charts(utilisation_chart(util), energy_chart(util))
     definition_note("utilisation")
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import altair as alt
 import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
@@ -15,8 +16,24 @@ from perfscope.charts.rows import rows
 
 
 def chart(c: Any, key: str | None = None) -> None:
-    """Draw a shared chart builder's result as the report draws it (its own theme, not Streamlit's)."""
-    st.altair_chart(c, theme=None, key=key)
+    """Draw a shared chart builder's result as the report draws it: its own size and theme.
+
+    Streamlit fits a chart into its width, titles and legends included, which squeezes the plot of
+    a chart with a long subtitle; "pad" keeps the builder's plot size and grows the view instead.
+    """
+    st.altair_chart(
+        c.properties(autosize=alt.AutoSizeParams(type="pad")), theme=None, key=key, width="content"
+    )
+
+
+def charts(*cs: Any) -> None:
+    """Charts side by side while they fit the page, the next row when they do not.
+
+    Page columns would cut a chart wider than half the page (faceted panels, long legends).
+    """
+    with st.container(horizontal=True, wrap=True, gap="large"):
+        for c in cs:
+            chart(c)
 
 
 def definition_of(table: pa.Table) -> tuple[str, str]:

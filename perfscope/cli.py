@@ -18,6 +18,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "simulate": ("simulate", "write simulated runs: the seed study, a JSON study, or a fit's predictions"),
     "demo": ("demo", "record a real DDP training job at world sizes 1, 2, 4 into a store"),
     "dashboard": ("dashboard", "open a store in the browser: runs, scaling curves, findings, SQL"),
+    "report": ("report", "write the scaling study as one self-contained HTML file (or Markdown with PNGs)"),
 }
 
 

@@ -5,8 +5,8 @@ self-contained HTML file (or Markdown with PNG charts beside it), plus the table
     html = render_report(store, Selection(experiments=("resnet",)), title="ResNet on 1-16 GPUs")
     write_report(store, sel, "study.md", fmt="md", tables_dir="tables/")
 
-`render_report` returns the bytes the dashboard's download button serves: the HTML file, a ZIP of the
-Markdown file and its PNGs (`fmt="md"`), or a PDF (`fmt="pdf"`, see perfscope.report_pdf).
+`render_report` returns the bytes the dashboard's download button serves: the HTML file, or a ZIP of
+the Markdown file and its PNGs (`fmt="md"`). `fmt="pdf"` is refused with the reason (PDF_REFUSAL).
 """
 
 from __future__ import annotations
@@ -35,6 +35,15 @@ from .store import Store
 
 FORMATS: dict[str, str] = {"html": ".html", "md": ".md", "pdf": ".pdf"}
 TABLE_FORMATS = ("csv", "parquet")
+
+#: Why there is no PDF: a whole-report PDF needs a layout engine. The well-kept pure-Python ones
+#: (reportlab, fpdf2) would be a new dependency and still need a Unicode TTF font found on the system
+#: for α, β, −, ·, ²; WeasyPrint needs Pango; Chromium's print-to-PDF needs a browser.
+PDF_REFUSAL = (
+    "--format pdf is not supported: perfscope ships no PDF layout engine and downloads no browser. "
+    "Open the HTML report in a browser and print it to PDF (its print style keeps every chart and "
+    "table whole), or convert the Markdown report with pandoc."
+)
 
 
 class Progress:
@@ -85,11 +94,15 @@ class Collected:
 
 
 def describe_selection(sel: Selection) -> str:
-    parts = [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in sel.as_dict().items() if v]
+    parts = [
+        f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in sel.as_dict().items() if v
+    ]
     return " ".join(parts) or "(everything)"
 
 
-def collect(store: Store, sel: Selection | None = None, *, title: str | None = None, step: StepFn = _no_progress) -> Collected:
+def collect(
+    store: Store, sel: Selection | None = None, *, title: str | None = None, step: StepFn = _no_progress
+) -> Collected:
     """Run every analysis the report uses and the explainer; build the report's sections."""
     sel = sel or Selection()
     tables: dict[str, pa.Table] = {}
@@ -121,7 +134,10 @@ def collect(store: Store, sel: Selection | None = None, *, title: str | None = N
         )
         for i, f in enumerate(found, start=1)
     ]
-    sections = build_sections(context(tables, findings))
+    ctx = context(tables, findings)
+    for f in findings:
+        f.group_label = ctx.label(f.group_id) if f.group_id else ""
+    sections = build_sections(ctx)
     runs = tables["run_summary"]
     sources = runs.column("source").to_pylist()
     experiments = sorted({e for e in runs.column("experiment").to_pylist() if e})
@@ -155,7 +171,9 @@ def collect(store: Store, sel: Selection | None = None, *, title: str | None = N
 
 def _check_format(fmt: str) -> None:
     if fmt not in FORMATS:
-        raise PerfscopeError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}")
+        raise PerfscopeError(f"unknown report format {fmt!r}; use html or md")
+    if fmt == "pdf":
+        raise PerfscopeError(PDF_REFUSAL)
 
 
 def _markdown_zip(report: Report, step: StepFn) -> bytes:
@@ -175,10 +193,6 @@ def _render(report: Report, fmt: str, step: StepFn) -> bytes:
         from .report_html import render as render_html
 
         return render_html(report, step=step)
-    if fmt == "pdf":
-        from .report_pdf import render as render_pdf
-
-        return render_pdf(report, step=step)
     return _markdown_zip(report, step)
 
 
@@ -190,8 +204,8 @@ def render_report(
     fmt: str = "html",
     progress: Progress | None = None,
 ) -> bytes:
-    """The report as one file's bytes: HTML (self-contained), a ZIP of report.md + report_files/*.png
-    (`fmt="md"`), or PDF. Raises PerfscopeError for an empty selection or an unknown format."""
+    """The report as one file's bytes: HTML (self-contained) or a ZIP of report.md + report_files/*.png
+    (`fmt="md"`). Raises PerfscopeError for an empty selection or an unknown (or pdf) format."""
     _check_format(fmt)
     step = progress.step if progress else _no_progress
     collected = collect(store, sel, title=title, step=step)
@@ -211,7 +225,15 @@ def _check_writable(path: Path, what: str) -> None:
     if not parent.is_dir():
         raise PerfscopeError(f"cannot write {what} {path}: folder {parent} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise PerfscopeError(f"cannot write {what} {path}: folder {parent} is not writable; choose another -o")
+        raise PerfscopeError(
+            f"cannot write {what} {path}: folder {parent} is not writable; choose another -o"
+        )
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _atomic_write(path: Path, payload: bytes) -> None:
@@ -221,6 +243,7 @@ def _atomic_write(path: Path, payload: bytes) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is meant to be shared
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -229,7 +252,9 @@ def _atomic_write(path: Path, payload: bytes) -> None:
         raise PerfscopeError(f"cannot write {path}: {exc.strerror or exc}; choose another -o") from exc
 
 
-def export_tables(collected: Collected, folder: Path, table_format: str = "csv", step: StepFn = _no_progress) -> list[Path]:
+def export_tables(
+    collected: Collected, folder: Path, table_format: str = "csv", step: StepFn = _no_progress
+) -> list[Path]:
     """Every analysis table the report used, one file each, plus findings.json."""
     if table_format not in TABLE_FORMATS:
         raise PerfscopeError(f"unknown table format {table_format!r}; use csv or parquet")
@@ -295,10 +320,6 @@ def write_report(
     _check_writable(out, "report")
     if table_format not in TABLE_FORMATS:
         raise PerfscopeError(f"unknown table format {table_format!r}; use csv or parquet")
-    if fmt == "pdf":
-        from .report_pdf import check_available
-
-        check_available()
     progress = Progress(len(ANALYSES_USED) + 2, stream)
     try:
         collected = collect(store, sel, title=title, step=progress.step)
@@ -334,6 +355,7 @@ def default_output(fmt: str) -> Path:
 
 __all__ = [
     "FORMATS",
+    "PDF_REFUSAL",
     "TABLE_FORMATS",
     "Collected",
     "Progress",

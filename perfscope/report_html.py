@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .charts import to_svg
-from .report_model import ChartBlock, FindingsBlock, Num, Report, Section, TableBlock, format_value
+from .report_model import ChartBlock, FindingsBlock, Num, Ref, Report, Section, TableBlock, format_value
 
 StepFn = Callable[[str], None]
 
@@ -33,11 +33,11 @@ h3 { font-size: 16px; margin: 20px 0 6px; }
 .banner { border-radius: 6px; padding: 10px 14px; margin: 16px 0; }
 .banner.sim { background: #f1ecfa; border: 1px solid #d5c8ef; color: #3d2a66; }
 nav.toc { margin: 16px 0; padding: 10px 14px; background: #f5f7fa; border-radius: 6px; font-size: 14px; }
-nav.toc a { margin-right: 14px; color: var(--accent); text-decoration: none; white-space: nowrap; }
+nav.toc a { display: inline-block; margin-right: 14px; color: var(--accent); text-decoration: none; }
 .counts span { display: inline-block; margin-right: 14px; }
 .num { font-variant-numeric: tabular-nums; font-weight: 600; }
 figure.chart { margin: 18px 0; overflow-x: auto; }
-figure.chart svg { max-width: 100%; height: auto; }
+figure.chart svg { max-width: 100%; height: auto; overflow: visible; }
 figcaption { color: var(--muted); font-size: 13px; }
 table.data { border-collapse: collapse; font-size: 13px; margin: 8px 0; font-variant-numeric: tabular-nums; }
 table.data th, table.data td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: left; }
@@ -118,6 +118,10 @@ class _Html:
         return " ".join(self.r.definitions.get(k, "") for k in keys)
 
     def defs_line(self, analyses: Iterable[str]) -> str:
+        return f'<p class="defs">{self.defs_text(analyses)}</p>'
+
+    def defs_text(self, analyses: Iterable[str]) -> str:
+        """The analysis the numbers come from and the definitions they follow (full text on hover)."""
         links = []
         for a in analyses:
             keys = self.r.analysis_definitions.get(a, ())
@@ -127,12 +131,17 @@ class _Html:
                 if k in self.r.definitions
             )
             links.append(f"<code>{_e(a)}</code> ({_e(self.r.analysis_titles.get(a, a))}): {refs}")
-        return f'<p class="defs">From analysis {"; ".join(links)}.</p>'
+        return f"From analysis {'; '.join(links)}."
 
     def para(self, frags: list[Any]) -> str:
         parts = []
         for f in frags:
-            parts.append(_num(f, self.definition_of(f.analysis)) if isinstance(f, Num) else _inline(f))
+            if isinstance(f, Num):
+                parts.append(_num(f, self.definition_of(f.analysis)))
+            elif isinstance(f, Ref):
+                parts.append(f'<a href="#{_e(f.anchor)}">{_e(f.text)}</a>')
+            else:
+                parts.append(_inline(f))
         return f"<p>{''.join(parts)}</p>"
 
     def chart(self, b: ChartBlock) -> str:
@@ -143,8 +152,8 @@ class _Html:
         return (
             f'<figure class="chart" id="chart-{self.chart_no}" data-chart="{_e(b.name)}" '
             f'data-analyses="{_e(" ".join(b.analyses))}">{svg}'
-            f"<figcaption>Figure {self.chart_no}. {caption}</figcaption></figure>"
-            + self.defs_line(b.analyses)
+            f"<figcaption>Figure {self.chart_no}. {caption}. {self.defs_text(b.analyses)}</figcaption>"
+            "</figure>"
         )
 
     def table(self, t: TableBlock) -> str:
@@ -159,7 +168,9 @@ class _Html:
                 text = _e(format_value(c.name, v))
                 if c.name == "source" and v == "simulated":
                     text = f'<span class="src-simulated">{text}</span>'
-                cells.append(f'<td{cls} data-column="{_e(c.name)}" data-value="{_e(data_value(v))}">{text}</td>')
+                cells.append(
+                    f'<td{cls} data-column="{_e(c.name)}" data-value="{_e(data_value(v))}">{text}</td>'
+                )
             body.append(f'<tr data-key="{_e(row.get(t.key, ""))}">{"".join(cells)}</tr>')
         table = (
             f'<div class="tablewrap"><table class="data" data-analysis="{_e(t.analysis)}" '
@@ -185,17 +196,21 @@ class _Html:
                 for a in f.analyses
             )
             runs = ", ".join(_e(r) for r in f.run_ids)
-            out.append(
-                f'<article class="finding sev-{_e(f.severity)}" id="finding-{f.rank}" data-finding="{_e(f.id)}">'
-                f"<h3>{f.rank}. {_e(f.title)}</h3>"
-                f'<p><span class="badge {_e(f.severity)}">{_e(f.severity)}</span>'
+            group = f'<p class="meta">group {_e(f.group_label)}</p>' if f.group_label else ""
+            badges = (
+                f'<span class="badge {_e(f.severity)}">{_e(f.severity)}</span>'
                 f'<span class="badge">{_e(f.category)}</span>'
-                f'<span class="badge">confidence {_e(f.confidence_label)} ({f.confidence:.2f})</span>{loss}</p>'
-                f"<p>{_inline(f.text)}</p>"
+                f'<span class="badge">confidence {_e(f.confidence_label)} ({f.confidence:.2f})</span>{loss}'
+            )
+            evidence = f"Evidence: analyses {analyses}"
+            if runs:
+                evidence += f"<details><summary>{len(f.run_ids)} runs</summary>{runs}</details>"
+            out.append(
+                f'<article class="finding sev-{_e(f.severity)}" id="finding-{f.rank}" '
+                f'data-finding="{_e(f.id)}">'
+                f"<h3>{f.rank}. {_e(f.title)}</h3>{group}<p>{badges}</p><p>{_inline(f.text)}</p>"
                 f'<p class="rec"><strong>Recommendation.</strong> {_inline(f.recommendation)}</p>'
-                f'<p class="defs">Evidence: analyses {analyses}'
-                + (f"; <details><summary>{len(f.run_ids)} runs</summary>{runs}</details>" if runs else "")
-                + "</p></article>"
+                f'<div class="defs">{evidence}</div></article>'
             )
         return "".join(out)
 
@@ -218,7 +233,9 @@ class _Html:
                 for f in self.r.findings
                 if f.severity != "info"
             )
-            parts.append(f"<details><summary>every finding</summary><ol>{links}</ol></details>" if links else "")
+            parts.append(
+                f"<details><summary>every finding</summary><ol>{links}</ol></details>" if links else ""
+            )
         parts.append("</section>")
         return "".join(parts)
 
@@ -255,14 +272,15 @@ class _Html:
             "<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
             "style-src 'unsafe-inline'; img-src data:\">"
             f'<meta name="generator" content="perfscope {_e(self.r.perfscope_version)}">'
             f"<title>{_e(self.r.title)}</title><style>{_CSS}</style></head>"
             f"<body><main><header><h1>{_e(self.r.title)}</h1>{meta}</header>{banner}"
             f'<nav class="toc">{toc}</nav>{body}'
             f'<section id="definitions"><h2>Definitions</h2>'
-            f'<p>Every number above follows one of these (perfscope\'s DESIGN.md).</p><div class="defs"><dl>{defs}</dl></div>'
+            "<p>Every number above follows one of these (perfscope's DESIGN.md).</p>"
+            f'<div class="defs"><dl>{defs}</dl></div>'
             "</section></main></body></html>\n"
         )
 

@@ -23,8 +23,16 @@ class Num:
         return format_value(self.column, self.value)
 
 
-#: A paragraph: text fragments and numbers.
-Para = list[str | Num]
+@dataclass(frozen=True)
+class Ref:
+    """A link to another place in the report (an element id)."""
+
+    text: str
+    anchor: str
+
+
+#: A paragraph: text fragments, numbers and links.
+Para = list[str | Num | Ref]
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,7 @@ class Finding:
     run_ids: tuple[str, ...]
     analyses: tuple[str, ...]
     group_id: str | None
+    group_label: str = ""  # the group's short name in this report's charts and tables
 
 
 @dataclass
@@ -188,7 +197,7 @@ def format_value(column: str, value: Any) -> str:
         return f"{_sig(v / 1e3)} µs"
     if column.endswith("_pct"):
         return f"{v:.1f}%"
-    if column.endswith("_bytes") or column == "bytes":
+    if column.endswith("_bytes") or column.startswith("bytes"):
         return _bytes(v)
     if column.endswith("_gb_per_s"):
         return f"{_sig(v)} GB/s"

@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 
 from .charts import CHARTS
-from .charts.rows import group_label_map, natural_key, rows
-from .report_model import ChartBlock, Column, Finding, FindingsBlock, Num, Section, TableBlock
+from .charts.rows import group_label_map, multi_point_groups, natural_key, rows
+from .report_model import ChartBlock, Column, Finding, FindingsBlock, Num, Ref, Section, TableBlock
 
 #: Tables longer than this fold away in HTML (they stay complete in Markdown and --tables).
 FOLD_ROWS = 14
@@ -29,10 +29,15 @@ class Context:
     def rows(self, name: str, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
         return rows(self.tables.get(name), list(columns) if columns is not None else None)
 
-    def chart(self, name: str, caption: str = "", **options: Any) -> ChartBlock:
+    def chart(
+        self, name: str, caption: str = "", *, without: tuple[str, ...] = (), **options: Any
+    ) -> ChartBlock:
+        """Chart `name` from the report's tables, leaving out the analyses in `without`."""
         spec = CHARTS[name]
-        chart = spec.build(self.tables, **options)
-        return ChartBlock(name, spec.title, chart, spec.analyses, caption)
+        tables = {k: v for k, v in self.tables.items() if k not in without}
+        chart = spec.build(tables, **options)
+        used = tuple(a for a in spec.analyses if a not in without)
+        return ChartBlock(name, spec.title, chart, used, caption)
 
     def label(self, group_id: str | None) -> str:
         return self.labels.get(group_id or "", group_id or "")
@@ -91,27 +96,43 @@ def overview(ctx: Context) -> Section:
         ]
     )
     last = _largest(scaling)
-    for r in last:
+    if last:
+        best = max(last, key=lambda r: r["per_gpu_speedup"] or 0)
+        worst = min(last, key=lambda r: r["per_gpu_speedup"] or 0)
         s.blocks.append(
             [
-                f"{r['group']}: at N = {r['world_size']} the speedup is ",
-                Num(r["speedup"], "scaling", "speedup", r["run_id"]),
-                " of an ideal ",
-                Num(r["ideal_speedup"], "scaling", "ideal_speedup", r["run_id"]),
-                ", per-GPU speedup ",
-                Num(r["per_gpu_speedup"], "scaling", "per_gpu_speedup", r["run_id"]),
-                " (efficiency ",
-                Num(r["efficiency"], "scaling", "efficiency", r["run_id"]),
-                ").",
+                "Per-GPU speedup at the largest world size ranges from ",
+                Num(worst["per_gpu_speedup"], "scaling", "per_gpu_speedup", worst["run_id"]),
+                f" ({worst['group']}, N = {worst['world_size']}) to ",
+                Num(best["per_gpu_speedup"], "scaling", "per_gpu_speedup", best["run_id"]),
+                f" ({best['group']}, N = {best['world_size']}).",
             ]
         )
-    if not last:
+        s.blocks.append(
+            _table(
+                "scaling",
+                "Scaling at the largest world size of each group",
+                _cols(
+                    ("group", "group"),
+                    ("baseline_world_size", "N0"),
+                    ("world_size", "N"),
+                    ("source", "source"),
+                    ("speedup", "speedup S"),
+                    ("ideal_speedup", "ideal N/N0"),
+                    ("per_gpu_speedup", "S/N"),
+                    ("efficiency", "efficiency E"),
+                ),
+                last,
+            )
+        )
+    else:
         s.blocks.append(["No scaling group in this selection has two or more world sizes."])
     top = [f for f in ctx.findings if f.severity != "info"][:3]
     if top:
-        s.blocks.append(["Main findings (ranked by the share of lost efficiency they explain):"])
+        s.blocks.append(["Main findings (ranked by the share of the lost efficiency they explain):"])
         for f in top:
-            s.blocks.append([f"{f.rank}. {f.title}"])
+            where = f"{ctx.label(f.group_id)}: " if f.group_id else ""
+            s.blocks.append([f"{f.rank}. ", Ref(where + f.title, f"finding-{f.rank}")])
     return s
 
 
@@ -183,7 +204,9 @@ def setup(ctx: Context) -> Section:
                 "rank's, median over the steady steps."
             ]
         )
-    versions = [c for c in ("torch_version", "cuda_version", "nccl_version", "driver_version") if c in runs[0]]
+    versions = [
+        c for c in ("torch_version", "cuda_version", "nccl_version", "driver_version") if c in runs[0]
+    ]
     cols = [
         ("run_id", "run"),
         ("source", "source"),
@@ -237,8 +260,8 @@ def speedup(ctx: Context) -> Section:
                 + "; ".join(sorted({r["mode_note"] for r in mixed if r["mode_note"]}))
             ]
         )
-    s.blocks.append(ctx.chart("speedup"))
-    s.blocks.append(ctx.chart("efficiency"))
+    s.blocks.append(ctx.chart("speedup", "measured", without=("scaling_prediction",)))
+    s.blocks.append(ctx.chart("efficiency", "measured", without=("scaling_prediction",)))
     s.blocks.append(ctx.chart("per_gpu_speedup"))
     curve_rows = [r for rs in _curve_groups(scaling).values() for r in rs]
     s.blocks.append(
@@ -350,24 +373,28 @@ def sync(ctx: Context) -> Section:
     s.blocks.append(ctx.chart("busbw"))
     fit = ctx.rows("allreduce_fit")
     for f in fit:
-        if f["bandwidth_gb_per_s"] is None:
-            continue
-        s.blocks.append(
-            [
-                f"{f['cluster']} · {f['backend']} {f['scope']}: α = ",
-                Num(f["alpha_s"], "allreduce_fit", "alpha_s", f"{f['cluster']}/{f['backend']}/{f['scope']}"),
-                ", bandwidth 1/β = ",
-                Num(
-                    f["bandwidth_gb_per_s"],
-                    "allreduce_fit",
-                    "bandwidth_gb_per_s",
-                    f"{f['cluster']}/{f['backend']}/{f['scope']}",
-                ),
-                f" from {f['points']} points" + (" (too few points to trust)." if f["too_few_points"] else "."),
-            ]
-        )
-    for f in fit:
         f["fit_key"] = f"{f['cluster']}/{f['backend']}/{f['scope']}"
+    for scope, where in (("intra-node", "Inside one node"), ("inter-node", "Across nodes")):
+        fitted = [
+            f for f in fit if f["scope"] == scope and f["bandwidth_gb_per_s"] and not f["too_few_points"]
+        ]
+        if not fitted:
+            continue
+        lo = min(fitted, key=lambda f: f["bandwidth_gb_per_s"])
+        hi = max(fitted, key=lambda f: f["bandwidth_gb_per_s"])
+        para: list[Any] = [f"{where} the fitted allreduce bandwidth 1/β is "]
+        if lo is hi:
+            para += [Num(lo["bandwidth_gb_per_s"], "allreduce_fit", "bandwidth_gb_per_s", lo["fit_key"])]
+            para += [f" ({lo['cluster']} · {lo['backend']}), latency α "]
+            para += [Num(lo["alpha_s"], "allreduce_fit", "alpha_s", lo["fit_key"]), "."]
+        else:
+            para += [
+                Num(lo["bandwidth_gb_per_s"], "allreduce_fit", "bandwidth_gb_per_s", lo["fit_key"]),
+                f" ({lo['cluster']} · {lo['backend']}) to ",
+                Num(hi["bandwidth_gb_per_s"], "allreduce_fit", "bandwidth_gb_per_s", hi["fit_key"]),
+                f" ({hi['cluster']} · {hi['backend']}).",
+            ]
+        s.blocks.append(para)
     s.blocks.append(
         _table(
             "allreduce_fit",
@@ -417,7 +444,10 @@ def backends(ctx: Context) -> Section | None:
         return None
     s = Section("backends", "Backends compared", definitions=("step-time", "throughput"))
     s.blocks.append(
-        ["The same setup with different communication backends, at the same world size: 1.0 is the faster one."]
+        [
+            "The same setup with different communication backends at the same world size; in the chart "
+            "1.0 is the faster one."
+        ]
     )
     for f in ctx.findings:
         if f.id.startswith("backend-comparison"):
@@ -507,7 +537,9 @@ def stragglers(ctx: Context) -> Section:
         ]
     )
     if flagged:
-        s.blocks.append([f"{len(flagged)} rank(s) in {len({r['run_id'] for r in flagged})} run(s) are flagged:"])
+        s.blocks.append(
+            [f"{len(flagged)} rank(s) in {len({r['run_id'] for r in flagged})} run(s) are flagged:"]
+        )
         s.blocks.append(
             _table(
                 "stragglers",
@@ -527,9 +559,8 @@ def stragglers(ctx: Context) -> Section:
         )
     else:
         s.blocks.append(["No rank is flagged as a straggler in this selection."])
-    options = {"run_id": run_id} if run_id else {}
-    s.blocks.append(ctx.chart("last_rank", **options))
-    s.blocks.append(ctx.chart("wait_heatmap", **options))
+    s.blocks.append(ctx.chart("last_rank", run_id=run_id))
+    s.blocks.append(ctx.chart("wait_heatmap", run_id=run_id))
     return s
 
 
@@ -714,6 +745,7 @@ ANALYSES_USED: tuple[str, ...] = (
     "quality",
 )
 
+
 def build_sections(ctx: Context) -> list[Section]:
     out = []
     for fn in SECTIONS:
@@ -727,4 +759,8 @@ def context(tables: Tables, findings: list[Finding]) -> Context:
     group_ids = set()
     for name in ("scaling", "sync", "utilisation", "pop", "scaling_model", "scaling_prediction"):
         group_ids |= {r["group_id"] for r in rows(tables.get(name), ["group_id"]) if r["group_id"]}
-    return Context(tables, findings, group_label_map(group_ids))
+    labels = group_label_map(group_ids)
+    # the groups with a curve get the short names the charts give them (charts label only those)
+    curves = [r for r in rows(tables.get("scaling"), ["group_id", "world_size", "mixed"]) if not r["mixed"]]
+    labels.update(group_label_map(multi_point_groups(curves)))
+    return Context(tables, findings, labels)

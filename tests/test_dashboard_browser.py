@@ -154,7 +154,7 @@ def test_every_page_renders_without_errors(server: tuple[str, Path]) -> None:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
             for name, how, where, charts in STEPS:
                 if how == "url":
                     page.goto(f"{url}/{where}")
@@ -179,7 +179,7 @@ def test_every_page_renders_without_errors(server: tuple[str, Path]) -> None:
 def _screenshot(page: Any, path: Path) -> None:
     """The whole page: Streamlit scrolls inside its main block, so grow the viewport to fit it first."""
     height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-    page.set_viewport_size({"width": 1500, "height": max(1000, min(int(height) + 40, 8000))})
+    page.set_viewport_size({"width": 1920, "height": max(1080, min(int(height) + 40, 8000))})
     page.wait_for_timeout(500)
     page.screenshot(path=str(path), full_page=True)
-    page.set_viewport_size({"width": 1500, "height": 1000})
+    page.set_viewport_size({"width": 1920, "height": 1080})

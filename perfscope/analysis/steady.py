@@ -168,18 +168,20 @@ def run_stats_table(store: Store, sel: Selection) -> str:
             LEFT JOIN {thr} t USING (run_id)
             LEFT JOIN st USING (run_id)
             LEFT JOIN k USING (run_id)
+        ), g AS (
+            SELECT j.*,
+                   -- ranks whose rows are missing did the same work as the ones recorded
+                   coalesce(samples_per_step_recorded * greatest(1.0, world_size / ranks_seen),
+                            global_batch_size::DOUBLE, batch_size_per_rank::DOUBLE * world_size)
+                       AS samples_per_step
+            FROM j
         )
-        SELECT j.*,
+        SELECT g.*,
                {breakdown},
                (step_mean_ns - ({named_sum})) * scale AS other_ns,
                (step_max_mean_ns - step_mean_ns) * scale AS imbalance_ns,
-               coalesce(samples_per_step_recorded, global_batch_size::DOUBLE,
-                        batch_size_per_rank::DOUBLE * world_size) AS samples_per_step,
-               coalesce(samples_per_step_recorded, global_batch_size::DOUBLE,
-                        batch_size_per_rank::DOUBLE * world_size) / (j.step_ns / 1e9)
-                   AS throughput_samples_per_s,
-               dataset_samples / coalesce(samples_per_step_recorded, global_batch_size::DOUBLE,
-                        batch_size_per_rank::DOUBLE * world_size) * (j.step_ns / 1e9) AS epoch_s
-        FROM j
+               samples_per_step / (step_ns / 1e9) AS throughput_samples_per_s,
+               dataset_samples / samples_per_step * (step_ns / 1e9) AS epoch_s
+        FROM g
         """,
     )

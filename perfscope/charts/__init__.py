@@ -69,14 +69,15 @@ def to_svg(chart: ChartLike) -> str:
     """The chart as a standalone SVG document (rendered by vl-convert, no browser, no network)."""
     import vl_convert as vlc
 
-    return str(vlc.vegalite_to_svg(chart.to_dict()))
+    # inline data only: allow no base URL, so rendering can never reach the network
+    return str(vlc.vegalite_to_svg(chart.to_dict(), allowed_base_urls=[]))
 
 
 def to_png(chart: ChartLike, scale: float = 2.0) -> bytes:
     """The chart as PNG bytes; `scale` 2 gives sharp images on high-density screens and in print."""
     import vl_convert as vlc
 
-    return bytes(vlc.vegalite_to_png(chart.to_dict(), scale=scale))
+    return bytes(vlc.vegalite_to_png(chart.to_dict(), scale=scale, allowed_base_urls=[]))
 
 
 __all__ = [

@@ -96,7 +96,7 @@ def batch_sweep_chart(batch_sweep: pa.Table | None) -> ChartLike:
         return alt.layer(
             base.mark_line().encode(detail="series:N"),
             base.mark_point(filled=True).encode(
-                stroke, source_shape(), source_fill_opacity(), tooltip=tooltip
+                stroke, source_shape(sources(values)), source_fill_opacity(), tooltip=tooltip
             ),
         ).properties(width=PANEL_WIDTH + 40, height=PANEL_HEIGHT + 20)
 

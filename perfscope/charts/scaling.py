@@ -87,10 +87,14 @@ def _curve(
         alt.Tooltip("source:N"),
         *(alt.Tooltip(t) for t in extra_tooltip),
     ]
+    pred_points = [p for p in prediction if p["source"] == "prediction"]
+    present = sources(values) | ({"prediction"} if pred_points else set())
     base = alt.Chart(data(values)).encode(world_size_x(ticks), y.copy(), colour)
     layers: list[Any] = [
         base.mark_line().encode(detail="series:N"),
-        base.mark_point(filled=True).encode(stroke, source_shape(), source_fill_opacity(), tooltip=tooltip),
+        base.mark_point(filled=True).encode(
+            stroke, source_shape(present), source_fill_opacity(), tooltip=tooltip
+        ),
     ]
     if prediction:
         pbase = alt.Chart(data(prediction)).encode(
@@ -99,7 +103,6 @@ def _curve(
             alt.Color("series:N", scale=alt.Scale(scheme=SERIES_SCHEME)),
         )
         layers.append(pbase.mark_line(strokeDash=[6, 4], strokeWidth=1.5).encode(detail="series:N"))
-        pred_points = [p for p in prediction if p["source"] == "prediction"]
         if pred_points:
             layers.append(
                 alt.Chart(data(pred_points))
@@ -109,7 +112,7 @@ def _curve(
                     alt.Y("value:Q"),
                     alt.Color("series:N", scale=alt.Scale(scheme=SERIES_SCHEME)),
                     stroke,
-                    source_shape(),
+                    source_shape(present),
                     source_fill_opacity(),
                     tooltip=[
                         alt.Tooltip("series:N", title="group"),

@@ -57,7 +57,12 @@ def wait_heatmap(collective_wait: pa.Table | None, run_id: str | None = None) ->
         alt.Chart(data(values))
         .mark_rect()
         .encode(
-            x=alt.X("step:Q", bin=alt.Bin(maxbins=120), title="step"),
+            x=alt.X(
+                "step:Q",
+                bin=alt.Bin(maxbins=120),
+                title="step",
+                axis=alt.Axis(tickCount=10, labelOverlap=True, format="d"),
+            ),
             y=alt.Y("rank:O", title="rank", sort=ranks),
             color=alt.Color(
                 "mean(wait_ms):Q",
@@ -118,7 +123,7 @@ def last_rank_chart(stragglers: pa.Table | None, run_id: str | None = None) -> C
     rule = alt.Chart(data(even)).mark_rule(strokeDash=[4, 3], color="#555").encode(y="y:Q")
     text = (
         alt.Chart(data(even))
-        .mark_text(align="right", x=WIDTH - 4, dy=-7, fontSize=10, color="#555")
+        .mark_text(align="left", x=WIDTH + 4, fontSize=10, color="#555")
         .encode(y="y:Q", text="label:N")
     )
     chart = alt.layer(bars, rule, text).properties(width=WIDTH, height=PANEL_HEIGHT + 40)

@@ -86,11 +86,15 @@ def phase_legend_expr() -> str:
     return f"{cases} : datum.label"
 
 
-def source_shape() -> alt.Shape:
+def source_shape(present: set[str] | None = None) -> alt.Shape:
+    """Shape by source; the legend lists only the sources `present` (all when None), while the
+    scale keeps every source so a shape means the same in every chart."""
+    shown = [s for s in SOURCES if present is None or s in present]
     return alt.Shape(
         "source:N",
         title="source",
         scale=alt.Scale(domain=list(SOURCES), range=[SOURCE_SHAPES[s] for s in SOURCES]),
+        legend=alt.Legend(values=shown),
     )
 
 
@@ -124,6 +128,9 @@ def source_note(sources: set[str], *, marks: str = "points") -> str:
 def _theme_config() -> dict[str, Any]:
     return {
         "font": FONT,
+        # slack on the right: a browser without Helvetica/Arial draws the SVG's text in a wider font
+        # than vl-convert measured with, and legends sit at the right edge
+        "padding": {"left": 5, "top": 5, "right": 30, "bottom": 5},
         "view": {"stroke": None},
         "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#e6e6e6"},
         "legend": {"labelFontSize": 11, "titleFontSize": 12, "labelLimit": 260},

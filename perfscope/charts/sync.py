@@ -100,7 +100,7 @@ def sync_time_chart(sync: pa.Table | None) -> ChartLike:
             base.mark_line().encode(detail="series:N"),
             base.mark_point(filled=True).encode(
                 _stroke(),
-                source_shape(),
+                source_shape(sources(values)),
                 source_fill_opacity(),
                 tooltip=[
                     alt.Tooltip("series:N", title="group"),
@@ -181,7 +181,7 @@ def busbw_chart(sync: pa.Table | None, allreduce_fit: pa.Table | None = None) ->
         base.mark_point(filled=True).encode(
             alt.Y("busbw_gb_per_s:Q"),
             _stroke(),
-            source_shape(),
+            source_shape(sources(values)),
             source_fill_opacity(),
             tooltip=[
                 alt.Tooltip("series:N", title="group"),

@@ -59,7 +59,7 @@ def _points(values: list[Row], y: alt.Y, tooltip: list[alt.Tooltip], whiskers: t
     layers += [
         base.mark_line().encode(y, detail="series:N"),
         base.mark_point(filled=True).encode(
-            alt.Y(y.shorthand), stroke, source_shape(), source_fill_opacity(), tooltip=tooltip
+            alt.Y(y.shorthand), stroke, source_shape(sources(values)), source_fill_opacity(), tooltip=tooltip
         ),
     ]
     return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT)

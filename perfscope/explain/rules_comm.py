@@ -226,7 +226,7 @@ def latency_bound(ctx: Context) -> list[Finding]:
             lat = fit.latency_share(p, nbytes, k)
             confidence = 0.75
             basis = (
-                f"the alpha-beta fit (α = {fit.alpha_s * 1e6:.1f} µs per ring step) puts "
+                f"the alpha-beta fit (α = {dur(fit.alpha_s * 1e9)} per ring step) puts "
                 f"{pct(lat)} of the allreduce time in per-message latency"
             )
         elif avg_msg < SMALL_MESSAGE_BYTES and k >= MANY_COLLECTIVES:

@@ -44,8 +44,8 @@ def node_boundary_knee(ctx: Context) -> list[Finding]:
         }
         if intra is not None and inter is not None:
             fit_text = (
-                f" The alpha-beta fits say why: within a node α = {intra.alpha_s * 1e6:.1f} µs and "
-                f"{gbps(intra.bandwidth_gb_per_s)}, across nodes α = {inter.alpha_s * 1e6:.1f} µs and "
+                f" The alpha-beta fits say why: within a node α = {dur(intra.alpha_s * 1e9)} and "
+                f"{gbps(intra.bandwidth_gb_per_s)}, across nodes α = {dur(inter.alpha_s * 1e9)} and "
                 f"{gbps(inter.bandwidth_gb_per_s)}."
             )
             numbers |= {

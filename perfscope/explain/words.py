@@ -15,7 +15,9 @@ def dur(ns: float | None) -> str:
         return f"{ns / 1e6:.1f} ms"
     if v >= 1e3:
         return f"{ns / 1e3:.0f} µs"
-    return f"{ns:.0f} ns"
+    if v >= 1:
+        return f"{ns:.0f} ns"
+    return "0 ns" if v == 0 else f"{ns:.2g} ns"
 
 
 def pct(x: float | None) -> str:
