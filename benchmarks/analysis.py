@@ -46,6 +46,11 @@ print(json.dumps({"seconds": time.perf_counter() - t, "rows": table.num_rows}))
 """
 
 
+def _row(table: str, **values: Any) -> tuple[Any, ...]:
+    """A row tuple in schema order; columns not given are NULL."""
+    return tuple(values.get(c) for c in TABLES[table].column_names)
+
+
 def _steps_table(rng: np.random.Generator, n: int, steps: int, batch: int, sync_ms: float) -> pa.Table:
     m = n * steps
     rank = np.tile(np.arange(n, dtype=np.int32), steps)
@@ -96,56 +101,20 @@ def generate(root: Path, target_rows: int, seed: int = 0) -> int:
             write_segment(d / "bench-000001.parquet", table, row_group_size=ROW_GROUP)
             total += table.num_rows
             with StoreWriter(root, run_id, writer_id="bench-meta") as w:
-                w.append(
-                    "runs",
-                    (
-                        "bench",
-                        "measured",
-                        T0_NS,
-                        n,
-                        nodes,
-                        min(n, GPUS_PER_NODE),
-                        backend,
-                        "NVIDIA H100",
-                        989e12,
-                        cluster,
-                        "resnet",
-                        batch,
-                        batch * n,
-                        25_000_000,
-                        100_000_000,
-                        "weak",
-                        None,
-                        1_281_167,
-                        "node0",
-                        "0.1.0",
-                        "3.11",
-                        "2.13",
-                        "12.4",
-                        "2.21",
-                        "550",
-                        "{}",
-                        T0_NS + 10**12,
-                    ),
-                )
-                w.extend(
-                    "ranks",
-                    [
-                        (
-                            r,
-                            r % GPUS_PER_NODE,
-                            r // GPUS_PER_NODE,
-                            f"node{r // GPUS_PER_NODE}",
-                            1000 + r,
-                            0,
-                            64,
-                            r % GPUS_PER_NODE,
-                            "NVIDIA H100",
-                            T0_NS,
-                        )
-                        for r in range(n)
-                    ],
-                )
+                w.append("runs", _row(
+                    "runs", experiment="bench", source="measured", started_ns=T0_NS, world_size=n,
+                    nodes=nodes, gpus_per_node=min(n, GPUS_PER_NODE), backend=backend,
+                    device_model="NVIDIA H100", device_peak_flops=989e12, cluster=cluster, model="resnet",
+                    batch_size_per_rank=batch, global_batch_size=batch * n, param_count=25_000_000,
+                    grad_bytes=100_000_000, scaling_mode="weak", dataset_samples=1_281_167,
+                    hostname="node0", tags="{}", ended_ns=T0_NS + 10**12,
+                ))  # fmt: skip
+                w.extend("ranks", [
+                    _row("ranks", rank=r, local_rank=r % GPUS_PER_NODE, node_rank=r // GPUS_PER_NODE,
+                         hostname=f"node{r // GPUS_PER_NODE}", pid=1000 + r, clock_offset_ns=0, cpu_count=64,
+                         device_index=r % GPUS_PER_NODE, device_name="NVIDIA H100", started_ns=T0_NS)
+                    for r in range(n)
+                ])  # fmt: skip
     return total
 
 

@@ -20,7 +20,8 @@ import importlib
 from typing import Any
 
 from .faults import Faults
-from .phases import Collective, Timeline
+from .phases import Timeline
+from .step_rows import Collective
 
 
 class HorovodRecorder:

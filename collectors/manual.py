@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .phases import Collective, Span, Timeline
+from .phases import Timeline
+from .step_rows import Collective, Span
 
 
 class CollectiveBlock:

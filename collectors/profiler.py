@@ -57,6 +57,26 @@ class Phase:
                 self._prof._internal_error(err)
 
 
+class _Guard:
+    """`with self._guard:` around our own bookkeeping: an exception of ours stops recording with a
+    warning instead of reaching the training loop. (Not for the user's code: that propagates.)"""
+
+    __slots__ = ("_prof",)
+
+    def __init__(self, prof: Profiler) -> None:
+        self._prof = prof
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc_type is None or not issubclass(exc_type, Exception):
+            return False
+        assert isinstance(exc, Exception)
+        self._prof._internal_error(exc)
+        return True
+
+
 class Profiler:
     """One rank's recording of one run. Create it with `perfscope.profile(...)`."""
 
@@ -92,6 +112,7 @@ class Profiler:
         self._roll_interval_s = roll_interval_s
         self._recording = False
         self._live: Timeline | None = None  # the timeline while recording: what the hot path checks
+        self._guard = _Guard(self)
         self._started = False
         self._closed = False
         self._start_rows_written = False
@@ -262,7 +283,8 @@ class Profiler:
         it = iter(loader)
         self._in_steps += 1
         try:
-            tl.begin_loop()
+            with self._guard:
+                tl.begin_loop()
             while True:
                 span = None
                 if self._recording:
@@ -274,11 +296,13 @@ class Profiler:
                     batch = next(it)
                 except StopIteration:
                     if span is not None:
-                        tl.cancel(span)
+                        with self._guard:
+                            tl.cancel(span)
                     return
                 except BaseException as exc:
                     if span is not None:
-                        tl.exit(span, type(exc))
+                        with self._guard:
+                            tl.exit(span, type(exc))
                     raise
                 samples = None
                 if span is not None:
@@ -297,13 +321,14 @@ class Profiler:
                     # (an exception escaping the loop body also closes the generator, before any
                     # enclosing `with` sees it: that step's spans are kept, with their error)
                     if self._recording:
-                        ran, failed = tl.open_step_state()
-                        if not ran:
-                            tl.discard_open_step()
-                        elif failed:
-                            tl.abandon_open_step()
-                        else:
-                            self._end_step(samples)
+                        with self._guard:
+                            ran, failed = tl.open_step_state()
+                            if not ran:
+                                tl.discard_open_step()
+                            elif failed:
+                                tl.abandon_open_step()
+                            else:
+                                self._end_step(samples)
                     raise
                 if self._recording:
                     self._end_step(samples)
@@ -440,7 +465,8 @@ class Profiler:
         index = facts.device_index if facts is not None else None
         if index is None and self._timeline is not None and self._timeline.marks.clock == "cuda":
             torch = sys.modules.get("torch")
-            index = int(torch.cuda.current_device()) if torch is not None else None
+            with contextlib.suppress(Exception):
+                index = int(torch.cuda.current_device()) if torch is not None else None
         if index is None:
             return None, "cpu"
         names = self._gpus.device_names
@@ -452,6 +478,13 @@ class Profiler:
         if self._start_rows_written or self._writer is None or self.placement is None:
             return
         self._start_rows_written = True
+        try:
+            self._write_rank_and_run_rows()
+        except Exception as exc:
+            self.faults.report("metadata_failed", f"perfscope: could not write the run's metadata ({exc!r}).")
+
+    def _write_rank_and_run_rows(self) -> None:
+        assert self._writer is not None and self.placement is not None
         index, name = self._device()
         self._writer.append("ranks", ranks_row(self.placement, self._hostname, index, name, self.started_ns))
         self._write_runs_row(ended_ns=None)

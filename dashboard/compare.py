@@ -73,14 +73,21 @@ def render(ctx: Context) -> None:
         _groups(ctx)
 
 
+TWIN_KEYS = ("experiment", "cluster", "world_size", "batch_size_per_rank")
+
+
 def _default_pair(runs: list[dict[str, Any]]) -> tuple[int, int]:
-    """Two runs worth comparing: the first run and its twin on another backend, else the next run."""
-    first = runs[0]
-    for i, r in enumerate(runs[1:], 1):
-        same = all(r[k] == first[k] for k in ("experiment", "cluster", "world_size", "batch_size_per_rank"))
-        if same and r["backend"] != first["backend"]:
-            return 0, i
-    return 0, min(1, len(runs) - 1)
+    """Two runs worth comparing: the largest world size measured on two backends (the seed study's
+    NCCL against MPI), else the first two runs."""
+    seen: dict[tuple[Any, ...], int] = {}
+    best: tuple[int, int] | None = None
+    for i, r in enumerate(runs):
+        key = tuple(r[k] for k in TWIN_KEYS)
+        j = seen.setdefault(key, i)
+        twin = j != i and runs[j]["backend"] != r["backend"]
+        if twin and (best is None or (r["world_size"] or 0) > (runs[best[0]]["world_size"] or 0)):
+            best = (j, i)
+    return best or (0, min(1, len(runs) - 1))
 
 
 def _runs(ctx: Context, summary: pa.Table) -> None:
@@ -151,9 +158,7 @@ def _shown(v: float | None, signed: bool = False) -> str:
         return "0"
     if abs(v) >= 1000:
         return f"{sign}{v:,.0f}"
-    if abs(v) >= 1:
-        return f"{sign}{v:.3f}"
-    return f"{sign}{v:.3g}"
+    return f"{sign}{v:.3f}" if abs(v) >= 1 else f"{sign}{v:.4f}"
 
 
 def _difference(table: pa.Table, first_column: str = "quantity") -> None:

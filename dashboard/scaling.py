@@ -181,15 +181,13 @@ def _largest(scaling: pa.Table) -> pa.Table:
 
 def _speedup(ctx: Context, scaling: pa.Table, picked: list[str], labels: dict[str, str]) -> None:
     prediction = filter_rows(ctx.table("scaling_prediction"), "group_id", picked)
-    charts(
-        speedup_chart(scaling, prediction),
-        efficiency_chart(scaling, prediction),
-        per_gpu_speedup_chart(scaling),
-    )
-    with st.container(width=720):
-        st.subheader("At the largest world size")
-        st.caption("Per group: what the seed study quotes (per-GPU speedup S(N)/N) at its largest N.")
-        show_table(relabel(_largest(scaling), "group_id", labels), LARGEST_COLUMNS)
+    charts(speedup_chart(scaling, prediction), efficiency_chart(scaling, prediction))
+    with st.container(horizontal=True, wrap=True, gap="large"):
+        chart(per_gpu_speedup_chart(scaling))
+        with st.container(width=560):
+            st.subheader("At the largest world size")
+            st.caption("Per group: what the seed study quotes (per-GPU speedup S(N)/N) at its largest N.")
+            show_table(relabel(_largest(scaling), "group_id", labels), LARGEST_COLUMNS)
     show_table(relabel(scaling, "group_id", labels), SCALING_COLUMNS)
     definition_note("scaling", "scaling_prediction")
 

@@ -11,7 +11,7 @@ from .state import Context
 
 EXAMPLE = """SELECT run_id, world_size, backend, cluster, batch_size_per_rank
 FROM runs
-ORDER BY experiment, cluster, backend, world_size
+ORDER BY experiment, cluster, backend, batch_size_per_rank, world_size
 LIMIT 50"""
 
 #: Rows drawn in the page: the browser holds every row it shows; `perfscope sql -o` writes them all.

@@ -96,10 +96,16 @@ def _num(n: Num, definition: str) -> str:
 
 
 def _prefix_ids(svg: str, prefix: str) -> str:
-    """Inline SVGs share one id space: give each chart's ids (gradients, clip paths) its own prefix."""
-    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', svg)
-    svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}{m.group(1)})", svg)
-    return re.sub(r'href="#([^"]+)"', lambda m: f'href="#{prefix}{m.group(1)}"', svg)
+    """Inline SVGs share one id space, and vl-convert numbers its gradients per process: rename each
+    chart's ids to prefix + order of appearance, so ids are unique and the file is reproducible."""
+    names: dict[str, str] = {}
+    for m in re.finditer(r'\bid="([^"]+)"', svg):
+        names.setdefault(m.group(1), f"{prefix}{len(names)}")
+    if not names:
+        return svg
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{names[m.group(1)]}"', svg)
+    svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{names.get(m.group(1), m.group(1))})", svg)
+    return re.sub(r'href="#([^"]+)"', lambda m: f'href="#{names.get(m.group(1), m.group(1))}"', svg)
 
 
 class _Html:

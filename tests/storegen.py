@@ -6,8 +6,8 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from perfscope.schema import TABLES
 from perfscope.writer import StoreWriter
 
 T0_NS = 1_700_000_000_000_000_000
@@ -98,6 +98,15 @@ def _nodes(spec: RunSpec) -> int:
     return max(1, -(-spec.world_size // spec.gpus_per_node))
 
 
+def row(table: str, **values: object) -> tuple[object, ...]:
+    """A row tuple in the table's schema order; columns not named are NULL, so appending a nullable
+    column to the schema never breaks a store built here."""
+    unknown = set(values) - set(TABLES[table].column_names)
+    if unknown:
+        raise TypeError(f"{table} has no column(s) {sorted(unknown)}")
+    return tuple(values.get(c) for c in TABLES[table].column_names)
+
+
 def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = None, **kw: object) -> RunSpec:
     """Write one run into the store at `root`; keyword arguments override RunSpec fields."""
     spec = spec or RunSpec()
@@ -139,25 +148,37 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
                 for seq, nbytes in enumerate(spec.comm.bucket_bytes):
                     # every rank leaves once the last one has entered and the transfer is done
                     dur = int(last_enter - enters[r] + spec.comm.transfer_ns(nbytes))
-                    comm_rows.append((r, step, seq, "allreduce", seq, nbytes, enters[r], dur, spec.clock))
+                    comm_rows.append(
+                        row(
+                            "comm",
+                            rank=r,
+                            step=step,
+                            seq=seq,
+                            op="allreduce",
+                            bucket=seq,
+                            bytes=nbytes,
+                            start_ns=enters[r],
+                            dur_ns=dur,
+                            clock=spec.clock,
+                        )
+                    )
                     comm_total += dur
                 comm_count = len(spec.comm.bucket_bytes)
                 if not spec.comm_total_from_comm:
                     comm_total = None
+            phase_ns = {f"{p}_ns": None if durs[p] is None else int(durs[p] or 0) for p in PHASE_ORDER}
             steps_rows.append(
-                (
-                    r,
-                    step,
-                    t,
-                    step_ns,
-                    *(
-                        None if durs[p] is None else int(durs[p])  # type: ignore[arg-type]
-                        for p in PHASE_ORDER
-                    ),
-                    comm_total,
-                    comm_count,
-                    spec.batch_size_per_rank,
-                    spec.clock,
+                row(
+                    "steps",
+                    rank=r,
+                    step=step,
+                    start_ns=t,
+                    step_ns=step_ns,
+                    **phase_ns,
+                    comm_total_ns=comm_total,
+                    comm_count=comm_count,
+                    samples=spec.batch_size_per_rank,
+                    clock=spec.clock,
                 )
             )
         t += int(step_len)
@@ -169,17 +190,18 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
         node = r // spec.gpus_per_node
         w.append(
             "ranks",
-            (
-                r,
-                r % spec.gpus_per_node,
-                node,
-                f"node{node}",
-                1000 + r,
-                0,
-                spec.cpu_count,
-                (r % spec.gpus_per_node) if spec.device else None,
-                spec.device_model if spec.device else "cpu",
-                spec.start_ns,
+            row(
+                "ranks",
+                rank=r,
+                local_rank=r % spec.gpus_per_node,
+                node_rank=node,
+                hostname=f"node{node}",
+                pid=1000 + r,
+                clock_offset_ns=0,
+                cpu_count=spec.cpu_count,
+                device_index=(r % spec.gpus_per_node) if spec.device else None,
+                device_name=spec.device_model if spec.device else "cpu",
+                started_ns=spec.start_ns,
             ),
         )
     if spec.gpu is not None:
@@ -191,28 +213,23 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
             while ts <= end_ns:
                 w.append(
                     "gpu_samples",
-                    (
-                        ts,
-                        f"node{node}",
-                        node,
-                        r % spec.gpus_per_node,
-                        f"GPU-{node}-{r}",
-                        g.util_pct(r),
-                        10.0,
-                        g.mem_used_bytes,
-                        80 * 2**30,
-                        g.power_w * 1000,
-                        energy if g.with_energy else None,
-                        g.sm_clock_mhz,
-                        2600.0,
-                        60.0,
-                        None,
-                        None,
-                        None,
-                        None,
-                        g.clocks_event_reasons,
-                        None,
-                        None,
+                    row(
+                        "gpu_samples",
+                        ts_ns=ts,
+                        hostname=f"node{node}",
+                        node_rank=node,
+                        gpu_index=r % spec.gpus_per_node,
+                        gpu_uuid=f"GPU-{node}-{r}",
+                        util_gpu_pct=g.util_pct(r),
+                        util_mem_pct=10.0,
+                        mem_used_bytes=g.mem_used_bytes,
+                        mem_total_bytes=80 * 2**30,
+                        power_mw=g.power_w * 1000,
+                        energy_mj=energy if g.with_energy else None,
+                        sm_clock_mhz=g.sm_clock_mhz,
+                        mem_clock_mhz=2600.0,
+                        temp_c=60.0,
+                        clocks_event_reasons=g.clocks_event_reasons,
                     ),
                 )
                 energy += g.power_w * 1000 * g.interval_ns / 1e9  # mJ
@@ -223,16 +240,17 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
             while ts <= end_ns:
                 w.append(
                     "host_samples",
-                    (
-                        ts,
-                        f"node{node}",
-                        node,
-                        spec.host.proc_cpu_pct,
-                        spec.host.sys_cpu_pct,
-                        2**30,
-                        2**34,
-                        1.0,
-                        spec.cpu_count,
+                    row(
+                        "host_samples",
+                        ts_ns=ts,
+                        hostname=f"node{node}",
+                        node_rank=node,
+                        proc_cpu_pct=spec.host.proc_cpu_pct,
+                        sys_cpu_pct=spec.host.sys_cpu_pct,
+                        rss_bytes=2**30,
+                        sys_mem_used_bytes=2**34,
+                        load1=1.0,
+                        cpu_count=spec.cpu_count,
                     ),
                 )
                 ts += spec.host.interval_ns
@@ -240,55 +258,41 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
     for name, fn in spec.metrics.items():
         for step in range(spec.steps):
             frac = (step + 1) / spec.steps
-            w.append(
-                "metrics", (low, step, int(spec.start_ns + frac * (end_ns - spec.start_ns)), name, fn(step))
-            )
+            ts = int(spec.start_ns + frac * (end_ns - spec.start_ns))
+            w.append("metrics", row("metrics", rank=low, step=step, ts_ns=ts, name=name, value=fn(step)))
     if spec.write_runs_row:
         w.append(
             "runs",
-            (
-                spec.experiment,
-                spec.source,
-                spec.start_ns,
-                n,
-                nodes,
-                local,
-                spec.backend,
-                spec.device_model,
-                spec.device_peak_flops,
-                spec.cluster,
-                spec.model,
-                spec.batch_size_per_rank,
-                gbs,
-                spec.param_count,
-                spec.grad_bytes,
-                spec.scaling_mode,
-                spec.flops_per_step,
-                spec.dataset_samples,
-                "node0",
-                "0.1.0",
-                "3.11",
-                "2.13",
-                "",
-                "",
-                "",
-                json.dumps({}),
-                end_ns,
+            row(
+                "runs",
+                experiment=spec.experiment,
+                source=spec.source,
+                started_ns=spec.start_ns,
+                world_size=n,
+                nodes=nodes,
+                gpus_per_node=local,
+                backend=spec.backend,
+                device_model=spec.device_model,
+                device_peak_flops=spec.device_peak_flops,
+                cluster=spec.cluster,
+                model=spec.model,
+                batch_size_per_rank=spec.batch_size_per_rank,
+                global_batch_size=gbs,
+                param_count=spec.param_count,
+                grad_bytes=spec.grad_bytes,
+                scaling_mode=spec.scaling_mode,
+                flops_per_step=spec.flops_per_step,
+                dataset_samples=spec.dataset_samples,
+                hostname="node0",
+                perfscope_version="0.1.0",
+                python_version="3.11",
+                torch_version="2.13",
+                tags=json.dumps({}),
+                ended_ns=end_ns,
             ),
         )
     w.close()
     return spec
-
-
-def step_ns_of(spec: RunSpec) -> float:
-    """The step time a constant-phase run has (no phase_fn): the sum of its phases."""
-    return float(sum(v or 0 for v in spec.phases.values()))
-
-
-def store_dir(tmp_path: Path, name: str = "store") -> Path:
-    p = tmp_path / name
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 def ring_transfer_ns(p: int, nbytes: float, alpha_s: float, beta_s_per_byte: float) -> float:

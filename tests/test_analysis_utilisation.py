@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from storegen import DEFAULT_PHASES, MS, Gpu, Host, make_run
+from storegen import DEFAULT_PHASES, MS, Gpu, Host, make_run, row
 
 from perfscope.analysis import run_analysis
 from perfscope.store import open_store
@@ -19,30 +19,9 @@ def test_utilisation_and_energy_per_sample(tmp_path):
     with StoreWriter(tmp_path, "w1", writer_id="foreign") as w:
         w.append(
             "gpu_samples",
-            (
-                1_700_000_000_500_000_000,
-                "node0",
-                0,
-                7,
-                "GPU-idle",
-                0.0,
-                0.0,
-                0,
-                0,
-                50_000.0,
-                0.0,
-                300.0,
-                0.0,
-                30.0,
-                None,
-                None,
-                None,
-                None,
-                0,
-                None,
-                None,
-            ),
-        )
+            row("gpu_samples", ts_ns=1_700_000_000_500_000_000, hostname="node0", node_rank=0, gpu_index=7,
+                util_gpu_pct=0.0, power_mw=50_000.0, energy_mj=0.0),
+        )  # fmt: skip
     with open_store(tmp_path) as store:
         u = {r["run_id"]: r for r in run_analysis("utilisation", store).to_pylist()}
     w1, w2 = u["w1"], u["w2"]

@@ -9,7 +9,8 @@ import pytest
 from perfscope.collectors import phases
 from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.cuda_timing import CudaMarks
-from perfscope.collectors.phases import Timeline, exposed_sync_ns, infer_samples
+from perfscope.collectors.phases import Timeline, infer_samples
+from perfscope.collectors.step_rows import exposed_sync_ns
 
 from perfscope.schema import TABLES
 

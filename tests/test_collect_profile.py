@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,3 +317,65 @@ def test_nvtx_ranges_for_steps_and_phases_with_cached_attributes(
     ends = [rid for k, rid in domain.calls if k == "end"]
     assert len(starts) == 5 and sorted(ends) == starts  # every step range closed, the last at close
     assert ("push", "attrs:registered:forward") in domain.calls
+
+
+class HostTimedEvent:
+    """A stand-in for torch.cuda.Event on a machine without CUDA: record() notes the host clock,
+    query() says whether the (imaginary) device has passed it, elapsed_time() answers in ms. It has
+    no synchronize(): perfscope must never wait for the device."""
+
+    passed = True
+
+    def record(self) -> None:
+        self.t_ns = time.perf_counter_ns()
+
+    def query(self) -> bool:
+        return HostTimedEvent.passed
+
+    def elapsed_time(self, end: HostTimedEvent) -> float:
+        return (end.t_ns - self.t_ns) / 1e6
+
+
+def test_cuda_timing_path_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfscope.collectors.cuda_timing import CudaMarks
+
+    monkeypatch.setattr(CudaMarks, "for_torch", classmethod(lambda cls: cls(HostTimedEvent)))
+    HostTimedEvent.passed = False  # the device lags: nothing can be resolved during the loop
+    with perfscope.profile(tmp_path, timing="cuda", poll_hz=0) as prof:
+        for i, x in enumerate(prof.steps([torch.ones(4, 2)] * 5)):
+            with prof.phase("forward"):
+                time.sleep(0.002)
+            prof.log(loss=x.sum() * i)  # a tensor: converted once its step is resolved
+        assert prof._timeline.steps_written == 0 and len(prof._timeline.pending) == 5
+        HostTimedEvent.passed = True  # the device catches up before close
+    with open_store(tmp_path) as store:
+        steps = store.query("SELECT * FROM steps ORDER BY step").to_pylist()
+        losses = store.query("SELECT value FROM metrics ORDER BY step").column(0).to_pylist()
+    assert [s["clock"] for s in steps] == ["cuda"] * 5
+    assert all(s["forward_ns"] >= 2_000_000 and s["step_ns"] >= s["forward_ns"] for s in steps)
+    assert losses == [8.0 * i for i in range(5)]
+
+
+def test_a_bug_of_ours_stops_recording_not_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfscope.collectors.phases import Timeline
+
+    calls = {"n": 0}
+    real_end_step = Timeline.end_step
+
+    def broken_after_two(self: Timeline, samples: int | None = None) -> None:
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise ZeroDivisionError("a bug in perfscope")
+        real_end_step(self, samples)
+
+    monkeypatch.setattr(Timeline, "end_step", broken_after_two)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with perfscope.profile(tmp_path, poll_hz=0) as prof:
+            losses = _train(prof, _model(), _loader(64))
+            assert not prof.recording
+    assert len(losses) == 8  # every step trained
+    assert len([w for w in caught if "internal error" in str(w.message)]) == 1
+    with open_store(tmp_path) as store:
+        assert store.query("SELECT count(*) FROM steps").column(0)[0].as_py() == 2
+        assert store.query("SELECT kind FROM events").column(0).to_pylist() == ["internal_error"]

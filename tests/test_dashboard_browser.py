@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -72,10 +73,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60
 
 
 @contextmanager
-def dashboard_server(store: Path, log: Path, *extra: str) -> Iterator[str]:
-    """`perfscope dashboard STORE` on a free port of 127.0.0.1; yields its URL once it answers, and
+def dashboard_server(
+    store: Path, log: Path, host: str = "127.0.0.1"
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`perfscope dashboard STORE` on a free port; yields its URL and process once it answers, and
     always ends it (the CLI and the Streamlit server it started) afterwards."""
     port = free_port()
+    extra = [] if host == "127.0.0.1" else ["--host", host]
     with open(log, "wb") as out:
         # its own session, so the CLI and the Streamlit server it started end together
         proc = subprocess.Popen(
@@ -85,11 +89,12 @@ def dashboard_server(store: Path, log: Path, *extra: str) -> Iterator[str]:
             start_new_session=True,
         )
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{host}:{port}"
         _wait_healthy(url, proc)
-        yield url
+        yield url, proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a test may have ended it already
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -135,7 +140,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     pytest.importorskip("playwright.sync_api")
     root = tmp_path_factory.mktemp("browser")
     write_study(root / "store", parse_config(seed_study_config()))
-    with dashboard_server(root / "store", root / "server.log") as url:
+    with dashboard_server(root / "store", root / "server.log") as (url, _):
         yield url, root / "server.log"
 
 

@@ -65,19 +65,26 @@ CHARTS: dict[str, ChartSpec] = {
 }
 
 
+def _spec_of(chart: ChartLike) -> dict[str, Any]:
+    # Altair's JSON-schema validation costs more than the rendering; the builders' specs are
+    # validated by the chart tests, so exports skip it.
+    spec: dict[str, Any] = chart.to_dict(validate=False)
+    return spec
+
+
 def to_svg(chart: ChartLike) -> str:
     """The chart as a standalone SVG document (rendered by vl-convert, no browser, no network)."""
     import vl_convert as vlc
 
     # inline data only: allow no base URL, so rendering can never reach the network
-    return str(vlc.vegalite_to_svg(chart.to_dict(), allowed_base_urls=[]))
+    return str(vlc.vegalite_to_svg(_spec_of(chart), allowed_base_urls=[]))
 
 
 def to_png(chart: ChartLike, scale: float = 2.0) -> bytes:
     """The chart as PNG bytes; `scale` 2 gives sharp images on high-density screens and in print."""
     import vl_convert as vlc
 
-    return bytes(vlc.vegalite_to_png(chart.to_dict(), scale=scale, allowed_base_urls=[]))
+    return bytes(vlc.vegalite_to_png(_spec_of(chart), scale=scale, allowed_base_urls=[]))
 
 
 __all__ = [

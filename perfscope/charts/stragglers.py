@@ -75,7 +75,7 @@ def wait_heatmap(collective_wait: pa.Table | None, run_id: str | None = None) ->
                 alt.Tooltip("mean(wait_ms):Q", title="mean wait ms", format=".3f"),
             ],
         )
-        .properties(width=WIDTH, height=max(60, min(PANEL_HEIGHT * 2, 14 * len(ranks))))
+        .properties(width=WIDTH, height=max(120, min(PANEL_HEIGHT * 2, 16 * len(ranks))))
     )
     subtitle = [
         f"run {chosen}; w_i = max_j(enter_j) − enter_i, summed over the step's collectives",

@@ -88,6 +88,7 @@ def _lines(
     series_title: str,
     tooltip: list[Any],
     legend: alt.Legend | None = None,
+    y_scale: alt.Scale | None = None,
 ) -> list[Any]:
     """One line per series, or the band over them when there are too many to tell apart."""
     field = str(x.shorthand).split(":")[0]
@@ -101,18 +102,20 @@ def _lines(
         )
         if len(names) == 1:
             colour = alt.Color(f"{series}:N", title=series_title, legend=None)
+        y = alt.Y(f"{y_field}:Q", title=y_title, scale=y_scale if y_scale is not None else alt.Undefined)
         return [
             alt.Chart(data(values))
-            .mark_line(strokeWidth=1.4, interpolate="step-after")
-            .encode(x, alt.Y(f"{y_field}:Q", title=y_title), colour, tooltip=tooltip)
+            .mark_line(strokeWidth=1.4, interpolate="step-after", clip=True)
+            .encode(x, y, colour, tooltip=tooltip)
         ]
     band = _band(values, field, y_field)
     base = alt.Chart(data(band)).encode(x)
     return [
-        base.mark_area(opacity=0.25, color="#4c78a8", interpolate="step-after").encode(
-            alt.Y("lo:Q", title=y_title), alt.Y2("hi:Q")
+        base.mark_area(opacity=0.25, color="#4c78a8", interpolate="step-after", clip=True).encode(
+            alt.Y("lo:Q", title=y_title, scale=y_scale if y_scale is not None else alt.Undefined),
+            alt.Y2("hi:Q"),
         ),
-        base.mark_line(color="#4c78a8", strokeWidth=1.4, interpolate="step-after").encode(
+        base.mark_line(color="#4c78a8", strokeWidth=1.4, interpolate="step-after", clip=True).encode(
             alt.Y("median:Q"),
             tooltip=[
                 alt.Tooltip(f"{field}:Q"),
@@ -158,9 +161,13 @@ def step_series_chart(step_series: pa.Table | None) -> ChartLike:
         r["step_ms"] = None if r["step_ns"] is None else r["step_ns"] / 1e6
         r["rank_label"] = f"rank {r['rank']}"
     panels = []
+    cut: list[float] = []
     runs = _per_run(step_series)
     for run_id in runs:
         own = [r for r in vals if r["run_id"] == run_id]
+        y_scale, peak = _steady_scale(own)
+        if peak is not None:
+            cut.append(peak)
         x = alt.X("step:Q", title="step", axis=alt.Axis(format="d"))
         tooltip = [
             alt.Tooltip("rank:Q"),
@@ -168,7 +175,7 @@ def step_series_chart(step_series: pa.Table | None) -> ChartLike:
             alt.Tooltip("steps_in_bucket:Q", title="steps in bucket"),
             alt.Tooltip("step_ms:Q", title="step (ms, median)", format=".3f"),
         ]
-        layers = _lines(own, x, "step_ms", "step time (ms)", "rank_label", "rank", tooltip)
+        layers = _lines(own, x, "step_ms", "step time (ms)", "rank_label", "rank", tooltip, y_scale=y_scale)
         warm = [r["step"] for r in own if not r["steady"]]
         steady = [r["step"] for r in own if r["steady"]]
         if warm and steady:
@@ -191,7 +198,23 @@ def step_series_chart(step_series: pa.Table | None) -> ChartLike:
     chart = panels[0] if len(panels) == 1 else alt.vconcat(*panels)
     ranks = len({r["rank"] for r in vals})
     shown = "one line per rank" if ranks <= MAX_LINES else f"median and min-max band over {ranks} ranks"
-    return finish(chart, title, f"{shown}; long runs are shown as medians of step buckets")
+    lines = [f"{shown}; long runs are shown as medians of step buckets"]
+    if cut:
+        lines.append(
+            f"the axis fits the steady steps: warm-up steps up to {max(cut):,.1f} ms run off the top"
+        )
+    return finish(chart, title, lines)
+
+
+def _steady_scale(own: list[Row]) -> tuple[alt.Scale | None, float | None]:
+    """A y scale that fits the steady steps when warm-up steps dwarf them (a first step that compiles
+    or warms caches can take 10x longer and would flatten the steady part into a line), and the
+    largest step time it cuts off."""
+    steady = [r["step_ms"] for r in own if r["steady"] and r["step_ms"] is not None]
+    every = [r["step_ms"] for r in own if r["step_ms"] is not None]
+    if not steady or not every or max(every) <= 2 * max(steady):
+        return None, None
+    return alt.Scale(domain=[0, 1.5 * max(steady)]), max(every)
 
 
 @dataclass(frozen=True)

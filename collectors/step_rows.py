@@ -1,0 +1,205 @@
+"""What one rank records of a step (spans, collectives, metrics) and the rows it becomes once its
+timing marks are resolved: `steps`, `spans`, `comm`, `metrics`.
+
+How a step's columns are computed (DESIGN.md's definitions):
+
+- `step_ns` runs from the end of the previous step (for the first step of a loop: the loop's start)
+  to the end of this one.
+- `data_ns`, `forward_ns`, `backward_ns`, `sync_exposed_ns`, `optimizer_ns` hold each canonical
+  phase's own time: a canonical phase nested inside another canonical phase is subtracted from the
+  enclosing one (Horovod's `sync` inside `optimizer`, say), so no time counts twice. Phases with
+  other names are written to `spans` only; their time stays in `other_ns` unless a canonical phase
+  encloses them.
+- A `sync` phase (hand-written allreduce, parameter averaging, Horovod's synchronize) is exposed
+  sync by definition: the step waits for all of it.
+- Overlapped collectives (DDP buckets) add their exposed part; see `exposed_sync_ns`.
+- `other_ns` is `step_ns` minus the five columns, never negative.
+- `comm_total_ns` sums the durations of the step's collectives, overlapped or not; `comm_count`
+  counts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+#: canonical phase name -> index of its column in the steps row (after rank, step, start_ns, step_ns)
+CANONICAL: dict[str, int] = {"data": 0, "forward": 1, "backward": 2, "sync": 3, "optimizer": 4}
+_BACKWARD = CANONICAL["backward"]
+_SYNC = CANONICAL["sync"]
+
+Emit = Callable[[str, list[tuple[Any, ...]]], None]
+
+
+class Marks(Protocol):
+    clock: str
+
+    def mark(self) -> Any: ...
+    def ready(self, mark: Any) -> bool: ...
+    def elapsed_ns(self, start: Any, end: Any) -> int: ...
+    def release(self, marks: Any) -> None: ...
+
+
+# A span is a list, not an object: one is made on every phase entry, and a list costs a fifth of a
+# slotted instance (about 65 against 320 ns). Its fields, by index:
+NAME, PARENT, DEPTH, START_HOST, START, END, ERROR, CANON = range(8)
+# [name, parent span or None, depth, host perf reading at start (becomes the wall-clock start),
+#  start mark, end mark (of the timing clock), error type name or None, canonical column or -1]
+Span = list
+
+
+class Collective:
+    """One collective as this rank saw it: entered at `start`, finished at `end` (set from whichever
+    thread completes it). `overlapped` collectives (DDP buckets) run during backward."""
+
+    __slots__ = ("bucket", "end", "nbytes", "op", "overlapped", "seq", "start", "start_host")
+
+    def __init__(
+        self,
+        seq: int,
+        op: str,
+        bucket: int | None,
+        nbytes: int,
+        start_host: int,
+        start: Any,
+        overlapped: bool,
+    ) -> None:
+        self.seq = seq
+        self.op = op
+        self.bucket = bucket
+        self.nbytes = nbytes
+        self.start_host = start_host
+        self.start = start
+        self.end: Any = None
+        self.overlapped = overlapped
+
+
+class StepRecord:
+    __slots__ = ("comm", "end", "index", "metrics", "samples", "spans", "start", "start_host")
+
+    def __init__(self, index: int, start_host: int, start: Any) -> None:
+        self.index = index
+        self.start_host = start_host
+        self.start = start
+        self.end: Any = None
+        self.spans: list[Span] = []
+        self.comm: list[Collective] = []
+        self.metrics: list[tuple[str, Any, int]] = []
+        self.samples: int | None = None
+
+    def empty(self) -> bool:
+        return not (self.spans or self.comm or self.metrics)
+
+
+def exposed_sync_ns(ready_ns: list[int], done_ns: list[int], window_start_ns: int, window_end_ns: int) -> int:
+    """Exposed part of overlapped collectives (DDP buckets), all times relative to one origin.
+
+    DDP launches a bucket's allreduce the moment its last gradient is computed (`ready_ns`, the
+    comm hook's entry) and overlaps it with the rest of backward; the reducer then makes backward
+    wait until every bucket's collective has finished (`done_ns`, the completion callback). Once the
+    last bucket is ready, all gradients exist, so what backward still spends after that moment until
+    the last collective is done is waiting on communication:
+
+        exposed = min(window_end, max(done)) - max(ready), clamped to [0, window length]
+
+    where the window is the backward phase that contains the last ready time (the whole step when
+    there is no backward phase). This is never more than the duration of one collective (the one
+    finishing last began no later than the last ready time), hence never more than the total.
+    """
+    if not ready_ns or not done_ns:
+        return 0
+    last_ready = max(ready_ns)
+    end = min(window_end_ns, max(done_ns))
+    return max(0, min(end - last_ready, window_end_ns - window_start_ns))
+
+
+def write_step(
+    rec: StepRecord,
+    emit: Emit,
+    marks: Marks,
+    *,
+    rank: int,
+    shift_ns: int,
+    default_samples: int | None,
+    complete: bool,
+    open_step: bool = False,
+) -> bool:
+    """Emit the rows of `rec`. `shift_ns` turns a host perf reading into ns since epoch on rank 0's
+    clock. With `complete`, every mark is known to be resolved; without, marks not yet resolved are
+    left out. An `open_step` (one that failed or never ended) gets no steps row. Returns whether a
+    steps row was written."""
+    host = marks.clock == "host"
+    el = marks.elapsed_ns
+    ready = marks.ready
+    shift = shift_ns
+    index, clock = rec.index, marks.clock
+    s0 = rec.start
+    cols = [0, 0, 0, 0, 0]
+    span_rows = []
+    backward: list[tuple[int, int]] = []
+    for name, parent, depth, start_host, start, end, error, canon in rec.spans:
+        if end is None or not (host or complete or (ready(start) and ready(end))):
+            continue
+        dur = end - start if host else el(start, end)
+        span_rows.append(
+            (rank, index, name, parent[NAME] if parent is not None else None, depth,
+             start_host + shift, dur, clock, error)
+        )  # fmt: skip
+        if canon >= 0:
+            cols[canon] += dur
+            while parent is not None and parent[CANON] < 0:
+                parent = parent[PARENT]
+            if parent is not None:
+                cols[parent[CANON]] -= dur
+            if canon == _BACKWARD:
+                start_rel = start - s0 if host else el(s0, start)
+                backward.append((start_rel, start_rel + dur))
+    comm_rows = []
+    comm_total = 0
+    ready_rel: list[int] = []
+    done_rel: list[int] = []
+    for c in rec.comm:
+        end = c.end
+        if end is None or not (host or complete or (ready(c.start) and ready(end))):
+            continue
+        dur = end - c.start if host else el(c.start, end)
+        comm_total += dur
+        comm_rows.append((rank, index, c.seq, c.op, c.bucket, c.nbytes, c.start_host + shift, dur, clock))
+        if c.overlapped:
+            r = c.start - s0 if host else el(s0, c.start)
+            ready_rel.append(r)
+            done_rel.append(r + dur)
+    if span_rows:
+        emit("spans", span_rows)
+    if comm_rows:
+        emit("comm", comm_rows)
+    if rec.metrics:
+        emit("metrics", [(rank, index, t + shift, n, _number(v)) for n, v, t in rec.metrics])
+    if not open_step and (complete or ready(rec.end)):
+        step_ns = rec.end - s0 if host else el(s0, rec.end)
+        if ready_rel:
+            last_ready = max(ready_rel)
+            window = next(((a, b) for a, b in backward if a <= last_ready <= b), None)
+            if window is None and backward:
+                window = backward[-1]
+            exposed = exposed_sync_ns(ready_rel, done_rel, *(window or (0, step_ns)))
+            cols[_SYNC] += exposed
+            if window is not None:
+                cols[_BACKWARD] -= exposed
+        cols = [c if c > 0 else 0 for c in cols]
+        other = step_ns - sum(cols)
+        samples = rec.samples if rec.samples is not None else default_samples
+        emit(
+            "steps",
+            [(rank, index, rec.start_host + shift, step_ns, *cols, other if other > 0 else 0,
+              comm_total, len(comm_rows), samples, clock)],
+        )  # fmt: skip
+        return True
+    return False
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)  # a tensor's .item() is cheap here: its step has already finished
+    except (TypeError, ValueError):
+        return None

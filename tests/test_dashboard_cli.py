@@ -1,0 +1,64 @@
+"""`perfscope dashboard`: errors before starting, the Streamlit command line, the warning off localhost."""
+
+from __future__ import annotations
+
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+from storegen import make_run
+from test_dashboard_browser import dashboard_server
+
+from perfscope import sample_traces
+from perfscope.cli import main
+from perfscope.commands.dashboard import _store, command
+
+
+def test_missing_store_is_an_error_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["dashboard", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
+
+
+def test_a_file_is_not_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "runs.parquet"
+    f.write_bytes(b"PAR1")
+    assert main(["dashboard", str(f)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_bad_port_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dashboard", str(tmp_path), "--port", "70000"]) == 2
+    assert "--port" in capsys.readouterr().err
+
+
+def test_without_a_store_it_opens_the_bundled_sample() -> None:
+    assert _store(None) == sample_traces.path(sample_traces.DEFAULT)
+
+
+def test_streamlit_runs_headless_local_and_without_usage_statistics(tmp_path: Path) -> None:
+    cmd = command(tmp_path, "127.0.0.1", 8600)
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app.py") and Path(cmd[4]).is_file()
+    for flag in (
+        "--server.headless=true",
+        "--server.address=127.0.0.1",
+        "--server.port=8600",
+        "--browser.gatherUsageStats=false",
+    ):
+        assert flag in cmd
+
+
+def test_another_host_warns_and_sigterm_stops_the_server(tmp_path: Path) -> None:
+    make_run(tmp_path / "store", "r1", world_size=2)
+    log = tmp_path / "server.log"
+    # 127.0.0.2 is loopback too: a non-default address without leaving this machine
+    with dashboard_server(tmp_path / "store", log, host="127.0.0.2") as (url, proc):
+        text = log.read_text()
+        assert "no authentication" in text and f"perfscope dashboard: {url}" in text
+        proc.send_signal(signal.SIGTERM)  # to the CLI alone: it must take its Streamlit server along
+        proc.wait(timeout=20)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
