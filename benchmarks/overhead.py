@@ -106,40 +106,75 @@ def with_torch_profiler(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
 
 
 def paired_steps_us(model: nn.Module, opt: Any, data: list[Any], store: Path) -> tuple[float, float]:
-    """Instrumented and bare steps alternating one by one inside one open profile: the median of
-    each, in us. Load that drifts over seconds hits both alike, so their difference is the cost of
-    the recording calls themselves (the background threads run during both and are measured apart)."""
-    instrumented: list[float] = []
-    plain: list[float] = []
+    """Instrumented and bare steps alternating one by one inside one open profile: the difference
+    of their medians in us, by wall clock and by the training thread's own CPU time. Load that
+    drifts over seconds hits both kinds alike, and CPU time does not grow while another process has
+    the core, so this isolates the cost of the recording calls (the background threads run during
+    both kinds and are measured apart)."""
+    wall: tuple[list[float], list[float]] = ([], [])
+    cpu: tuple[list[float], list[float]] = ([], [])
+    clock, thread_clock = time.perf_counter_ns, time.thread_time_ns
     with perfscope.profile(store, experiment="overhead-paired", batch_size=BATCH, poll_hz=10) as prof:
         for i, (x, y) in enumerate(data):
-            t0 = time.perf_counter()
+            t0, c0 = clock(), thread_clock()
             if i % 2:
                 train_step(model, opt, x, y)
-                plain.append(time.perf_counter() - t0)
-                continue
-            with prof.phase("data"):
-                pass
+            else:
+                with prof.phase("data"):
+                    pass
+                with prof.phase("forward"):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                with prof.phase("backward"):
+                    loss.backward()
+                with prof.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+                prof.log(loss=loss.item())
+                prof.step()
+            wall[i % 2].append(clock() - t0)
+            cpu[i % 2].append(thread_clock() - c0)
+
+    def diff_us(pair: tuple[list[float], list[float]]) -> float:
+        return (statistics.median(pair[0]) - statistics.median(pair[1])) / 1e3
+
+    return diff_us(wall), diff_us(cpu)
+
+
+def recording_only_us(store: Path, n: int = 20_000) -> tuple[float, float]:
+    """The recording calls of one step with nothing to record between them (data, forward,
+    backward, optimizer, log, step end): us per step of the training thread's CPU, and of the whole
+    process's CPU (adds the writer thread encoding the rows and the poller). The steady figure on a
+    shared machine; the rows arrive far faster than in training, so the writer's share is an upper
+    bound."""
+    empty = list(range(n))
+    t0, p0 = time.thread_time_ns(), time.process_time_ns()
+    for _ in empty:
+        pass
+    base_thread, base_process = time.thread_time_ns() - t0, time.process_time_ns() - p0
+    with perfscope.profile(store, experiment="overhead-calls", batch_size=BATCH, poll_hz=10) as prof:
+        t0, p0 = time.thread_time_ns(), time.process_time_ns()
+        for _ in prof.steps(empty):
             with prof.phase("forward"):
-                loss = nn.functional.cross_entropy(model(x), y)
+                pass
             with prof.phase("backward"):
-                loss.backward()
+                pass
             with prof.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
-            prof.log(loss=loss.item())
-            prof.step()
-            instrumented.append(time.perf_counter() - t0)
-    return statistics.median(instrumented) * 1e6, statistics.median(plain) * 1e6
+                pass
+            prof.log(loss=1.0)
+        thread = time.thread_time_ns() - t0 - base_thread
+        prof.flush()  # the writer's encoding of these rows counts too
+        process = time.process_time_ns() - p0 - base_process
+    return thread / n / 1e3, process / n / 1e3
 
 
 def calibrate(target_s: float = 0.002) -> int:
-    """The MLP width whose bare step takes about `target_s` on this machine."""
+    """The MLP width whose bare step takes about `target_s` of CPU on this machine (CPU time: other
+    processes on a shared machine would make a wall-clock calibration pick too small a model)."""
     best = 64
     for width in (64, 128, 192, 256, 384, 512, 768, 1024):
         model, opt, batches = make_step(width)
         bare(model, opt, batches_for(batches, 20))
-        per = bare(model, opt, batches_for(batches, 100))[0] / 100
+        per = bare(model, opt, batches_for(batches, 100))[1] / 100
         best = width
         if per >= target_s:
             break
@@ -219,7 +254,7 @@ def main() -> None:
     width = calibrate()
     model, opt, batches = make_step(width)
     bare(model, opt, batches_for(batches, 50))
-    per_step = bare(model, opt, batches_for(batches, 200))[0] / 200
+    per_step = bare(model, opt, batches_for(batches, 200))[1] / 200
     n = max(100, int(args.block_s / per_step))
     data = batches_for(batches, n)
     tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
@@ -259,14 +294,22 @@ def main() -> None:
         cpu = statistics.median(cpu_ratios[name])
         print(f"| {name} | {med * 1e3:.3f} ms | {rat:.3f}x | {spread} | {cpu:.3f}x |")
     extra_us = (statistics.median(ratios["perfscope.profile"]) - 1) * statistics.median(times["bare"]) * 1e6
+    calls = [recording_only_us(tmp / f"c{k}") for k in range(5)]
+    calls_thread_us = statistics.median(t for t, _ in calls)
+    calls_process_us = statistics.median(p for _, p in calls)
     paired = [paired_steps_us(model, opt, data, tmp / f"p{k}") for k in range(3)]
-    paired_us = statistics.median(a - b for a, b in paired)
+    paired_wall_us = statistics.median(w for w, _ in paired)
+    paired_cpu_us = statistics.median(c for _, c in paired)
     ours_ns, raw_ns, attached = nvtx_pair_ns()
     cpu_pct, samples, gpus = poller_cpu(args.poll_s)
     print()
     print(
-        f"- recording calls per step, paired with bare steps one by one: {paired_us:+.1f} us "
-        f"(median of 3 x {n // 2} pairs)"
+        f"- recording calls alone (4 phases, a log, the step end): {calls_thread_us:.1f} us per step of the "
+        f"training thread's CPU, {calls_process_us:.1f} us with the writer and poller threads"
+    )
+    print(
+        f"- recording calls per step, paired with bare steps one by one: {paired_wall_us:+.1f} us wall, "
+        f"{paired_cpu_us:+.1f} us CPU of the training thread (median of 3 x {n // 2} pairs)"
     )
     print(
         f"- perfscope per step: {extra_us:+.1f} us over bare "

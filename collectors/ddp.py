@@ -30,6 +30,7 @@ class ModelFacts:
 def model_facts(model: Any) -> ModelFacts:
     """Trainable parameters and the bytes of their gradients (what DDP synchronises every step)."""
     inner = getattr(model, "module", model) if is_ddp(model) else model
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper: name the model inside
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else None
     return ModelFacts(

@@ -163,6 +163,9 @@ class HostClaim:
         if self._pid_file is not None:
             with contextlib.suppress(OSError):
                 self._pid_file.unlink()
+        if self._pid_dir is not None:
+            with contextlib.suppress(OSError):
+                self._pid_dir.rmdir()  # the last process of the host leaves no folder behind
         if self._lock_file is not None:
             with contextlib.suppress(OSError):
                 self._lock_file.close()

@@ -442,6 +442,8 @@ class Profiler:
         self._live = None
         for hook in self._hooks:
             hook.active = False
+        with contextlib.suppress(Exception):
+            self._flops.stop()  # the counting mode slows every op it sees: never leave it on
         self.faults.report(
             "internal_error",
             f"perfscope: recording stopped after an internal error ({type(exc).__name__}: {exc}); "

@@ -10,6 +10,9 @@ from storegen import DEFAULT_PHASES, MS, Comm, Gpu, Host, healthy_study, make_ru
 from perfscope.explain import RULES, explain
 from perfscope.store import open_store
 
+# a rule that raises is skipped with a PerfscopeWarning in production; here it must fail the test
+pytestmark = pytest.mark.filterwarnings("error::perfscope.errors.PerfscopeWarning")
+
 
 def _findings(root):
     with open_store(root) as store:

@@ -109,7 +109,7 @@ def test_every_chart_renders_offline(name: str, reports: dict[str, Path]) -> Non
     for f in figures:
         assert f["svg"], f
         assert f["width"] > 300 and f["height"] > 100, f
-        assert f["marks"] > 5, f
+        assert f["marks"] >= 3, f  # a line chart draws one path per series
         assert f["empty"] == 0, f
     assert {f["name"] for f in figures} >= {"speedup", "efficiency", "busbw", "wait_heatmap", "metric_curves"}
 

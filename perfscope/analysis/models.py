@@ -15,6 +15,7 @@ from .groups import GROUP_COLUMNS
 from .registry import analysis
 from .scaling import grouped_stats_table, scaling_table
 from .selection import Selection
+from .steady import run_comm_table
 from .sync import alpha_beta_fits
 
 #: Predict at these multiples of the largest measured world size.
@@ -26,8 +27,8 @@ def _group_points(store: Store, sel: Selection) -> dict[str, list[dict[str, Any]
     gs = grouped_stats_table(store, sel)
     rows = store.query(
         f"""
-        SELECT s.*, g.grad_bytes, g.comm_count_mean
-        FROM {sc} s JOIN {gs} g USING (run_id)
+        SELECT s.*, g.grad_bytes, c.comm_count_mean
+        FROM {sc} s JOIN {gs} g USING (run_id) LEFT JOIN {run_comm_table(store, sel)} c USING (run_id)
         WHERE s.scaling_mode <> 'single' AND NOT s.mixed
         ORDER BY s.group_id, s.world_size
         """

@@ -75,7 +75,9 @@ def _orphans(store: Store, sel: Selection) -> list[dict[str, Any]]:
     known = store.query("SELECT run_id FROM runs").column("run_id").to_pylist()
     # A literal list (not a subquery) lets DuckDB prune whole partitions: only orphans' files are read.
     not_known = f"WHERE run_id NOT IN ({', '.join(sql_literal(k) for k in known)})" if known else ""
-    ids = store.query(f"SELECT DISTINCT run_id FROM steps {not_known} ORDER BY 1").column("run_id").to_pylist()
+    ids = (
+        store.query(f"SELECT DISTINCT run_id FROM steps {not_known} ORDER BY 1").column("run_id").to_pylist()
+    )
     if sel.run_ids:
         ids = [i for i in ids if i in sel.run_ids]
     return [

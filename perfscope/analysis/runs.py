@@ -12,6 +12,8 @@ from .steady import (
     PHASES,
     USEFUL_PHASES,
     rank_agg_table,
+    rank_comm_table,
+    run_comm_table,
     run_stats_table,
     runs_table,
     thresholds_table,
@@ -26,7 +28,7 @@ RUN_SUMMARY_COLUMNS = (
     "coalesce(ranks_seen, 0) AS ranks_seen, coalesce(n_steps, 0) AS steps_total, warmup_steps, "
     "coalesce(steady_steps, 0) AS steady_steps, step_ns, step_p10_ns, step_p90_ns, step_cv, "
     + ", ".join(f"{p}_ns" for p in BREAKDOWN_PHASES)
-    + ", comm_total_mean AS comm_total_ns, comm_count_mean AS comm_count, samples_per_step, "
+    + ", c.comm_total_mean AS comm_total_ns, c.comm_count_mean AS comm_count, samples_per_step, "
     "throughput_samples_per_s, dataset_samples, epoch_s"
 )
 
@@ -41,8 +43,9 @@ RUN_SUMMARY_COLUMNS = (
 def run_summary(store: Store, sel: Selection) -> pa.Table:
     """One row per selected run. Phase columns are the additive breakdown: they add up to step_ns."""
     stats = run_stats_table(store, sel)
+    comm = run_comm_table(store, sel)
     return store.query(
-        f"SELECT {RUN_SUMMARY_COLUMNS} FROM {stats} "
+        f"SELECT {RUN_SUMMARY_COLUMNS} FROM {stats} LEFT JOIN {comm} c USING (run_id) "
         "ORDER BY experiment, cluster, backend, batch_size_per_rank, world_size, run_id"
     )
 
@@ -76,8 +79,9 @@ def rank_breakdown(store: Store, sel: Selection) -> pa.Table:
         f"""
         SELECT a.run_id, r.source, r.world_size, a.rank, k.hostname, a.rows AS steps,
                step_sum / rows AS step_ns, {means}, ({other}) / rows AS other_ns,
-               ({useful}) / rows AS useful_ns, comm_total_sum / nullif(comm_total_n, 0) AS comm_total_ns
+               ({useful}) / rows AS useful_ns, c.comm_total_mean AS comm_total_ns
         FROM {ra} a JOIN {runs} r USING (run_id)
+        LEFT JOIN {rank_comm_table(store, sel)} c USING (run_id, rank)
         LEFT JOIN (SELECT run_id, rank, any_value(hostname) AS hostname FROM ranks GROUP BY ALL) k
             USING (run_id, rank)
         ORDER BY a.run_id, a.rank

@@ -87,8 +87,7 @@ def step_agg_table(store: Store, sel: Selection) -> str:
         store,
         ("step_agg", sel),
         f"""
-        SELECT s.run_id, s.step, max(s.step_ns) AS step_max_ns, count(*)::INTEGER AS n_ranks,
-               min(s.start_ns) AS start_ns
+        SELECT s.run_id, s.step, max(s.step_ns) AS step_max_ns, count(*)::INTEGER AS n_ranks
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
         GROUP BY s.run_id, s.step
         """,
@@ -110,8 +109,6 @@ def rank_agg_table(store: Store, sel: Selection) -> str:
         SELECT s.run_id, s.rank, count(*) AS rows,
                sum(s.step_ns)::DOUBLE AS step_sum,
                {phase_cols},
-               sum(s.comm_total_ns)::DOUBLE AS comm_total_sum, count(s.comm_total_ns) AS comm_total_n,
-               sum(s.comm_count)::DOUBLE AS comm_count_sum, count(s.comm_count) AS comm_count_n,
                sum(s.samples)::DOUBLE AS samples_sum, count(s.samples) AS samples_n
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
         GROUP BY s.run_id, s.rank
@@ -145,18 +142,13 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                    avg(step_max_ns) AS step_max_mean_ns,
                    stddev_samp(step_max_ns) / nullif(avg(step_max_ns), 0) AS step_cv,
                    max(n_ranks) AS max_ranks_per_step,
-                   count(*) FILTER (WHERE n_ranks < most_ranks) AS incomplete_steps,
-                   min(start_ns) AS window_start_ns, max(start_ns + step_max_ns) AS window_end_ns
+                   count(*) FILTER (WHERE n_ranks < most_ranks) AS incomplete_steps
             FROM (SELECT *, max(n_ranks) OVER (PARTITION BY run_id) AS most_ranks FROM {sa})
             GROUP BY run_id
         ), k AS (
             SELECT run_id, count(*) AS ranks_seen, sum(rows) AS rows,
                    sum(step_sum) / sum(rows) AS step_mean_ns,
                    {phase_means},
-                   CASE WHEN sum(comm_total_n) > 0 THEN sum(comm_total_sum) / sum(comm_total_n) END
-                       AS comm_total_mean,
-                   CASE WHEN sum(comm_count_n) > 0 THEN sum(comm_count_sum) / sum(comm_count_n) END
-                       AS comm_count_mean,
                    sum(samples_sum / nullif(samples_n, 0)) AS samples_per_step_recorded,
                    sum(samples_sum) AS samples_steady
             FROM {ra} GROUP BY run_id
@@ -183,5 +175,52 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                samples_per_step / (step_ns / 1e9) AS throughput_samples_per_s,
                dataset_samples / samples_per_step * (step_ns / 1e9) AS epoch_s
         FROM g
+        """,
+    )
+
+
+def rank_comm_table(store: Store, sel: Selection) -> str:
+    """Per run and rank over its steady steps: total collective time and count per step
+    (`steps.comm_total_ns`, `steps.comm_count`). Kept out of the main per-rank scan so the
+    scaling summary reads two columns less."""
+    thr = thresholds_table(store, sel)
+    return temp_table(
+        store,
+        ("rank_comm", sel),
+        f"""
+        SELECT s.run_id, s.rank,
+               avg(s.comm_total_ns) AS comm_total_mean, avg(s.comm_count) AS comm_count_mean
+        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+        GROUP BY s.run_id, s.rank
+        """,
+    )
+
+
+def run_comm_table(store: Store, sel: Selection) -> str:
+    """Per run: mean over ranks of the per-step collective time and count (NULL when not recorded)."""
+    return temp_table(
+        store,
+        ("run_comm", sel),
+        f"""
+        SELECT run_id, avg(comm_total_mean) AS comm_total_mean, avg(comm_count_mean) AS comm_count_mean
+        FROM {rank_comm_table(store, sel)} GROUP BY run_id
+        """,
+    )
+
+
+def window_table(store: Store, sel: Selection) -> str:
+    """Per run: from the start of the first steady step to the end of the last step (rank 0's
+    clock). Reads only the row groups holding those two steps."""
+    thr = thresholds_table(store, sel)
+    return temp_table(
+        store,
+        ("window", sel),
+        f"""
+        SELECT s.run_id,
+               min(s.start_ns) FILTER (WHERE s.step = t.first_steady_step) AS window_start_ns,
+               max(s.start_ns + s.step_ns) FILTER (WHERE s.step = t.last_step) AS window_end_ns
+        FROM steps s JOIN {thr} t ON s.run_id = t.run_id
+             AND (s.step = t.first_steady_step OR s.step = t.last_step)
+        GROUP BY s.run_id
         """,
     )

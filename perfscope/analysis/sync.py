@@ -13,7 +13,7 @@ from .fitting import MIN_POINTS, AlphaBetaFit, fit_alpha_beta
 from .registry import analysis
 from .scaling import GROUP_SELECT, grouped_stats_table
 from .selection import Selection
-from .steady import thresholds_table
+from .steady import run_comm_table, thresholds_table
 
 SCOPE_SQL = "CASE WHEN world_size <= 1 THEN 'single' WHEN nodes <= 1 THEN 'intra-node' ELSE 'inter-node' END"
 
@@ -62,11 +62,11 @@ def sync_table(store: Store, sel: Selection) -> str:
                    quantile_cont({busbw}, 0.9) AS busbw_p90
             FROM i GROUP BY run_id
         ), s AS (
-            SELECT g.*, {SCOPE_SQL} AS scope, bw.* EXCLUDE (run_id),
-                   coalesce(g.comm_total_mean, bw.transfer_sum / g.steady_steps) AS comm_total,
-                   coalesce(g.comm_count_mean, bw.instances::DOUBLE / g.steady_steps) AS comm_n,
+            SELECT g.*, {SCOPE_SQL} AS scope, bw.* EXCLUDE (run_id), c.* EXCLUDE (run_id),
+                   coalesce(c.comm_total_mean, bw.transfer_sum / g.steady_steps) AS comm_total,
+                   coalesce(c.comm_count_mean, bw.instances::DOUBLE / g.steady_steps) AS comm_n,
                    coalesce(bw.bytes_sum::DOUBLE / g.steady_steps, g.grad_bytes::DOUBLE) AS step_bytes
-            FROM {gs} g LEFT JOIN bw USING (run_id)
+            FROM {gs} g LEFT JOIN bw USING (run_id) LEFT JOIN {run_comm_table(store, sel)} c USING (run_id)
         )
         SELECT {GROUP_SELECT}, run_id, source, world_size, nodes, scope,
                sync_exposed_ns, comm_total AS comm_total_ns, comm_n AS comm_count,
@@ -137,10 +137,10 @@ def _fit_points(store: Store, sel: Selection) -> list[dict[str, Any]]:
         GROUP BY g.cluster, g.backend, scope, g.run_id, g.world_size, i.bytes
         UNION ALL
         SELECT s.cluster, s.backend, s.scope, s.run_id, s.world_size, g.grad_bytes::DOUBLE,
-               coalesce(s.comm_count, 1.0), coalesce(g.comm_total_mean, g.sync_exposed_ns) / 1e9,
-               CASE WHEN g.comm_total_mean IS NOT NULL THEN 'steps.comm_total_ns'
+               coalesce(s.comm_count, 1.0), coalesce(c.comm_total_mean, g.sync_exposed_ns) / 1e9,
+               CASE WHEN c.comm_total_mean IS NOT NULL THEN 'steps.comm_total_ns'
                     ELSE 'steps.sync_exposed_ns' END
-        FROM {st} s JOIN {gs} g USING (run_id)
+        FROM {st} s JOIN {gs} g USING (run_id) LEFT JOIN {run_comm_table(store, sel)} c USING (run_id)
         WHERE s.world_size > 1 AND s.bw_source IS NOT NULL AND s.bw_source <> 'comm'
               AND g.grad_bytes > 0
         """

@@ -8,7 +8,7 @@ from ..store import Store
 from .registry import analysis
 from .scaling import GROUP_SELECT, grouped_stats_table
 from .selection import Selection
-from .steady import runs_table, thresholds_table
+from .steady import runs_table, thresholds_table, window_table
 
 #: NVML clocks-event reasons that mean the clock was pulled down (power cap, thermal, slowdown, brake).
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
@@ -34,7 +34,7 @@ def utilisation(store: Store, sel: Selection) -> pa.Table:
         WITH w AS (
             SELECT run_id, window_start_ns AS ws, window_end_ns AS we,
                    coalesce(samples_steady, samples_per_step * steady_steps) AS samples
-            FROM {gs}
+            FROM {gs} JOIN {window_table(store, sel)} USING (run_id)
         ), g AS (
             SELECT s.* FROM gpu_samples s JOIN w ON s.run_id = w.run_id AND s.ts_ns BETWEEN w.ws AND w.we
             WHERE {_run_gpus_filter("s")}

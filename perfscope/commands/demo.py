@@ -16,7 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "store", nargs="?", default="perfscope-demo", help="store folder (default: perfscope-demo)"
     )
     p.add_argument(
-        "--quick", action="store_true", help="a tiny version for tests: world sizes 1 and 2, batch 8 and 32, 12 steps per run"
+        "--quick",
+        action="store_true",
+        help="a tiny version for tests: world sizes 1 and 2, batch 8 and 32, 12 steps per run",
     )
 
 
