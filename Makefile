@@ -30,7 +30,9 @@ test: lint typecheck pytest
 
 # the main job on the bundled sample data
 sample: setup
-	$(VENV)/bin/perfscope info sample_traces/seed-study
+	$(VENV)/bin/perfscope analyze sample_traces/seed-study
+	$(VENV)/bin/perfscope analyze sample_traces/demo-cpu
+	$(VENV)/bin/perfscope report sample_traces/seed-study -o artifacts/sample-report.html
 
 schema: setup
 	$(PY) -m perfscope.schema > docs/schema.md

@@ -36,13 +36,16 @@ T0_NS = 1_700_000_000_000_000_000
 ROW_GROUP = 1_000_000
 
 SCALING_CHILD = """
-import sys, time, json
+import sys, time, json, resource
 from perfscope.store import open_store
 from perfscope.analysis import run_analysis
-t = time.perf_counter()
+def cpu():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+t, c = time.perf_counter(), cpu()
 with open_store(sys.argv[1]) as store:
     table = run_analysis("scaling", store)
-print(json.dumps({"seconds": time.perf_counter() - t, "rows": table.num_rows}))
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": cpu() - c, "rows": table.num_rows}))
 """
 
 
@@ -158,6 +161,7 @@ def bench(root: Path, rows: int, repeat: int = 1) -> dict[str, object]:
         "repeat": repeat,
         "load1_before": round(os.getloadavg()[0], 2),
         "scaling_summary_s": round(inner["seconds"], 2),
+        "scaling_summary_cpu_s": round(inner["cpu_s"], 2),
         "scaling_process_wall_s": round(scaling["wall_s"], 2),
         "scaling_process_cpu_s": round(scaling["cpu_s"], 2),
         "scaling_peak_rss_mb": round(scaling["peak_rss_mb"]),

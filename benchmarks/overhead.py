@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -78,19 +79,24 @@ def bare(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
     return since(t0)
 
 
+def recorded_step(prof: Any, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> None:
+    """train_step as a user instruments it: its phases and its loss."""
+    with prof.phase("forward"):
+        loss = nn.functional.cross_entropy(model(x), y)
+    with prof.phase("backward"):
+        loss.backward()
+    with prof.phase("optimizer"):
+        opt.step()
+        opt.zero_grad()
+    prof.log(loss=loss.item())
+
+
 def with_perfscope(model: nn.Module, opt: Any, data: list[Any], store: Path) -> Clock:
     with perfscope.profile(store, experiment="overhead", batch_size=BATCH, poll_hz=10) as prof:
         prof.watch(model)
         t0 = now()
         for x, y in prof.steps(data):
-            with prof.phase("forward"):
-                loss = nn.functional.cross_entropy(model(x), y)
-            with prof.phase("backward"):
-                loss.backward()
-            with prof.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
-            prof.log(loss=loss.item())
+            recorded_step(prof, model, opt, x, y)
         return since(t0)
 
 
@@ -122,14 +128,7 @@ def paired_steps_us(model: nn.Module, opt: Any, data: list[Any], store: Path) ->
             else:
                 with prof.phase("data"):
                     pass
-                with prof.phase("forward"):
-                    loss = nn.functional.cross_entropy(model(x), y)
-                with prof.phase("backward"):
-                    loss.backward()
-                with prof.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                prof.log(loss=loss.item())
+                recorded_step(prof, model, opt, x, y)
                 prof.step()
             wall[i % 2].append(clock() - t0)
             cpu[i % 2].append(thread_clock() - c0)
@@ -302,6 +301,7 @@ def main() -> None:
     paired_cpu_us = statistics.median(c for _, c in paired)
     ours_ns, raw_ns, attached = nvtx_pair_ns()
     cpu_pct, samples, gpus = poller_cpu(args.poll_s)
+    shutil.rmtree(tmp, ignore_errors=True)
     print()
     print(
         f"- recording calls alone (4 phases, a log, the step end): {calls_thread_us:.1f} us per step of the "

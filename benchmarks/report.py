@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from analysis import _measure, generate  # noqa: E402  (the analysis benchmark's store and timer)
+from analysis import _measure, generate  # the analysis benchmark's store and timer
 
-from perfscope import sample_traces  # noqa: E402
+from perfscope import sample_traces
 
 
 def _size_mb(paths: list[Path]) -> float:

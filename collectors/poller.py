@@ -117,7 +117,15 @@ class HostClaim:
     named after the run and host does, and every process leaves its pid in a folder beside it so
     the poller knows which processes are the job's."""
 
-    def __init__(self, run_id: str, hostname: str, local_rank: int | None, pids: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        hostname: str,
+        local_rank: int | None,
+        pids: tuple[int, ...],
+        *,
+        lock_dir: Path | None = None,
+    ) -> None:
         self._lock_file: BinaryIO | None = None
         self._pid_file: Path | None = None
         self._static_pids = pids
@@ -125,7 +133,7 @@ class HostClaim:
         if local_rank is not None:
             self.owner = local_rank == 0
             return
-        base = Path(tempfile.gettempdir()) / f"perfscope-{run_id}-{hostname}"
+        base = (lock_dir or Path(tempfile.gettempdir())) / f"perfscope-{run_id}-{hostname}"
         self._pid_dir = base.with_name(base.name + ".pids")
         try:
             self._pid_dir.mkdir(exist_ok=True)

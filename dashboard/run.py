@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import streamlit as st
 
 from perfscope.charts.phases import phase_breakdown_chart
@@ -120,10 +122,41 @@ def _headline(run: dict[str, Any]) -> None:
     )
 
 
+#: Step buckets sent to the browser for the wait heat map, which bins them into at most 120 columns
+#: anyway: 64 ranks × 2000 buckets is 128k cells, tens of MB of chart spec and a minute to build.
+HEATMAP_BUCKETS = 120
+
+
+def coarsen_steps(table: pa.Table, buckets: int) -> pa.Table:
+    """Merge a (run_id, rank, step, steps_in_bucket, wait_ns) table into at most `buckets` step
+    buckets per rank: the mean wait of equal runs of steps, for drawing only."""
+    if table.num_rows == 0 or "step" not in table.column_names:
+        return table
+    first, last = pc.min(table["step"]).as_py(), pc.max(table["step"]).as_py()
+    k = -(-(last - first + 1) // buckets)
+    if k <= 1:
+        return table
+    keyed = table.append_column("bucket", pc.divide(pc.subtract(table["step"], first), k))
+    merged = keyed.group_by(["run_id", "rank", "bucket"]).aggregate(
+        [("step", "min"), ("steps_in_bucket", "sum"), ("wait_ns", "mean")]
+    )
+    return pa.table(
+        {
+            "run_id": merged["run_id"],
+            "rank": merged["rank"],
+            "step": merged["step_min"],
+            "steps_in_bucket": merged["steps_in_bucket_sum"],
+            "wait_ns": merged["wait_ns_mean"],
+        }
+    )
+
+
 def _stragglers(ctx: Context, run_id: str) -> None:
     one = ctx.refine(run_ids=(run_id,))
     strag = ctx.table("stragglers", one)
-    charts(wait_heatmap(ctx.table("collective_wait", one)), last_rank_chart(strag))
+    # the run named: the builders' own choice of run scans every row per row (slow on long runs)
+    wait = coarsen_steps(ctx.table("collective_wait", one), HEATMAP_BUCKETS)
+    charts(wait_heatmap(wait, run_id), last_rank_chart(strag, run_id))
     show_table(strag, STRAGGLER_COLUMNS)
     # the whole selection's table: the cached one the Scaling page uses, with the group's baseline
     pop = one_row(ctx.table("pop"), "run_id", run_id)

@@ -6,9 +6,11 @@ The connection can read only the store's own folder.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 import warnings
@@ -213,7 +215,7 @@ class Store:
         self._warn = warn
         self._forced_skips: dict[str, str] = {}
         self._lock = threading.RLock()
-        self._spill_dir = tempfile.mkdtemp(prefix="perfscope-duckdb-")
+        self._spill_dir = _spill_dir()
         self.con = duckdb.connect(":memory:")
         self.con.execute(f"SET temp_directory='{self._spill_dir}'")
         self.con.execute(
@@ -331,15 +333,24 @@ class Store:
 
     def close(self) -> None:
         self.con.close()
-        import shutil
-
-        shutil.rmtree(self._spill_dir, ignore_errors=True)
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_spill: list[str] = []
+
+
+def _spill_dir() -> str:
+    """One folder per process where DuckDB may spill large aggregations; removed at exit."""
+    with _cache_lock:
+        if not _spill:
+            _spill.append(tempfile.mkdtemp(prefix="perfscope-duckdb-"))
+            atexit.register(shutil.rmtree, _spill[0], True)
+        return _spill[0]
 
 
 def _check_root(root: Path) -> None:

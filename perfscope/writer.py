@@ -144,8 +144,23 @@ class StoreWriter:
         self._enqueue((table, buf))
 
     def extend(self, table: str, rows: Iterable[Row]) -> None:
+        width = self._width[table]
+        good: list[Row] = []
         for row in rows:
-            self.append(table, row)
+            if len(row) == width:
+                good.append(row)
+            else:
+                self._bad_row(table, row)
+        if not good:
+            return
+        with self._lock:  # once for all the rows
+            buf = self._bufs[table]
+            for row in good:
+                buf.extend(row)
+            if len(buf) < self._limit[table]:
+                return
+            self._bufs[table] = []
+        self._enqueue((table, buf))
 
     def write_arrow(self, table: str, data: pa.Table) -> None:
         """Queue a ready-made Arrow table (bulk producers such as the simulator)."""

@@ -103,7 +103,9 @@ def test_predictions_are_drawn_and_labelled(tables: dict[str, pa.Table]) -> None
     with_pred = speedup_chart(tables["scaling"], tables["scaling_prediction"])
     rows = _datasets(with_pred)
     # the dashed model line and the diamonds carry the same rows
-    predicted = {(r["group_id"], r["world_size"], r["value"]) for r in rows if r.get("source") == "prediction"}
+    predicted = {
+        (r["group_id"], r["world_size"], r["value"]) for r in rows if r.get("source") == "prediction"
+    }
     expected = {
         (r["group_id"], r["world_size"], r["model_speedup"])
         for r in tables["scaling_prediction"].to_pylist()
@@ -118,7 +120,9 @@ def test_predictions_are_drawn_and_labelled(tables: dict[str, pa.Table]) -> None
 def test_chart_values_are_the_analysis_values(tables: dict[str, pa.Table]) -> None:
     chart = speedup_chart(tables["scaling"])
     drawn = {(r["run_id"], r["speedup"]) for r in _datasets(chart) if "speedup" in r and "run_id" in r}
-    expected = {(r["run_id"], r["speedup"]) for r in tables["scaling"].to_pylist() if r["experiment"] == "study"}
+    expected = {
+        (r["run_id"], r["speedup"]) for r in tables["scaling"].to_pylist() if r["experiment"] == "study"
+    }
     assert drawn == expected
 
 

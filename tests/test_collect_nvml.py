@@ -310,10 +310,10 @@ def test_open_gpus_off_on_request() -> None:
 
 
 def test_one_poller_per_host_without_local_ranks(tmp_path: Path) -> None:
-    run_id = f"claim-{os.getpid()}-{tmp_path.name}"
-    first = HostClaim(run_id, "hostA", None, (os.getpid(),))
-    second = HostClaim(run_id, "hostA", None, (os.getpid(),))  # a second process's view of the lock
-    other_host = HostClaim(run_id, "hostB", None, (os.getpid(),))
+    run_id, me = "claim", (os.getpid(),)
+    first = HostClaim(run_id, "hostA", None, me, lock_dir=tmp_path)
+    second = HostClaim(run_id, "hostA", None, me, lock_dir=tmp_path)  # a second process's view
+    other_host = HostClaim(run_id, "hostB", None, me, lock_dir=tmp_path)
     try:
         assert (first.owner, second.owner, other_host.owner) == (True, False, True)
         assert first.pids() == (os.getpid(),)

@@ -20,11 +20,27 @@ import pytest
 from test_report_store import build_study
 
 from perfscope.analysis import Selection, run_analysis
+from perfscope.charts import CHARTS
 from perfscope.cli import main
 from perfscope.report import PDF_REFUSAL, Progress, render_report
 from perfscope.report_model import format_value
 from perfscope.report_sections import ANALYSES_USED
 from perfscope.store import open_store
+
+SECTION_IDS = (
+    "overview",
+    "setup",
+    "speedup",
+    "lost-time",
+    "sync",
+    "backends",
+    "utilisation",
+    "stragglers",
+    "batch",
+    "prediction",
+    "findings",
+    "definitions",
+)
 
 
 @dataclass
@@ -148,11 +164,8 @@ def test_html_is_self_contained_and_complete(html_report: tuple[Path, Path]) -> 
     assert "<title>Study &lt;&amp;&gt; test</title>" in text  # the title, escaped
     charts = [f["data-chart"] for f in parsed.figures]
     assert charts.count("speedup") == 2 and charts.count("efficiency") == 2  # runs only, then predicted
-    for name in ("per_gpu_speedup", "phase_breakdown", "lost_time", "sync_time", "busbw", "utilisation",
-                 "energy", "last_rank", "wait_heatmap", "batch_sweep", "metric_curves", "backend_compare"):  # fmt: skip
-        assert name in charts
-    for section in ("overview", "setup", "speedup", "lost-time", "sync", "backends", "utilisation",
-                    "stragglers", "batch", "prediction", "findings", "definitions"):  # fmt: skip
+    assert set(charts) == set(CHARTS)
+    for section in SECTION_IDS:
         assert f'<section id="{section}">' in text
     assert 'id="simulated-banner"' in text and "3 of 9 runs" in text
     for key in ("speedup", "busbw", "alpha-beta", "lost-time", "wait-at-collective", "utilisation"):
@@ -172,13 +185,17 @@ def test_findings_are_ranked_and_linked(study: Path, html_report: tuple[Path, Pa
         assert f.recommendation.split(".")[0][:40] in text.replace("&#x27;", "'")
 
 
-def test_tables_export_every_analysis_used(html_report: tuple[Path, Path], md_report: tuple[Path, Path], study: Path) -> None:
+def test_tables_export_every_analysis_used(
+    html_report: tuple[Path, Path], md_report: tuple[Path, Path], study: Path
+) -> None:
     csv_dir, parquet_dir = html_report[1], md_report[1]
     with open_store(study) as store:
         for name in ANALYSES_USED:
             expected = run_analysis(name, store, Selection())
             from_parquet = pq.read_table(parquet_dir / f"{name}.parquet")
-            assert from_parquet.replace_schema_metadata(None).equals(expected.replace_schema_metadata(None)), name
+            assert from_parquet.replace_schema_metadata(None).equals(
+                expected.replace_schema_metadata(None)
+            ), name
             assert from_parquet.schema.metadata[b"perfscope.analysis"] == name.encode()
             from_csv = pacsv.read_csv(csv_dir / f"{name}.csv")
             assert from_csv.num_rows == expected.num_rows, name
@@ -203,15 +220,15 @@ def test_markdown_report_and_pngs(md_report: tuple[Path, Path], analyses: dict) 
         assert rel.startswith("study_files/")
         w, h = _png_size((md_path.parent / rel).read_bytes())
         assert w >= 400 and h >= 150, rel
-    assert sorted(p.name for p in (md_path.parent / "study_files").iterdir()) == sorted(Path(r).name for r in images)
+    assert sorted(p.name for p in (md_path.parent / "study_files").iterdir()) == sorted(
+        Path(r).name for r in images
+    )
     assert "> **Simulated data.** 3 of 9 runs" in text
     # the "largest world size" table: each cell is the analysis value as the report formats it
     block = text.split("**Scaling at the largest world size of each group**")[1].split("\n\n")[1]
     lines = [ln for ln in block.splitlines() if ln.startswith("|")][2:]
     largest = {
-        r["backend"]: r
-        for r in analyses["scaling"]
-        if r["experiment"] == "study" and r["world_size"] == 4
+        r["backend"]: r for r in analyses["scaling"] if r["experiment"] == "study" and r["world_size"] == 4
     }
     assert len(lines) == len(largest) == 2
     for ln in lines:
@@ -248,7 +265,9 @@ def test_selection_narrows_the_report(study: Path, tmp_path: Path) -> None:
     assert '<section id="batch">' in text
 
 
-def test_empty_selection_is_a_clear_error(study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_selection_is_a_clear_error(
+    study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "r.html"
     assert main(["report", str(study), "-o", str(out), "--experiment", "nope"]) == 2
     err = capsys.readouterr().err
@@ -257,7 +276,9 @@ def test_empty_selection_is_a_clear_error(study: Path, tmp_path: Path, capsys: p
     assert main(["report", str(study), "-o", str(out), "--runs", "no-such-run"]) == 2
 
 
-def test_missing_store_and_unwritable_output(study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_store_and_unwritable_output(
+    study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["report", str(tmp_path / "missing"), "-o", str(tmp_path / "r.html")]) == 2
     assert "error" in capsys.readouterr().err
     assert main(["report", str(study), "-o", str(tmp_path / "no" / "such" / "r.html")]) == 2
@@ -266,7 +287,9 @@ def test_missing_store_and_unwritable_output(study: Path, tmp_path: Path, capsys
     assert "is a folder" in capsys.readouterr().err
 
 
-def test_pdf_is_refused_with_the_reason(study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pdf_is_refused_with_the_reason(
+    study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["report", str(study), "-o", str(tmp_path / "r.pdf")]) == 2
     assert PDF_REFUSAL in capsys.readouterr().err
     assert main(["report", str(study), "--format", "pdf", "-o", str(tmp_path / "r.x")]) == 2

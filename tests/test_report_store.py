@@ -75,7 +75,9 @@ def build_study(root: Path) -> Path:
             steps=STEPS,
             experiment="sweep",
             batch_size_per_rank=batch,
-            phases=dict(DEFAULT_PHASES, forward=10 * MS * (batch / 32) ** 0.7, backward=20 * MS * (batch / 32) ** 0.7),
+            phases=dict(
+                DEFAULT_PHASES, forward=10 * MS * (batch / 32) ** 0.7, backward=20 * MS * (batch / 32) ** 0.7
+            ),
             gpu=Gpu(),
             dataset_samples=100_000,
             metrics={"loss": lambda step, b=batch: 1.0 / (1 + step * b / 400)},
