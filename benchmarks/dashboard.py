@@ -6,7 +6,8 @@
 For each store it starts `perfscope dashboard STORE` (a real server on 127.0.0.1) and measures, in
 Debian's headless Chromium: server start until it answers; server start until the Scaling page has
 drawn its charts (the first visit computes the analyses); then every page reached through the
-navigation, first visit (cold: analyses computed) and second visit (warm: Streamlit's caches).
+navigation, first visit (cold: analyses computed) and second visit (warm: Streamlit's caches); then
+the Run page of the run with the most ranks, loaded by URL, and its Stragglers and Telemetry tabs.
 A page counts as drawn when its script has finished, nothing on it is stale or a placeholder, its
 charts are on screen and nothing changed for 0.5 s (that quiet time is part of every figure).
 The large store comes from benchmarks/analysis.py's generator (steps only: no collectives, GPU or
@@ -30,6 +31,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, dashboard_server, settle  # noqa: E402
 
 from perfscope import sample_traces  # noqa: E402
+from perfscope.analysis import Selection, run_analysis  # noqa: E402
+from perfscope.store import open_store  # noqa: E402
 
 #: navigation label, charts the page draws on these stores (at least)
 PAGES = (("Overview", 0), ("Scaling", 3), ("Run", 1), ("Batch size", 0), ("Compare", 1), ("SQL", 0))
@@ -41,6 +44,12 @@ def _generator() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _largest_run(store: Path) -> str:
+    with open_store(store) as s:
+        runs = run_analysis("run_summary", s, Selection()).to_pylist()
+    return str(max(runs, key=lambda r: (r["world_size"], r["run_id"]))["run_id"])
 
 
 def measure(store: Path, log: Path) -> dict[str, float]:
@@ -62,6 +71,16 @@ def measure(store: Path, log: Path) -> dict[str, float]:
                     page.get_by_role("link", name=label, exact=True).first.click()
                     settle(page, charts, timeout_s=600)
                     out[f"{label} ({visit})"] = time.perf_counter() - t
+            # the heaviest page: the run with the most ranks, opened by URL (a full page load)
+            t = time.perf_counter()
+            page.goto(f"{url}/run?run={_largest_run(store)}")
+            settle(page, 1, timeout_s=600)
+            out["Run page of the largest run, by URL"] = time.perf_counter() - t
+            for tab in ("Stragglers", "Telemetry"):
+                t = time.perf_counter()
+                page.get_by_role("tab", name=tab, exact=True).click()
+                settle(page, 1, timeout_s=600)
+                out[f"  its {tab} tab"] = time.perf_counter() - t
         finally:
             browser.close()
     return out

@@ -56,12 +56,15 @@ def _store_problem(path: Path, problem: str) -> None:
     )
 
 
-def _report(store: Store, sel: Selection) -> Callable[[], bytes] | None:
-    try:
+def report_renderer(store: Store, sel: Selection) -> Callable[[], bytes]:
+    """The report of the selection, made only when the download button is pressed (seconds of work)."""
+
+    def render() -> bytes:
         from perfscope.report import render_report
-    except ImportError:
-        return None
-    return lambda: render_report(store, sel, fmt="html")
+
+        return render_report(store, sel, fmt="html")
+
+    return render
 
 
 def main(store: str | None = None, page: str = "overview") -> None:
@@ -78,7 +81,7 @@ def main(store: str | None = None, page: str = "overview") -> None:
             token = state.listing_token(opened)
             sel = sidebar.selection(state.Context(path, opened, token, Selection()))
             ctx = state.Context(path, opened, token, sel)
-            sidebar.report_download(_report(opened, sel))
+            sidebar.report_download(report_renderer(opened, sel))
         sidebar.live_controls(path, opened, ctx.token if ctx else "")
     pages = {
         url: st.Page(

@@ -11,9 +11,6 @@ RUN_TAB = "run_tab"
 RUN = "run"
 GROUP = "group"
 
-SCALING_TABS = ("Speedup", "Sync", "Phases", "Utilisation", "Groups", "Model")
-RUN_TABS = ("Steps", "Phases", "Stragglers", "Telemetry")
-
 
 @dataclass(frozen=True)
 class Place:

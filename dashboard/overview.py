@@ -42,6 +42,14 @@ GLANCE_COLUMNS = {
     "per_gpu_speedup": Col("per-GPU speedup S(N)/N", fmt="%.2f", help="what the seed study quotes"),
 }
 
+QUALITY_COLUMNS = {
+    "severity": Col("severity"),
+    "kind": Col("kind"),
+    "message": Col("what"),
+    "run_id": Col("run"),
+    "group_id": Col("group"),
+}
+
 
 def render(ctx: Context) -> None:
     st.title("Overview")
@@ -164,16 +172,7 @@ def _quality(ctx: Context) -> None:
         )
     quality = ctx.table("quality")
     if quality.num_rows:
-        show_table(
-            quality,
-            {
-                "severity": Col("severity"),
-                "kind": Col("kind"),
-                "message": Col("what"),
-                "run_id": Col("run"),
-                "group_id": Col("group"),
-            },
-        )
+        show_table(quality, QUALITY_COLUMNS)
         definition_note("quality")
     elif not skipped:
         st.success("No data-quality problem found in this selection.")

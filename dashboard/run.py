@@ -20,7 +20,7 @@ from perfscope.charts.timeline import (
 
 from . import links
 from .state import Context
-from .widgets import Col, chart, charts, definition_note, ms, no_runs, num, one_row, pct, show_table
+from .widgets import Col, chart, charts, definition_note, ms, no_runs, num, one_row, pct, show_table, tabbed
 
 RANK_COLUMNS = {
     "rank": Col("rank", fmt="%d"),
@@ -73,25 +73,28 @@ def render(ctx: Context) -> None:
     )
     run = by_id[run_id]
     _headline(run)
-    tabs = st.tabs(list(links.RUN_TABS), key=links.RUN_TAB, bind="query-params")
-    parts = dict(zip(links.RUN_TABS, tabs, strict=True))
+    tabbed(
+        links.RUN_TAB,
+        {
+            "Steps": lambda: _steps(ctx, run_id),
+            "Phases": lambda: _phases(ctx, run_id),
+            "Stragglers": lambda: _stragglers(ctx, run_id),
+            "Telemetry": lambda: _telemetry(ctx, run_id),
+        },
+    )
+
+
+def _steps(ctx: Context, run_id: str) -> None:
+    chart(step_series_chart(ctx.table("step_series", ctx.refine(run_ids=(run_id,)))))
+    definition_note("run_summary", "step_series")
+
+
+def _phases(ctx: Context, run_id: str) -> None:
     one = ctx.refine(run_ids=(run_id,))
-    with parts["Steps"]:
-        if parts["Steps"].open:
-            chart(step_series_chart(ctx.table("step_series", one)))
-            definition_note("run_summary", "step_series")
-    with parts["Phases"]:
-        if parts["Phases"].open:
-            chart(phase_breakdown_chart(ctx.table("phase_breakdown", one)))
-            st.subheader("Per rank")
-            show_table(ctx.table("rank_breakdown", one), RANK_COLUMNS)
-            definition_note("phase_breakdown", "rank_breakdown")
-    with parts["Stragglers"]:
-        if parts["Stragglers"].open:
-            _stragglers(ctx, run_id)
-    with parts["Telemetry"]:
-        if parts["Telemetry"].open:
-            _telemetry(ctx, run_id)
+    chart(phase_breakdown_chart(ctx.table("phase_breakdown", one)))
+    st.subheader("Per rank")
+    show_table(ctx.table("rank_breakdown", one), RANK_COLUMNS)
+    definition_note("phase_breakdown", "rank_breakdown")
 
 
 def _headline(run: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from .widgets import (
     relabel,
     show_table,
     simulated_notice,
+    tabbed,
 )
 
 LARGEST_COLUMNS = {
@@ -58,7 +59,6 @@ FIT_COLUMNS = {
     "points": Col("points", fmt="%d"),
     "world_sizes": Col("world sizes"),
     "smape_pct": Col("SMAPE (%)", fmt="%.1f"),
-    "smape": Col("SMAPE (%)", fmt="%.1f"),
     "r2_adj": Col("adj. R²", fmt="%.3f"),
     "too_few_points": Col("too few points"),
 }
@@ -75,11 +75,11 @@ MODEL_COLUMNS = {
     "group_id": Col("group"),
     "points": Col("points", fmt="%d"),
     "formula": Col("model of step time T(p)"),
-    "smape": Col("SMAPE (%)", fmt="%.1f"),
+    "smape_pct": Col("SMAPE (%)", fmt="%.1f"),
     "r2_adj": Col("adj. R²", fmt="%.3f"),
-    "loo_smape": Col("leave-one-out SMAPE (%)", fmt="%.1f"),
-    "too_few_points": Col("too few points"),
-    "trusted": Col("trusted"),
+    "loo_smape_pct": Col("leave-one-out SMAPE (%)", fmt="%.1f"),
+    "trusted": Col("trusted", help="fitted to 5 or more world sizes"),
+    "note": Col("note"),
 }
 
 PREDICTION_COLUMNS = {
@@ -132,27 +132,18 @@ def render(ctx: Context) -> None:
         return
     run_ids = rows(filter_rows(scaling, "group_id", picked), ("run_id",))
     runs = [r["run_id"] for r in run_ids]
-    tabs = st.tabs(list(links.SCALING_TABS), key=links.SCALING_TAB, bind="query-params")
-    parts = dict(zip(links.SCALING_TABS, tabs, strict=True))
     shown = filter_rows(scaling, "group_id", picked)
-    with parts["Speedup"]:
-        if parts["Speedup"].open:
-            _speedup(ctx, shown, picked, labels)
-    with parts["Sync"]:
-        if parts["Sync"].open:
-            _sync(ctx, picked)
-    with parts["Phases"]:
-        if parts["Phases"].open:
-            _phases(ctx, picked, runs, labels)
-    with parts["Utilisation"]:
-        if parts["Utilisation"].open:
-            _utilisation(ctx, picked)
-    with parts["Groups"]:
-        if parts["Groups"].open:
-            _side_by_side(ctx, runs)
-    with parts["Model"]:
-        if parts["Model"].open:
-            _model(ctx, picked, labels)
+    tabbed(
+        links.SCALING_TAB,
+        {
+            "Speedup": lambda: _speedup(ctx, shown, picked, labels),
+            "Sync": lambda: _sync(ctx, picked),
+            "Phases": lambda: _phases(ctx, picked, runs, labels),
+            "Utilisation": lambda: _utilisation(ctx, picked),
+            "Groups": lambda: _side_by_side(ctx, runs),
+            "Model": lambda: _model(ctx, picked, labels),
+        },
+    )
 
 
 def _mixed(scaling: pa.Table) -> None:

@@ -94,6 +94,7 @@ def live_controls(path: Path, store: Store | None, token: str) -> None:
         value=5,
         key="live_every",
         disabled=not live,
+        format_func=lambda s: f"every {s} s",
         label_visibility="collapsed",
     )
     if not live:
@@ -120,7 +121,7 @@ def _check(path: Path, store: Store | None, token: str) -> None:
             st.rerun(scope="app")
         return
     try:
-        state.refresh(store)
+        store.refresh()  # a job may still be writing it
     except Exception:
         state.forget(path)  # the folder was removed or replaced: reopen on the rerun
         st.rerun(scope="app")
@@ -128,9 +129,7 @@ def _check(path: Path, store: Store | None, token: str) -> None:
         st.rerun(scope="app")
 
 
-def report_download(render: Callable[[], bytes] | None) -> None:
-    if render is None:
-        return
+def report_download(render: Callable[[], bytes]) -> None:
     st.download_button(
         "Download report (HTML)",
         data=render,

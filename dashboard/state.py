@@ -126,21 +126,11 @@ class Context:
     def _guard(self, name: str, compute: Callable[[], Any]) -> Any:
         try:
             return compute()
-        except KeyError as exc:
-            if name in ANALYSES or name == "explain":
-                return self._failed(name, exc)
-            self._report(Problem(name, f"the {name!r} analysis is not part of this perfscope version"))
-        except ImportError as exc:
-            self._report(Problem(name, f"this perfscope version lacks it ({exc})"))
-        except PerfscopeError as exc:
+        except PerfscopeError as exc:  # a problem with the data, said in words by the analysis
             self._report(Problem(name, exc.message))
         except Exception as exc:  # an analysis bug must not take the whole page down
-            return self._failed(name, exc)
-        return pa.table({})
-
-    def _failed(self, name: str, exc: BaseException) -> pa.Table:
-        log.exception("perfscope dashboard: %s failed", name, exc_info=exc)
-        self._report(Problem(name, f"{type(exc).__name__}: {exc}"))
+            log.exception("perfscope dashboard: %s failed", name)
+            self._report(Problem(name, f"{type(exc).__name__}: {exc}"))
         return pa.table({})
 
     def _report(self, problem: Problem) -> None:
@@ -153,10 +143,3 @@ class Context:
     def refine(self, **changes: Any) -> Selection:
         """The page's selection narrowed further, e.g. to one run."""
         return dataclasses.replace(self.sel, **changes)
-
-
-def refresh(store: Store) -> bool:
-    """Re-list the store (a job may still be writing it); True when its readable segments changed."""
-    before = listing_token(store)
-    store.refresh()
-    return listing_token(store) != before

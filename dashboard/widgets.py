@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,15 @@ def charts(*cs: Any) -> None:
     with st.container(horizontal=True, wrap=True, gap="large"):
         for c in cs:
             chart(c)
+
+
+def tabbed(key: str, sections: Mapping[str, Callable[[], None]]) -> None:
+    """Tabs bound to the query parameter `key` (a link can open one); only the open tab is drawn."""
+    tabs = st.tabs(list(sections), key=key, bind="query-params")
+    for draw, tab in zip(sections.values(), tabs, strict=True):
+        with tab:
+            if tab.open:
+                draw()
 
 
 def definition_of(table: pa.Table) -> tuple[str, str]:

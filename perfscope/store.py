@@ -218,6 +218,8 @@ class Store:
         self._spill_dir = _spill_dir()
         self.con = duckdb.connect(":memory:")
         self.con.execute(f"SET temp_directory='{self._spill_dir}'")
+        # DuckDB draws a progress bar on stdout for long queries, which would corrupt --json output
+        self.con.execute("SET enable_progress_bar=false")
         self.con.execute(
             "SET allowed_directories=["
             + ", ".join("'" + str(p).replace("'", "''") + "'" for p in (self.root, self._spill_dir))

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import pytest
+from perfscope.dashboard.links import PLACES, Place
 from storegen import MS, Comm, Gpu, Host, make_run
 from streamlit.testing.v1 import AppTest
 
@@ -97,6 +98,29 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _measured(tmp_path_factory.mktemp("measured") / "store")
 
 
+def test_every_column_a_page_shows_is_in_its_analysis(seed: Path) -> None:
+    from perfscope.dashboard import batch, overview, run, scaling
+
+    shown = {
+        "run_summary": overview.RUN_COLUMNS,
+        "quality": overview.QUALITY_COLUMNS,
+        "scaling": {**overview.GLANCE_COLUMNS, **scaling.SCALING_COLUMNS, **scaling.LARGEST_COLUMNS},
+        "allreduce_fit": scaling.FIT_COLUMNS,
+        "pop": scaling.POP_COLUMNS,
+        "scaling_model": scaling.MODEL_COLUMNS,
+        "scaling_prediction": scaling.PREDICTION_COLUMNS,
+        "rank_breakdown": run.RANK_COLUMNS,
+        "stragglers": run.STRAGGLER_COLUMNS,
+        "placement": run.PLACEMENT_COLUMNS,
+        "batch_sweep": batch.SWEEP_COLUMNS,
+        "time_to_metric": batch.TARGET_COLUMNS,
+    }
+    with open_store(seed) as store:
+        for name, columns in shown.items():
+            missing = set(columns) - set(run_analysis(name, store, Selection()).column_names)
+            assert not missing, (name, missing)
+
+
 def test_overview_numbers_and_findings_equal_the_analyses(seed: Path) -> None:
     at = clean(open_page(seed))
     with open_store(seed) as store:
@@ -146,6 +170,15 @@ def test_finding_links_open_their_page_and_tab_cleanly(seed: Path) -> None:
         if tab:  # the linked tab is the one drawn (the others stay empty until opened)
             drawn = [t.label for t in target.tabs if t.children]
             assert drawn == [tab], (page, query)
+
+
+@pytest.mark.parametrize(
+    "place", sorted({p for p in PLACES.values() if p.tab}, key=lambda p: (p.page, p.tab or "")), ids=str
+)
+def test_every_place_a_finding_can_link_to_exists(seed: Path, place: Place) -> None:
+    params = place.params(run_id="sim-seed-scaling-gpu2-horovod-nccl-n004-b75-s2022")
+    at = clean(open_page(seed, place.page, **params))
+    assert [t.label for t in at.tabs if t.children] == [place.tab]
 
 
 def test_selection_in_the_sidebar_changes_the_numbers(seed: Path) -> None:
@@ -328,3 +361,13 @@ def test_warmup_override_changes_the_steady_steps(measured: Path) -> None:
     at.sidebar.number_input(key="sel_warmup").set_value(0).run()
     after = metric(clean(at), "Steady steps")
     assert before != after and after.startswith("40 /")
+
+
+def test_report_download_gives_the_html_report(measured: Path) -> None:
+    from perfscope.dashboard.app import report_renderer
+
+    at = clean(open_page(measured))
+    assert [b.proto.label for b in at.sidebar.get("download_button")] == ["Download report (HTML)"]
+    with open_store(measured) as store:
+        html = report_renderer(store, Selection(experiments=("gpu",)))()
+    assert html.startswith(b"<!DOCTYPE html") and b"gpu-n2" in html

@@ -10,7 +10,7 @@ import altair as alt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .rows import Row, data, rows
+from .rows import Row, data, natural_key, rows
 from .style import HEIGHT, PANEL_HEIGHT, SERIES_SCHEME, WIDTH, ChartLike, finish, no_data
 
 #: Above this many series (ranks, GPUs, hosts) a chart draws the min-median-max band over them
@@ -114,6 +114,7 @@ def _lines(
             title=series_title,
             scale=alt.Scale(scheme=SERIES_SCHEME),
             legend=None if len(names) == 1 else shown_legend,
+            sort=sorted(names, key=natural_key),  # rank 2 before rank 10
         )
         line = base.mark_line(strokeWidth=1.4, interpolate="step-after", clip=True).encode(
             x, alt.Y(f"{y_field}:Q", title=y_title, scale=scale), colour, tooltip=tooltip
