@@ -157,7 +157,7 @@ def coarsen_steps(table: pa.Table, buckets: int) -> pa.Table:
 def _stragglers(ctx: Context, run_id: str) -> None:
     one = ctx.refine(run_ids=(run_id,))
     strag = ctx.table("stragglers", one)
-    # the run named: the builders' own choice of run scans every row per row (slow on long runs)
+    # the tables hold this run only; naming it spares the builders their search for one
     wait = coarsen_steps(ctx.table("collective_wait", one), HEATMAP_BUCKETS)
     charts(wait_heatmap(wait, run_id), last_rank_chart(strag, run_id))
     show_table(strag, STRAGGLER_COLUMNS)

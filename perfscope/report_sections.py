@@ -77,6 +77,11 @@ def _largest(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [rs[-1] for rs in _curve_groups(values).values()]
 
 
+def _span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
 def _joined(items: Iterable[Any]) -> str:
     return ", ".join(str(i) for i in sorted(set(items), key=lambda v: natural_key(str(v))))
 
@@ -99,15 +104,24 @@ def overview(ctx: Context) -> Section:
     if last:
         best = max(last, key=lambda r: r["per_gpu_speedup"] or 0)
         worst = min(last, key=lambda r: r["per_gpu_speedup"] or 0)
-        s.blocks.append(
-            [
-                "Per-GPU speedup at the largest world size ranges from ",
-                Num(worst["per_gpu_speedup"], "scaling", "per_gpu_speedup", worst["run_id"]),
-                f" ({worst['group']}, N = {worst['world_size']}) to ",
-                Num(best["per_gpu_speedup"], "scaling", "per_gpu_speedup", best["run_id"]),
-                f" ({best['group']}, N = {best['world_size']}).",
-            ]
-        )
+        if best is worst:
+            s.blocks.append(
+                [
+                    f"Per-GPU speedup at N = {best['world_size']} is ",
+                    Num(best["per_gpu_speedup"], "scaling", "per_gpu_speedup", best["run_id"]),
+                    f" ({best['group']}).",
+                ]
+            )
+        else:
+            s.blocks.append(
+                [
+                    "Per-GPU speedup at the largest world size ranges from ",
+                    Num(worst["per_gpu_speedup"], "scaling", "per_gpu_speedup", worst["run_id"]),
+                    f" ({worst['group']}, N = {worst['world_size']}) to ",
+                    Num(best["per_gpu_speedup"], "scaling", "per_gpu_speedup", best["run_id"]),
+                    f" ({best['group']}, N = {best['world_size']}).",
+                ]
+            )
         s.blocks.append(
             _table(
                 "scaling",
@@ -141,10 +155,10 @@ def setup(ctx: Context) -> Section:
     runs = ctx.rows("run_summary")
     setups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in runs:
-        key = (r["experiment"], r["cluster"], r["backend"], r["model"], r["device_model"], r["gpus_per_node"])
+        key = (r["experiment"], r["cluster"], r["backend"], r["model"], r["device_model"])
         setups.setdefault(key, []).append(r)
     rows_ = []
-    for (exp, cluster, backend, model, device, gpn), rs in sorted(setups.items(), key=lambda kv: str(kv[0])):
+    for (exp, cluster, backend, model, device), rs in sorted(setups.items(), key=lambda kv: str(kv[0])):
         rows_.append(
             {
                 "experiment": exp,
@@ -152,7 +166,7 @@ def setup(ctx: Context) -> Section:
                 "backend": backend,
                 "model": model,
                 "device_model": device,
-                "gpus_per_node": gpn,
+                "gpus_per_node": max((r["gpus_per_node"] or 0) for r in rs) or None,
                 "world_sizes": _joined(r["world_size"] for r in rs),
                 "batch_sizes_per_rank": _joined(r["batch_size_per_rank"] for r in rs),
                 "runs": len(rs),
@@ -189,9 +203,9 @@ def setup(ctx: Context) -> Section:
     if sim:
         s.blocks.append(
             [
-                f"{len(sim)} of {len(runs)} runs are simulated: written by `perfscope simulate` from a model "
-                "of the hardware, not measured. Charts draw them as hollow triangles and tables say "
-                "'simulated'; read their numbers as what the model predicts."
+                f"{len(sim)} of {len(runs)} runs are simulated (from a model of the hardware, such as "
+                "`perfscope simulate` writes), not measured. Charts draw them as hollow triangles and "
+                "tables say 'simulated'; read their numbers as what the model predicts."
             ]
         )
     warm = sorted({r["warmup_steps"] for r in runs if r["warmup_steps"] is not None})
@@ -200,8 +214,8 @@ def setup(ctx: Context) -> Section:
         s.blocks.append(
             [
                 f"Steady state: the first {_joined(warm)} steps of each run are warm-up and dropped; "
-                f"{min(steady)}–{max(steady)} steady steps remain per run. Step time is the slowest "
-                "rank's, median over the steady steps."
+                f"{_span(steady)} steady steps remain per run. Step time is the slowest rank's, median "
+                "over the steady steps."
             ]
         )
     versions = [

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
-from test_report_store import STRAGGLER_RUN, build_study
+from test_report_store import STRAGGLER_RANK, STRAGGLER_RUN, build_study
 
 from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.charts import CHARTS, speedup_chart, to_png, to_svg, utilisation_chart
@@ -141,13 +142,27 @@ def test_phase_colours_are_the_canonical_ones(tables: dict[str, pa.Table]) -> No
 
 
 def test_straggler_charts_show_the_chosen_run(tables: dict[str, pa.Table]) -> None:
-    for name in ("last_rank", "wait_heatmap"):
-        chart = CHARTS[name].build(tables, run_id=STRAGGLER_RUN)
-        runs = {r["run_id"] for r in _datasets(chart) if "run_id" in r}
-        assert runs == {STRAGGLER_RUN}, name
+    chart = CHARTS["last_rank"].build(tables, run_id=STRAGGLER_RUN)
+    assert {r["run_id"] for r in _datasets(chart) if "run_id" in r} == {STRAGGLER_RUN}
     # without a run asked for, the last-rank chart picks the run with a straggler
     chart = CHARTS["last_rank"].build(tables)
     assert {r["run_id"] for r in _datasets(chart) if "run_id" in r} == {STRAGGLER_RUN}
+    heat = CHARTS["wait_heatmap"].build(tables, run_id=STRAGGLER_RUN)
+    assert f"run {STRAGGLER_RUN};" in json.dumps(heat.to_dict())
+    cells = [r for r in _datasets(heat) if "wait_ms" in r]
+    by_rank: dict[int, list[float]] = {}
+    for r in cells:
+        by_rank.setdefault(r["rank"], []).append(r["wait_ms"])
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    # everyone waits for the straggler, the straggler waits for no one
+    assert min(by_rank, key=lambda k: sum(by_rank[k])) == STRAGGLER_RANK
+    steps = tables["collective_wait"].filter(pc.equal(tables["collective_wait"]["run_id"], STRAGGLER_RUN))
+    expected = sum(steps["wait_ns"].to_pylist()) / 1e6
+    # every step lands in exactly one bin: the bin means weighted by their step counts add back up
+    assert sum(r["wait_ms"] * (r["step_to"] - r["step_from"]) for r in cells) == pytest.approx(expected)
+    # the default run is the one with the most ranks
+    default = json.dumps(CHARTS["wait_heatmap"].build(tables).to_dict())
+    assert "-n4;" in default
 
 
 def test_png_is_a_real_png(tables: dict[str, pa.Table], tmp_path: Path) -> None:

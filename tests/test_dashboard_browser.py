@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from storegen import make_run
 
 from perfscope.simulate import write_study
 from perfscope.simulate_presets import parse_config, seed_study_config
@@ -188,3 +189,30 @@ def _screenshot(page: Any, path: Path) -> None:
     page.wait_for_timeout(500)
     page.screenshot(path=str(path), full_page=True)
     page.set_viewport_size({"width": 1920, "height": 1080})
+
+
+def test_live_mode_shows_a_run_written_while_the_page_is_open(tmp_path: Path) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    from playwright.sync_api import sync_playwright
+
+    store = tmp_path / "store"
+    make_run(store, "first", world_size=1, experiment="live")
+    with dashboard_server(store, tmp_path / "server.log") as (url, _), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
+            page.goto(url)
+            settle(page)
+            runs = page.locator('[data-testid="stMetricValue"]').first
+            assert runs.inner_text() == "1"
+            page.get_by_text("Live: follow a store a job is writing").click()
+            settle(page)
+            make_run(store, "second", world_size=2, experiment="live")  # the job writes on
+            # no click, no reload: the page's own timer (every 5 s by default) picks it up
+            page.wait_for_function(
+                "() => document.querySelector('[data-testid=\"stMetricValue\"]')?.innerText === '2'",
+                timeout=30_000,
+            )
+        finally:
+            browser.close()

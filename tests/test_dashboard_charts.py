@@ -136,3 +136,27 @@ def test_verdicts_follow_the_direction_and_the_threshold() -> None:
         "verdict": "better",
     }
     assert table[1]["difference"] is None and table[1]["verdict"] == ""
+
+
+def test_heat_map_steps_are_coarsened_for_drawing_only() -> None:
+    from perfscope.dashboard.run import coarsen_steps
+
+    n_steps, ranks = 1000, 4
+    wait = pa.table(
+        {
+            "run_id": ["r"] * (n_steps * ranks),
+            "rank": [r for _ in range(n_steps) for r in range(ranks)],
+            "step": [s for s in range(n_steps) for _ in range(ranks)],
+            "steps_in_bucket": [1] * (n_steps * ranks),
+            "wait_ns": [float(r * 1000 + s % 7) for s in range(n_steps) for r in range(ranks)],
+        }
+    )
+    small = coarsen_steps(wait, 120)
+    assert small.num_rows <= 120 * ranks
+    assert sum(small["steps_in_bucket"].to_pylist()) == n_steps * ranks  # every step is in a bucket
+    for r in range(ranks):  # each rank keeps its own level of wait
+        own = [
+            v for k, v in zip(small["rank"].to_pylist(), small["wait_ns"].to_pylist(), strict=True) if k == r
+        ]
+        assert min(own) >= r * 1000 and max(own) <= r * 1000 + 6
+    assert coarsen_steps(wait.slice(0, 40), 120).equals(wait.slice(0, 40))

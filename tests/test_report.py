@@ -312,3 +312,18 @@ def test_progress_bar_only_on_a_terminal() -> None:
     assert any("[" + "#" * 28 + "] 4/4 d" in f for f in frames)
     assert any("1/4 a" in f for f in frames)
     assert tty.getvalue().endswith("\r")  # the bar clears itself
+
+
+def test_a_cpu_store_without_collectives_still_reports(tmp_path: Path) -> None:
+    from storegen import make_run
+
+    for n in (1, 2):
+        make_run(tmp_path / "cpu", f"cpu-n{n}", world_size=n, steps=20, device=False, backend="gloo")
+    out = tmp_path / "cpu.html"
+    assert main(["report", str(tmp_path / "cpu"), "-o", str(out)]) == 0
+    text = out.read_text()
+    parsed = parse(text)
+    assert len(parsed.figures) >= 12 and parsed.external == []
+    # the charts without data say why instead of drawing nothing
+    assert "no GPU samples in this selection" in text
+    assert '<section id="batch">' not in text  # no sweep, no section

@@ -10,6 +10,7 @@ from typing import Any
 
 import altair as alt
 import pyarrow as pa
+from altair.utils.schemapi import debug_mode
 
 Row = dict[str, Any]
 
@@ -34,7 +35,11 @@ def rows(table: pa.Table | None, columns: Sequence[str] | None = None) -> list[R
 
 
 def data(values: list[Row]) -> alt.Data:
-    return alt.Data(values=values)
+    """Inline chart data. Altair validates every row against the JSON schema when it builds the
+    object, which takes seconds for a few thousand rows; the rows here are plain JSON values, so
+    that check is skipped (the spec is still validated by to_dict())."""
+    with debug_mode(False):
+        return alt.Data(values=values)
 
 
 def sources(values: Iterable[Row]) -> set[str]:

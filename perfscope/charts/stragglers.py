@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import altair as alt
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .rows import Row, data, rows
 from .style import PANEL_HEIGHT, THRESHOLD_COLOUR, WIDTH, ChartLike, finish, no_data
 
-_WAIT_COLUMNS = ("run_id", "rank", "step", "steps_in_bucket", "wait_ns")
 _STRAGGLER_COLUMNS = (
     "run_id",
     "source",
@@ -26,53 +27,94 @@ _STRAGGLER_COLUMNS = (
 
 
 def _pick_run(values: list[Row], run_id: str | None, *, prefer: set[str] | None = None) -> str | None:
-    """The run to draw: the one asked for, else a run with a straggler, else the largest world size."""
-    ids = {r["run_id"] for r in values}
+    """The run to draw: the one asked for, else a run with a straggler, else the largest world size
+    (the most ranks seen when the table has no world size)."""
+    ranks: dict[str, set[int]] = {}
+    size: dict[str, int] = {}
+    for r in values:
+        ranks.setdefault(r["run_id"], set()).add(r["rank"])
+        if r.get("world_size"):
+            size[r["run_id"]] = int(r["world_size"])
     if run_id is not None:
-        return run_id if run_id in ids else None
+        return run_id if run_id in ranks else None
+    ids = set(ranks)
     if prefer:
         ids = (ids & prefer) or ids
-    size = {
-        r["run_id"]: r.get("world_size") or len({q["rank"] for q in values if q["run_id"] == r["run_id"]})
-        for r in values
-    }
-    return max(sorted(ids), key=lambda i: size[i]) if ids else None
+    return max(sorted(ids), key=lambda i: size.get(i, len(ranks[i]))) if ids else None
+
+
+#: Step bins of the heat map: enough to see a pattern, few enough to keep the chart small.
+STEP_BINS = 120
+
+
+def _run_of(table: pa.Table | None, run_id: str | None) -> pa.Table | None:
+    """The rows of the run to draw (asked for, else the one with most ranks), picked in Arrow: a
+    large store has millions of rows here, too many to turn into Python objects."""
+    if table is None or table.num_rows == 0:
+        return None
+    if run_id is None:
+        counts = table.group_by("run_id").aggregate([("rank", "count_distinct")]).to_pylist()
+        run_id = max(sorted(counts, key=lambda r: r["run_id"]), key=lambda r: r["rank_count_distinct"])[
+            "run_id"
+        ]
+    return table.filter(pc.equal(table["run_id"], run_id))
+
+
+def _binned(run: pa.Table) -> list[Row]:
+    """Mean wait (ms) per rank and step bin."""
+    run = run.filter(pc.is_valid(run["wait_ns"]))
+    if run.num_rows == 0:
+        return []
+    step = run["step"].to_numpy().astype(np.int64)
+    rank = run["rank"].to_numpy().astype(np.int64)
+    wait_ms = run["wait_ns"].to_numpy().astype(np.float64) / 1e6
+    lo, hi = int(step.min()), int(step.max()) + 1
+    edges = np.unique(np.linspace(lo, hi, min(STEP_BINS, hi - lo) + 1).round().astype(np.int64))
+    b = np.clip(np.searchsorted(edges, step, side="right") - 1, 0, len(edges) - 2)
+    ranks = np.unique(rank)
+    r = np.searchsorted(ranks, rank)
+    total = np.zeros((len(ranks), len(edges) - 1))
+    count = np.zeros_like(total)
+    np.add.at(total, (r, b), wait_ms)
+    np.add.at(count, (r, b), 1)
+    out = []
+    for i, j in zip(*np.nonzero(count), strict=True):
+        out.append(
+            {
+                "rank": int(ranks[i]),
+                "step_from": int(edges[j]),
+                "step_to": int(edges[j + 1]),
+                "wait_ms": float(total[i, j] / count[i, j]),
+            }
+        )
+    return out
 
 
 def wait_heatmap(collective_wait: pa.Table | None, run_id: str | None = None) -> ChartLike:
-    """Wait at collective (ms per step) per rank and step for one run (default: the largest)."""
+    """Wait at collective (ms per step) per rank and step for one run (default: the one with most ranks)."""
     title = "Wait at collective, rank × step"
-    values = rows(collective_wait, _WAIT_COLUMNS)
-    chosen = _pick_run(values, run_id)
-    values = [r for r in values if r["run_id"] == chosen and r["wait_ns"] is not None]
-    if not values:
+    run = _run_of(collective_wait, run_id)
+    values = _binned(run) if run is not None else []
+    if not values or run is None:
         why = (
             f"run {run_id} has no collectives" if run_id else "no collectives between ranks in this selection"
         )
         return no_data(title, why)
-    for r in values:
-        r["wait_ms"] = r["wait_ns"] / 1e6
-    ranks = sorted({int(r["rank"]) for r in values})
+    chosen = run["run_id"][0].as_py()
+    ranks = sorted({r["rank"] for r in values})
     chart = (
         alt.Chart(data(values))
         .mark_rect()
         .encode(
-            x=alt.X(
-                "step:Q",
-                bin=alt.Bin(maxbins=120),
-                title="step",
-                axis=alt.Axis(tickCount=10, labelOverlap=True, format="d"),
-            ),
+            x=alt.X("step_from:Q", title="step", axis=alt.Axis(tickCount=10, labelOverlap=True, format="d")),
+            x2="step_to:Q",
             y=alt.Y("rank:O", title="rank", sort=ranks),
-            color=alt.Color(
-                "mean(wait_ms):Q",
-                title="wait (ms/step)",
-                scale=alt.Scale(scheme="orangered"),
-            ),
+            color=alt.Color("wait_ms:Q", title="wait (ms/step)", scale=alt.Scale(scheme="orangered")),
             tooltip=[
                 alt.Tooltip("rank:O"),
-                alt.Tooltip("step:Q", bin=True),
-                alt.Tooltip("mean(wait_ms):Q", title="mean wait ms", format=".3f"),
+                alt.Tooltip("step_from:Q", title="from step"),
+                alt.Tooltip("step_to:Q", title="to step (excl.)"),
+                alt.Tooltip("wait_ms:Q", title="mean wait ms", format=".3f"),
             ],
         )
         .properties(width=WIDTH, height=max(120, min(PANEL_HEIGHT * 2, 16 * len(ranks))))

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -250,30 +247,10 @@ def render_findings(findings: list[Finding], colour: bool, width: int) -> str:
     return "\n".join(out)
 
 
-@contextlib.contextmanager
-def _native_stdout_to_stderr() -> Iterator[None]:
-    """DuckDB draws its progress bar for long queries straight onto file descriptor 1; point that
-    at stderr while we compute so `--json` output stays parseable."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no real stdout (an embedding host): nothing to protect
-        yield
-        return
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def run(args: argparse.Namespace) -> int:
     sel = selection_from(args)
     with open_store(args.store) as store:
-        with _native_stdout_to_stderr():
-            rep = report(store, sel)
+        rep = report(store, sel)
         if args.json:
             json.dump(to_json(store, sel, rep), sys.stdout, indent=2, allow_nan=False, default=str)
             print()
