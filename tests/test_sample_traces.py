@@ -1,0 +1,72 @@
+"""The bundled sample stores: what `perfscope analyze` says about them is what the study needs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from perfscope import Store, open_store
+from perfscope.analysis import Selection, run_analysis
+from perfscope.explain import Finding, explain
+from perfscope.sample_traces import DEFAULT, bundled
+
+
+@pytest.fixture(scope="module")
+def seed() -> Iterator[Store]:
+    with open_store(bundled()["seed-study"]) as store:
+        yield store
+
+
+@pytest.fixture(scope="module")
+def seed_findings(seed: Store) -> list[Finding]:
+    return explain(seed)
+
+
+def _rules(findings: list[Finding]) -> set[str]:
+    return {f.rule for f in findings}
+
+
+def test_bundled_stores_are_small_and_the_default_exists() -> None:
+    stores = bundled()
+    assert DEFAULT in stores and {"seed-study", "demo-cpu"} <= set(stores)
+    for path in stores.values():
+        size = sum(p.stat().st_size for p in path.rglob("*.parquet"))
+        assert size < 8 * 2**20, f"{path.name} is {size / 2**20:.1f} MiB"
+
+
+def test_seed_top_findings_are_the_study_s_causes(seed_findings: list[Finding]) -> None:
+    top = seed_findings[:6]
+    # sync is what the seed measured as 28% of the epoch: it must lead the explanation
+    assert top[0].rule == "communication-bound" and top[0].severity == "alarm"
+    assert {"communication-bound", "overlap-failure"} <= _rules(top)
+    assert all("[simulated runs]" in f.title for f in seed_findings if f.category != "data-quality")
+
+
+def test_seed_answers_what_the_author_had_to_guess(seed_findings: list[Finding]) -> None:
+    by_rule = {f.rule: f for f in seed_findings}
+    # "Ursache für bessere Skalierung auf GPU2?": slower GPUs make the same sync a smaller share
+    cluster = by_rule["cluster-comparison"]
+    assert "gpu2" in cluster.text
+    # "Auslastung steigt sprunghaft ... NCCL?": a spinning NCCL kernel counts as kernel-active
+    jumps = [f for f in seed_findings if f.rule == "utilisation-jump"]
+    assert jumps and all("nccl" in (f.group_id or "") for f in jumps)
+    assert "not a gain" in jumps[0].text
+    # "Batch Size erhöhen": what a larger batch buys, with the learning-rate caveats
+    small = by_rule["small-per-gpu-work"]
+    for caveat in ("√k", "warm", "LARS", "LAMB"):
+        assert caveat in small.recommendation
+    # NCCL vs MPI: MPI ahead inside a node, NCCL across nodes
+    assert "backend-comparison" in by_rule
+    # the node boundary is named as a knee, with the efficiency drop in numbers
+    assert any(f.rule == "node-boundary-knee" for f in seed_findings)
+
+
+def test_seed_per_gpu_speedups_are_in_the_scaling_table(seed: Store) -> None:
+    table = run_analysis("scaling", seed, Selection(experiments=("seed-scaling",))).to_pylist()
+    at12 = {
+        (r["cluster"], r["backend"]): r["per_gpu_speedup"] for r in table if r["world_size"] == 12
+    }
+    assert at12[("alpha", "horovod-nccl")] == pytest.approx(0.53, abs=0.02)
+    assert at12[("hpdlf", "horovod-nccl")] == pytest.approx(0.57, abs=0.02)
+    assert at12[("gpu2", "horovod-nccl")] == pytest.approx(0.74, abs=0.02)
