@@ -70,3 +70,40 @@ def test_seed_per_gpu_speedups_are_in_the_scaling_table(seed: Store) -> None:
     assert at12[("alpha", "horovod-nccl")] == pytest.approx(0.53, abs=0.02)
     assert at12[("hpdlf", "horovod-nccl")] == pytest.approx(0.57, abs=0.02)
     assert at12[("gpu2", "horovod-nccl")] == pytest.approx(0.74, abs=0.02)
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Store]:
+    with open_store(bundled()["demo-cpu"]) as store:
+        yield store
+
+
+def test_demo_sample_is_a_real_measured_ddp_study(demo: Store) -> None:
+    runs = demo.query(
+        "SELECT source, backend, world_size, batch_size_per_rank, cluster, torch_version FROM runs"
+    ).to_pylist()
+    assert {r["source"] for r in runs} == {"measured"} and {r["backend"] for r in runs} == {"gloo"}
+    assert {r["world_size"] for r in runs} == {1, 2, 4}
+    assert len({r["batch_size_per_rank"] for r in runs}) >= 2
+    # where and how it was recorded
+    assert all("cores" in r["cluster"] and r["torch_version"] for r in runs)
+    # every rank of every run stored its steps, and the loss was logged
+    ranks = demo.query(
+        "SELECT r.run_id, r.world_size, count(DISTINCT s.rank) AS seen FROM runs r "
+        "JOIN steps s USING (run_id) GROUP BY ALL"
+    ).to_pylist()
+    assert all(r["seen"] == r["world_size"] for r in ranks) and len(ranks) == len(runs)
+    assert demo.query("SELECT count(*) AS n FROM metrics WHERE name = 'loss'").column("n")[0].as_py() > 0
+
+
+def test_demo_sample_is_explained_as_oversubscription(demo: Store) -> None:
+    findings = explain(demo)
+    top = findings[0]
+    cpus = demo.query("SELECT max(cpu_count) AS c FROM ranks").column("c")[0].as_py()
+    # recorded on a 2-core machine: 4 ranks time-share the cores, and that leads the explanation
+    assert cpus < 4
+    assert top.rule == "oversubscription" and top.severity == "alarm"
+    assert f"on {cpus} cores" in top.title
+    # the symptoms it causes carry the caveat instead of outranking it
+    others = [f for f in findings if f.rule == "communication-bound"]
+    assert all("contention" in f.text for f in others)

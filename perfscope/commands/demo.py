@@ -43,10 +43,15 @@ def run(args: argparse.Namespace) -> int:
         f"{the_plan.steps} steps each, {labels['backend']} on {labels['device']}"
     )
     print("next:")
-    for verb, what in (
-        ("info", "summarise what was recorded"),
-        ("analyze", "explain how it scales"),
-        ("dashboard", "open the dashboard"),
-    ):
-        print(f"  perfscope {verb} {store}".ljust(44) + what)
+    commands = [
+        (f"perfscope {verb} {store}", what)
+        for verb, what in (
+            ("info", "summarise what was recorded"),
+            ("analyze", "explain how it scales"),
+            ("dashboard", "open the dashboard"),
+        )
+    ]
+    width = max(len(c) for c, _ in commands) + 2
+    for command, what in commands:
+        print(f"  {command.ljust(width)}{what}")
     return 0
