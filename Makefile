@@ -37,8 +37,13 @@ sample: setup
 schema: setup
 	$(PY) -m perfscope.schema > docs/schema.md
 
+# each prints a Markdown table; BENCHMARKS.md holds the figures and how they were measured
 bench: setup
 	$(PY) benchmarks/writer.py
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/analysis.py
+	$(PY) benchmarks/report.py
+	$(PY) benchmarks/dashboard.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

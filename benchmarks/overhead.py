@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+
+import perfscope
 from perfscope.collectors.faults import Faults
 from perfscope.collectors.host_metrics import HostSampler
 from perfscope.collectors.nvml import open_gpus
 from perfscope.collectors.nvtx_ranges import NvtxRanges
 from perfscope.collectors.poller import Poller
-
-import perfscope
 
 BATCH = 64
 

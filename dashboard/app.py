@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import streamlit as st
-from perfscope.dashboard import batch, compare, overview, run, scaling, sidebar, sql, state
 
 from perfscope.analysis import Selection
+from perfscope.dashboard import batch, compare, overview, run, scaling, sidebar, sql, state
 from perfscope.store import Store
 
 log = logging.getLogger("perfscope.dashboard")

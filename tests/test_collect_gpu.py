@@ -64,6 +64,7 @@ def test_cuda_event_timing_without_synchronize(tmp_path: Path, monkeypatch: pyte
 
 def test_real_nvml_values_are_in_documented_ranges() -> None:
     import pynvml
+
     from perfscope.collectors.faults import Faults
     from perfscope.collectors.nvml import NvmlGpus
 

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+
 from perfscope.collectors import rendezvous
 from perfscope.collectors.identity import (
     claim_run_id,

@@ -13,13 +13,13 @@ from unittest import mock
 
 import pynvml
 import pytest
+
+import perfscope
+from perfscope import PerfscopeWarning, open_store
 from perfscope.collectors.faults import Faults
 from perfscope.collectors.host_metrics import HostSampler
 from perfscope.collectors.nvml import NvmlGpus, open_gpus
 from perfscope.collectors.poller import HostClaim, Poller
-
-import perfscope
-from perfscope import PerfscopeWarning, open_store
 from perfscope.writer import StoreWriter
 
 GIB = 1024**3

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from perfscope.collectors import phases
 from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.cuda_timing import CudaMarks
 from perfscope.collectors.phases import Timeline, infer_samples
 from perfscope.collectors.step_rows import exposed_sync_ns
-
 from perfscope.schema import TABLES
 
 

@@ -8,11 +8,11 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import pytest
-from perfscope.dashboard.links import PLACES, Place
 from storegen import MS, Comm, Gpu, Host, make_run
 from streamlit.testing.v1 import AppTest
 
 from perfscope.analysis import Selection, run_analysis
+from perfscope.dashboard.links import PLACES, Place
 from perfscope.explain import explain
 from perfscope.simulate import write_study
 from perfscope.simulate_presets import parse_config, seed_study_config

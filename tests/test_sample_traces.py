@@ -64,9 +64,7 @@ def test_seed_answers_what_the_author_had_to_guess(seed_findings: list[Finding])
 
 def test_seed_per_gpu_speedups_are_in_the_scaling_table(seed: Store) -> None:
     table = run_analysis("scaling", seed, Selection(experiments=("seed-scaling",))).to_pylist()
-    at12 = {
-        (r["cluster"], r["backend"]): r["per_gpu_speedup"] for r in table if r["world_size"] == 12
-    }
+    at12 = {(r["cluster"], r["backend"]): r["per_gpu_speedup"] for r in table if r["world_size"] == 12}
     assert at12[("alpha", "horovod-nccl")] == pytest.approx(0.53, abs=0.02)
     assert at12[("hpdlf", "horovod-nccl")] == pytest.approx(0.57, abs=0.02)
     assert at12[("gpu2", "horovod-nccl")] == pytest.approx(0.74, abs=0.02)
