@@ -223,7 +223,13 @@ def _check_writable(path: Path, what: str) -> None:
         raise PerfscopeError(f"{what} {path} is a folder; give a file name such as {path / 'report.html'}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise PerfscopeError(f"cannot write {what} {path}: folder {parent} does not exist; create it first")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)  # like --tables: a new folder is fine
+        except OSError as exc:
+            raise PerfscopeError(
+                f"cannot write {what} {path}: cannot create folder {parent} ({exc.strerror or exc}); "
+                "choose another -o"
+            ) from exc
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PerfscopeError(
             f"cannot write {what} {path}: folder {parent} is not writable; choose another -o"

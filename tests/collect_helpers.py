@@ -5,7 +5,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import sys
 import traceback
+import types
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -45,8 +47,16 @@ def run_ranks(
     q = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, q)) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    # Streamlit's AppTest (another test in this process) can leave __main__ pointing at a script
+    # that no longer exists; a child would re-run __main__'s file before the target. Start them
+    # from a plain __main__.
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        sys.modules["__main__"] = main
     results: dict[int, Any] = {}
     import queue
     import time

@@ -111,7 +111,8 @@ def backend_compare(store: Store, sel: Selection) -> pa.Table:
                step_ns / first_value(step_ns) OVER w AS ratio_to_best
         FROM c
         WINDOW w AS (PARTITION BY experiment, cluster, model, batch_size_per_rank, world_size
-                     ORDER BY step_ns ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-        ORDER BY experiment, cluster, model, batch_size_per_rank, world_size, step_ns
+                     ORDER BY step_ns, backend, run_id
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+        ORDER BY experiment, cluster, model, batch_size_per_rank, world_size, step_ns, backend, run_id
         """
     )

@@ -106,7 +106,12 @@ def wait_heatmap(collective_wait: pa.Table | None, run_id: str | None = None) ->
         alt.Chart(data(values))
         .mark_rect()
         .encode(
-            x=alt.X("step_from:Q", title="step", axis=alt.Axis(tickCount=10, labelOverlap=True, format="d")),
+            x=alt.X(
+                "step_from:Q",
+                title="step",
+                scale=alt.Scale(zero=False, nice=False),
+                axis=alt.Axis(tickCount=10, labelOverlap=True, format="d"),
+            ),
             x2="step_to:Q",
             y=alt.Y("rank:O", title="rank", sort=ranks),
             color=alt.Color("wait_ms:Q", title="wait (ms/step)", scale=alt.Scale(scheme="orangered")),
