@@ -1,6 +1,6 @@
 """Writer benchmark: step rows per second end to end, and the writer's memory over a long run.
 
-    .venv/bin/python benchmarks/writer.py [--rows 10000000] [--out DIR]
+    .venv/bin/python benchmarks/writer.py [--rows 10000000] [--short 1000000] [--repeats 3]
 
 Throughput is measured from the first `append` to the return of `close()` (every row encoded and
 renamed into place), against a baseline measured in the same run: the same loop building the same
