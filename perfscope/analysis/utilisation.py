@@ -84,46 +84,51 @@ def utilisation(store: Store, sel: Selection) -> pa.Table:
 @analysis("gpu_timeline", "GPU telemetry over time", "raw", "utilisation")
 def gpu_timeline(store: Store, sel: Selection) -> pa.Table:
     """Per run and GPU, bucket means over time (t_s since the run's first step)."""
-    runs = runs_table(store, sel)
-    t0 = _run_t0(store, sel)
-    return store.query(
-        f"""
-        WITH b AS (
-            SELECT s.*, t.t0,
-                   greatest(1, (max(s.ts_ns) OVER (PARTITION BY s.run_id) - t.t0) / {TIMELINE_BUCKETS})
-                       AS width
-            FROM gpu_samples s JOIN {t0} t USING (run_id)
-            WHERE s.run_id IN (SELECT run_id FROM {runs}) AND {_run_gpus_filter("s")}
-        )
-        SELECT run_id, hostname, gpu_index, min(ts_ns - t0) / 1e9 AS t_s,
-               avg(util_gpu_pct) AS util_gpu_pct, avg(util_mem_pct) AS util_mem_pct,
-               avg(mem_used_bytes) AS mem_used_bytes, avg(power_mw) / 1000 AS power_w,
-               avg(sm_clock_mhz) AS sm_clock_mhz, avg(temp_c) AS temp_c
-        FROM b GROUP BY run_id, hostname, gpu_index, (ts_ns - t0) // width
-        ORDER BY run_id, hostname, gpu_index, t_s
-        """
+    return _timeline(
+        store,
+        sel,
+        "gpu_samples",
+        ("hostname", "gpu_index"),
+        """avg(util_gpu_pct) AS util_gpu_pct, avg(util_mem_pct) AS util_mem_pct,
+           avg(mem_used_bytes) AS mem_used_bytes, avg(power_mw) / 1000 AS power_w,
+           avg(sm_clock_mhz) AS sm_clock_mhz, avg(temp_c) AS temp_c""",
+        where=_run_gpus_filter("s"),
     )
 
 
 @analysis("host_timeline", "Host CPU and memory over time", "raw")
 def host_timeline(store: Store, sel: Selection) -> pa.Table:
     """Per run and host, bucket means over time (t_s since the run's first step)."""
+    return _timeline(
+        store,
+        sel,
+        "host_samples",
+        ("hostname",),
+        """avg(proc_cpu_pct) AS proc_cpu_pct, avg(sys_cpu_pct) AS sys_cpu_pct,
+           avg(rss_bytes) AS rss_bytes, avg(load1) AS load1""",
+    )
+
+
+def _timeline(
+    store: Store, sel: Selection, table: str, keys: tuple[str, ...], aggregates: str, where: str = "true"
+) -> pa.Table:
+    """A sample table in at most TIMELINE_BUCKETS time buckets per run and key, t_s since the
+    run's first step."""
     runs = runs_table(store, sel)
     t0 = _run_t0(store, sel)
+    key = ", ".join(keys)
     return store.query(
         f"""
         WITH b AS (
             SELECT s.*, t.t0,
                    greatest(1, (max(s.ts_ns) OVER (PARTITION BY s.run_id) - t.t0) / {TIMELINE_BUCKETS})
                        AS width
-            FROM host_samples s JOIN {t0} t USING (run_id)
-            WHERE s.run_id IN (SELECT run_id FROM {runs})
+            FROM {table} s JOIN {t0} t USING (run_id)
+            WHERE s.run_id IN (SELECT run_id FROM {runs}) AND {where}
         )
-        SELECT run_id, hostname, min(ts_ns - t0) / 1e9 AS t_s,
-               avg(proc_cpu_pct) AS proc_cpu_pct, avg(sys_cpu_pct) AS sys_cpu_pct,
-               avg(rss_bytes) AS rss_bytes, avg(load1) AS load1
-        FROM b GROUP BY run_id, hostname, (ts_ns - t0) // width
-        ORDER BY run_id, hostname, t_s
+        SELECT run_id, {key}, min(ts_ns - t0) / 1e9 AS t_s, {aggregates}
+        FROM b GROUP BY run_id, {key}, (ts_ns - t0) // width
+        ORDER BY run_id, {key}, t_s
         """
     )
 
