@@ -28,7 +28,8 @@ from types import ModuleType
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, dashboard_server, settle  # noqa: E402
+from browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from test_dashboard_browser import dashboard_server, settle  # noqa: E402
 
 from perfscope import sample_traces  # noqa: E402
 from perfscope.analysis import Selection, run_analysis  # noqa: E402

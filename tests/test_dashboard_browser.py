@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from storegen import make_run
 
 from perfscope.simulate import write_study
@@ -24,15 +25,6 @@ from perfscope.simulate_presets import parse_config, seed_study_config
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "dashboard"
 
 RUN = "sim-seed-scaling-hpdlf-horovod-nccl-n006-b75-s2022"

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from test_report_store import build_study
 
 from perfscope import sample_traces
@@ -16,15 +17,6 @@ from perfscope.store import open_store
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "report"
 
 #: Per chart figure: its name, whether it holds an <svg>, the svg's drawn size, how many marks it
