@@ -4,13 +4,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lint typecheck pytest test sample schema bench clean
+comma := ,
+.PHONY: lock setup lint typecheck pytest test sample schema bench clean
 
-$(STAMP): pyproject.toml constraints-cpu.txt
+LOCK := requirements-lock.txt
+EXTRAS := torch,dashboard,dev
+
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch pinned to the CPU build: an unpinned torch pulls several GB of CUDA packages
-	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[torch,dashboard,dev]'
+	# every package at the version the lock names (torch is the CPU build: an unpinned torch pulls
+	# several GB of CUDA packages), then perfscope itself with nothing more
+	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -33,6 +39,11 @@ sample: setup
 	$(VENV)/bin/perfscope analyze sample_traces/seed-study
 	$(VENV)/bin/perfscope analyze sample_traces/demo-cpu
 	$(VENV)/bin/perfscope report sample_traces/seed-study -o artifacts/sample-report.html
+
+# refresh the lock on purpose: after changing a dependency in pyproject.toml, or to take new releases
+lock: setup
+	$(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url \
+		$(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -c constraints-cpu.txt -o $(LOCK) pyproject.toml
 
 schema: setup
 	$(PY) -m perfscope.schema > docs/schema.md
