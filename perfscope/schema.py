@@ -294,8 +294,35 @@ EVENTS = Table(
     ),
 )
 
+REFERENCE_BW = Table(
+    "reference_bw",
+    "A cluster's reference bandwidth measured by nccl-tests (perfscope import nccl-tests): one row per "
+    "collective, rank count and message size. The partition is the import, not a run.",
+    (
+        _c("cluster", s, "", "cluster or partition label the reference applies to; '' applies to every run"),
+        _c("op", s, "", "collective as in comm.op: allreduce, allgather, reducescatter, broadcast ..."),
+        _c("ranks", i32, "", "ranks (GPUs) the benchmark ran on"),
+        _c("nodes", i32, "", "hosts the benchmark ran on"),
+        _c("bytes", i64, "bytes", "message size (nccl-tests' size column)"),
+        _c("count", i64, "elements", "elements per rank (nccl-tests' count column)"),
+        _c("dtype", s, "", "element type, e.g. 'float'"),
+        _c("redop", s, "", "reduction operator, 'none' for data movement"),
+        _c("root", i32, "", "root rank; NULL or -1 without one"),
+        _c("oop_time_ns", i64, "ns", "out-of-place: mean time of one collective"),
+        _c("oop_algbw_gb_per_s", f64, "GB/s", "out-of-place: algorithm bandwidth bytes/t"),
+        _c("oop_busbw_gb_per_s", f64, "GB/s", "out-of-place: bus bandwidth (algbw times the op's factor)"),
+        _c("ip_time_ns", i64, "ns", "in-place: mean time of one collective"),
+        _c("ip_algbw_gb_per_s", f64, "GB/s", "in-place: algorithm bandwidth"),
+        _c("ip_busbw_gb_per_s", f64, "GB/s", "in-place: bus bandwidth"),
+        _c("hostnames", s, "", "hosts of the ranks, comma-separated"),
+        _c("device_model", s, "", "device model(s) the benchmark printed"),
+        _c("source_file", s, "", "name of the imported file"),
+    ),
+)
+
 TABLES: dict[str, Table] = {
-    t.name: t for t in (RUNS, RANKS, STEPS, SPANS, COMM, GPU_SAMPLES, HOST_SAMPLES, METRICS, EVENTS)
+    t.name: t
+    for t in (RUNS, RANKS, STEPS, SPANS, COMM, GPU_SAMPLES, HOST_SAMPLES, METRICS, EVENTS, REFERENCE_BW)
 }
 
 
