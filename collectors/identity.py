@@ -1,4 +1,5 @@
-"""Who this process is in its job, read from the environment: torchrun, SLURM, MPI, Horovod or nothing.
+"""Who this process is in its job, read from the environment: torchrun, SLURM, MPI, Horovod or nothing;
+and run ids: from the environment, generated, or made distinct from a run the store already holds.
 
 The process group, when one is initialised, has the final word on rank and world size (mp.spawn
 sets no environment at all); see rendezvous.py for what the ranks agree on together.
@@ -12,6 +13,8 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 # (launcher, rank, world size, local rank, local world size, node rank), most specific launcher first:
 # torchrun inside a SLURM allocation sets both, and RANK is the training rank there.
@@ -119,3 +122,58 @@ def safe_run_id(run_id: str) -> str:
     """Run ids become folder names (run_id=<id>): keep letters, digits and -_."""
     cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in run_id.strip())
     return cleaned or generate_run_id()
+
+
+#: ranks of one run open profile() within this of each other; rows older than that are another run's
+SAME_RUN_WINDOW_NS = 120 * 10**9
+
+
+def _partition_rows(folder: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of every segment in one partition folder (regular files only, never a link);
+    raises OSError or an Arrow error for a file that cannot be read."""
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    with os.scandir(folder) as it:
+        entries = [e for e in it if not e.name.startswith(".") and e.name.endswith(".parquet")]
+    for e in entries:
+        if not e.is_file(follow_symlinks=False):
+            raise OSError(f"{e.path} is not a regular file")
+        rows += pq.read_table(e.path, columns=columns).to_pylist()
+    return rows
+
+
+def run_id_taken(root: Path, run_id: str, *, rank: int, world_size: int, now_ns: int | None = None) -> bool:
+    """Whether another run already holds `run_id` in the store at `root`. The same run's other
+    ranks may have started writing (ranks that could not meet at start check alone), so rows under
+    the id are ours only when none is this rank's, the world size matches, and every start lies
+    within SAME_RUN_WINDOW_NS of now. Anything unreadable counts as taken: two runs merged
+    silently are worse than one run split with a warning."""
+    from perfscope.schema import PARTITION_KEY, TABLES
+
+    parts = [root / t / f"{PARTITION_KEY}={run_id}" for t in TABLES]
+    if not any(os.path.lexists(p) for p in parts):
+        return False
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    try:
+        ranks = _partition_rows(parts[list(TABLES).index("ranks")], ["rank", "started_ns"])
+        runs = _partition_rows(parts[list(TABLES).index("runs")], ["world_size", "started_ns"])
+    except Exception:  # a missing folder, a foreign or broken file
+        return True
+    starts = [r["started_ns"] for r in ranks + runs]
+    return (
+        not ranks
+        or any(r["rank"] == rank for r in ranks)
+        or any(r["world_size"] != world_size for r in runs)
+        or any(s is None or abs(now_ns - s) > SAME_RUN_WINDOW_NS for s in starts)
+    )
+
+
+def distinct_run_id(root: Path, run_id: str, *, rank: int, world_size: int) -> str:
+    """`run_id` if no other run holds it in the store, else the first free '<id>-2', '<id>-3' ...
+    (every rank of a run walks the same sequence, so they land on the same id)."""
+    for n in range(1, 1000):
+        candidate = run_id if n == 1 else f"{run_id}-{n}"
+        if not run_id_taken(root, candidate, rank=rank, world_size=world_size):
+            return candidate
+    return f"{run_id}-{secrets.token_hex(4)}"

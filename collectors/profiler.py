@@ -174,7 +174,7 @@ class Profiler:
     def _start(self) -> None:
         me = identity.from_environment()
         self.faults = Faults(me.rank)
-        placement = place(me, self._run_id_arg, self.faults, on_gpu=_cuda_available())
+        placement = place(me, self._run_id_arg, self.faults, on_gpu=_cuda_available(), store=self.store)
         self.placement = placement
         self.run_id = placement.run_id
         self.rank = placement.rank
@@ -187,6 +187,7 @@ class Profiler:
             placement.run_id,
             writer_id=f"r{placement.rank}-p{me.pid}-{secrets.token_hex(3)}",
             roll_interval_s=self._roll_interval_s,
+            clean_leftovers=placement.rank == 0,
         )
         self.faults.attach(self._writer)
         self._hostname = me.hostname

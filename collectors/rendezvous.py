@@ -1,19 +1,28 @@
 """The one exchange between ranks at start: a shared run id, who runs on which host, each rank's
-clock offset. Over torch.distributed or Horovod, whichever the job has initialised; never at close.
+clock offset. Over torch.distributed's key-value store (no collective: a rank that never opens
+profile() cannot hang the others; every wait has a deadline) or Horovod; never at close.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 from . import identity as ids
 from .faults import Faults
 from .identity import Identity
+
+#: seconds the ranks wait for each other at start before recording on with what they know
+TIMEOUT_ENV = "PERFSCOPE_RENDEZVOUS_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 10.0
+_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,20 @@ class Peer:
     cpu_count: int
     env_local_rank: int | None
     run_id: str
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Peer:
+        """A Peer from its JSON form; ValueError for anything else (the store is not trusted)."""
+        d = json.loads(raw)
+        ok = isinstance(d, dict) and set(d) == {f for f in cls.__dataclass_fields__}
+        ints = ("rank", "pid", "cpu_count")
+        if not ok or not all(type(d[k]) is int for k in ints):
+            raise ValueError("not a peer")
+        if not (isinstance(d["hostname"], str) and isinstance(d["run_id"], str) and d["run_id"]):
+            raise ValueError("not a peer")
+        if d["env_local_rank"] is not None and type(d["env_local_rank"]) is not int:
+            raise ValueError("not a peer")
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -43,6 +66,17 @@ class Placement:
     clock_offset_ns: int
     backend: str
     exchanged: bool
+    #: False when the offset could not be measured (0 is then a guess, and the ranks row says NULL)
+    clock_offset_known: bool = True
+
+
+class ExchangeIncomplete(Exception):
+    """Not every rank answered before the deadline; `present` holds what those that did said."""
+
+    def __init__(self, present: dict[int, Any], what: str) -> None:
+        super().__init__(f"{what}: heard from ranks {sorted(present)}")
+        self.present = present
+        self.what = what
 
 
 class Exchange(Protocol):
@@ -54,27 +88,85 @@ class Exchange(Protocol):
     def all_gather(self, obj: Any) -> list[Any]: ...
 
 
-class TorchExchange:
-    """torch.distributed: on the default group when it is a CPU backend (gloo, mpi), else on a gloo
-    group made for this (an NCCL group would need each rank's CUDA device set to gather objects)."""
+def timeout_s(env: dict[str, str] | None = None) -> float:
+    raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+    return value if 0 < value < 86_400 else DEFAULT_TIMEOUT_S
 
-    def __init__(self, dist: Any) -> None:
-        self.dist = dist
+
+_generation = 0
+
+
+class StoreExchange:
+    """torch.distributed without a collective: keys in the store the process group rendezvoused
+    through (TCPStore, FileStore ...), under a prefix of their own per profile() of the process
+    (every rank runs the same sequence of profiles). Values are JSON, read defensively."""
+
+    def __init__(self, dist: Any, store: Any, *, timeout_s: float) -> None:
+        global _generation
+        _generation += 1
+        self.store = store
         self.backend = str(dist.get_backend())
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.group = None if self.backend in ("gloo", "mpi") else dist.new_group(backend="gloo")
+        self.rank = int(dist.get_rank())
+        self.world_size = int(dist.get_world_size())
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip() or "0"
+        self.prefix = f"perfscope/{restart}/{_generation}/"
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self._round = 0
         if self.backend.startswith("cpu:") or "," in self.backend:
             # "cpu:gloo,cuda:nccl": the device that matters for gradients is the accelerator's
             parts = dict(p.split(":", 1) for p in self.backend.split(",") if ":" in p)
             self.backend = parts.get("cuda", parts.get("cpu", self.backend))
 
+    def _next(self) -> str:
+        self._round += 1
+        return f"{self.prefix}{self._round}/"
+
     def barrier(self) -> None:
-        self.dist.barrier(group=self.group)
+        key = self._next()
+        if int(self.store.add(key + "n", 1)) >= self.world_size:
+            self.store.set(key + "go", b"1")
+        # the store wakes every waiter at once: as tight as a collective barrier
+        remaining = self.deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            self.store.wait([key + "go"], timedelta(seconds=remaining))
+        except Exception:
+            raise ExchangeIncomplete({}, "a barrier") from None
 
     def all_gather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        self.dist.all_gather_object(out, obj, group=self.group)
+        if self.store is None:
+            raise ExchangeIncomplete({}, "torch.distributed offers no key-value store to meet in")
+        what = f"the start exchange (waited {self.timeout_s:.0f} s)"
+        key = self._next()
+        peer = isinstance(obj, Peer)
+        self.store.set(key + str(self.rank), json.dumps(asdict(obj) if peer else obj))
+        keys = [key + str(r) for r in range(self.world_size)]
+        while not self.store.check(keys):
+            if time.monotonic() >= self.deadline:
+                present = [r for r in range(self.world_size) if self.store.check([keys[r]])]
+                raise ExchangeIncomplete(self._read(keys, present, peer), what)
+            time.sleep(_POLL_S)
+        got = self._read(keys, range(self.world_size), peer)
+        if len(got) < self.world_size:
+            raise ExchangeIncomplete(got, what)
+        return [got[r] for r in range(self.world_size)]
+
+    def _read(self, keys: list[str], ranks: Any, peer: bool) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for r in ranks:
+            try:
+                raw = self.store.get(keys[r])
+                value: Any = Peer.from_json(raw) if peer else int(json.loads(raw))
+            except Exception:  # garbage under our key: that rank is not heard
+                continue
+            if not peer or value.rank == r:
+                out[r] = value
         return out
 
 
@@ -117,12 +209,20 @@ def horovod_backend(hvd: Any, *, on_gpu: bool) -> str:
     return "horovod"
 
 
+def _default_store(dist: Any) -> Any:
+    """The key-value store of the default process group; None where this torch has none to give."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
 def find_exchange(*, on_gpu: bool = False) -> Exchange | None:
     """The collective layer the job has already initialised. Nothing is imported: a job that has
     not imported torch.distributed or horovod.torch has no group to talk over."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        return TorchExchange(dist)
+        return StoreExchange(dist, _default_store(dist), timeout_s=timeout_s())
     hvd = sys.modules.get("horovod.torch")
     if hvd is not None:
         try:
@@ -136,45 +236,78 @@ def find_exchange(*, on_gpu: bool = False) -> Exchange | None:
 
 def agree(exchange: Exchange, me: Peer, *, rounds: int = 3) -> Placement:
     """Gather every rank's Peer, take rank 0's run id, place ranks on hosts, estimate clock offsets.
+    Raises ExchangeIncomplete when a rank does not answer in time.
 
     Clock offset: after a barrier every rank reads its wall clock at (nearly) the same instant and
     the readings are gathered; offset = rank 0's reading minus this rank's. Ranks on one host share
     one clock, so ranks on rank 0's host get exactly 0 and the others the median over all rounds and
     all ranks of their host (the barrier's exit skew, tens of microseconds, is the error)."""
     peers: list[Peer] = exchange.all_gather(me)
-    hosts: list[str] = []
-    for p in sorted(peers, key=lambda p: p.rank):
-        if p.hostname not in hosts:
-            hosts.append(p.hostname)
-    on_host = sorted((p for p in peers if p.hostname == me.hostname), key=lambda p: p.rank)
-    local_rank = me.env_local_rank
-    if local_rank is None:
-        local_rank = [p.rank for p in on_host].index(me.rank)
-    per_host = [sum(1 for p in peers if p.hostname == h) for h in hosts]
     host_of = {p.rank: p.hostname for p in peers}
     same_host: list[int] = []  # offset samples of every rank on this host
     # every rank sees the same host list, so all skip the rounds together on a single host
-    for _ in range(rounds if len(hosts) > 1 else 0):
-        exchange.barrier()
-        now = time.time_ns()
-        readings = exchange.all_gather(now)
+    for _ in range(rounds if len(set(host_of.values())) > 1 else 0):
+        try:
+            exchange.barrier()
+            now = time.time_ns()
+            readings = exchange.all_gather(now)
+        except ExchangeIncomplete:
+            raise ExchangeIncomplete({p.rank: p for p in peers}, "the clock exchange") from None
         same_host += [int(readings[0]) - int(t) for r, t in enumerate(readings) if host_of[r] == me.hostname]
     # ranks of one host share one clock: rank 0's host is exact, others pool their samples
-    on_rank0_host = me.hostname == host_of[0]
-    offset = 0 if on_rank0_host else int(statistics.median(same_host))
+    offset = 0 if me.hostname == host_of[0] else int(statistics.median(same_host))
+    return _placement(exchange, me, peers, clock_offset_ns=offset, exchanged=True)
+
+
+def _placement(
+    exchange: Exchange, me: Peer, peers: list[Peer], *, clock_offset_ns: int | None, exchanged: bool
+) -> Placement:
+    """Hosts in order of their lowest rank; the run id of the lowest rank heard from.
+    `clock_offset_ns` None: not measured (0, marked unknown)."""
+    ordered = sorted(peers, key=lambda p: p.rank)
+    hosts = list(dict.fromkeys(p.hostname for p in ordered))
+    on_host = [p for p in ordered if p.hostname == me.hostname]
+    local_rank = me.env_local_rank
+    if local_rank is None:
+        local_rank = [p.rank for p in on_host].index(me.rank)
     return Placement(
-        run_id=peers[0].run_id,
+        run_id=ordered[0].run_id,
         rank=exchange.rank,
         world_size=exchange.world_size,
         local_rank=local_rank,
         node_rank=hosts.index(me.hostname),
         nodes=len(hosts),
-        ranks_per_node=max(per_host),
+        ranks_per_node=max(sum(1 for p in ordered if p.hostname == h) for h in hosts),
         local_pids=tuple(p.pid for p in on_host),
-        clock_offset_ns=offset,
+        clock_offset_ns=clock_offset_ns or 0,
         backend=exchange.backend,
-        exchanged=True,
+        exchanged=exchanged,
+        clock_offset_known=clock_offset_ns is not None,
     )
+
+
+def _without_all(exchange: Exchange, me: Peer, exc: ExchangeIncomplete, faults: Faults) -> Placement:
+    """The exchange gave up: record on with the ranks that answered, with one warning."""
+    heard = {r: p for r, p in exc.present.items() if isinstance(p, Peer)}
+    heard[me.rank] = me
+    peers = list(heard.values())
+    rank0 = heard.get(0)
+    # one clock per host: a rank on rank 0's host knows its offset (0) without measuring it
+    offset = 0 if rank0 is not None and rank0.hostname == me.hostname else None
+    placement = _placement(exchange, me, peers, clock_offset_ns=offset, exchanged=False)
+    missing = [r for r in range(exchange.world_size) if r not in heard]
+    shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+    why = f"no answer from rank(s) {shown} (they never opened perfscope.profile, or started late)"
+    faults.report(
+        "rendezvous_incomplete",
+        f"perfscope: rank {exchange.rank}, {exc.what}: "
+        + (why if missing else "a rank stopped answering")
+        + f"; recording goes on as run {placement.run_id} with "
+        f"{len(heard)} of {exchange.world_size} ranks known"
+        + ("" if offset is not None else ", clock offset unknown (0 assumed, NULL in the ranks table)")
+        + f". Set {TIMEOUT_ENV} to wait longer.",
+    )
+    return placement
 
 
 def alone(identity: Identity, run_id: str) -> Placement:
@@ -194,20 +327,34 @@ def alone(identity: Identity, run_id: str) -> Placement:
     )
 
 
-def place(me: Identity, requested_run_id: str | None, faults: Faults, *, on_gpu: bool = False) -> Placement:
+def place(
+    me: Identity,
+    requested_run_id: str | None,
+    faults: Faults,
+    *,
+    on_gpu: bool = False,
+    store: str | os.PathLike[str] | None = None,
+) -> Placement:
     """This rank's placement and the run id shared by all ranks, in this order of preference:
     `run_id=` or PERFSCOPE_RUN_ID; else rank 0's generated id over the process group (or Horovod);
     else an id derived from the launcher (torchelastic, SLURM); else a generated one. An id from the
-    environment is reused by every profile() of a process, so later runs get '-2', '-3' ..."""
+    environment is reused by every profile() of a process, so later runs get '-2', '-3' ...; an id
+    that another run already has in `store` gets the next free suffix, with a warning."""
     proposed = requested_run_id or ids.explicit_run_id()
     if proposed is not None:
         proposed = ids.claim_run_id(ids.safe_run_id(proposed))
     exchange = find_exchange(on_gpu=on_gpu)
     if exchange is not None:
+        faults.rank = exchange.rank  # mp.spawn sets no environment: the group knows the rank
+        if proposed is not None:
+            proposed = _not_taken(store, proposed, exchange.rank, exchange.world_size, faults)
         local_rank = me.local_rank if me.launcher != "single" else None  # mp.spawn: the exchange decides
         peer = Peer(exchange.rank, me.hostname, me.pid, os.cpu_count() or 1, local_rank,
                     proposed or ids.generate_run_id())  # fmt: skip
-        return agree(exchange, peer)
+        try:
+            return agree(exchange, peer)
+        except ExchangeIncomplete as exc:
+            return _without_all(exchange, peer, exc, faults)
     launcher = ids.launcher_run_id()
     if proposed is None and launcher is not None:
         proposed = ids.claim_run_id(ids.safe_run_id(launcher))
@@ -220,4 +367,23 @@ def place(me: Identity, requested_run_id: str | None, faults: Faults, *, on_gpu:
                 "(no process group yet, no launcher id); each rank records its own run. Initialise "
                 "torch.distributed before perfscope.profile(), or set PERFSCOPE_RUN_ID.",
             )
+    else:
+        proposed = _not_taken(store, proposed, me.rank, me.world_size, faults)
     return alone(me, proposed)
+
+
+def _not_taken(
+    store: str | os.PathLike[str] | None, run_id: str, rank: int, world_size: int, faults: Faults
+) -> str:
+    """`run_id`, or the first '<id>-N' that no other run holds in the store (see identity.run_id_taken)."""
+    if store is None:
+        return run_id
+    free = ids.distinct_run_id(Path(store), run_id, rank=rank, world_size=world_size)
+    if free != run_id:
+        faults.report(
+            "run_id_taken",
+            f"perfscope: the store {store} already holds a run '{run_id}' (other ranks, another world "
+            f"size or an earlier start); this run is recorded as '{free}' so that the two do not merge. "
+            "Give each run its own run_id= or PERFSCOPE_RUN_ID.",
+        )
+    return free

@@ -160,5 +160,6 @@ def runs_row(
 def ranks_row(
     p: Placement, hostname: str, device_index: int | None, device_name: str, started_ns: int
 ) -> tuple[Any, ...]:
-    return (p.rank, p.local_rank, p.node_rank, hostname, os.getpid(), p.clock_offset_ns,
+    offset = p.clock_offset_ns if p.clock_offset_known else None  # NULL: not measured
+    return (p.rank, p.local_rank, p.node_rank, hostname, os.getpid(), offset,
             os.cpu_count() or 1, device_index, device_name, started_ns)  # fmt: skip

@@ -2,13 +2,16 @@
 
 Rows are buffered per table (bounded), handed to one background thread every `roll_interval_s`
 or when a buffer fills, and written as `<table>/run_id=<run>/<writer>-<seq>.parquet` through a
-temporary name and an atomic rename. A process killed mid-run loses at most the rows of the
-current interval. A write that fails (full or read-only disk, a bug of ours) drops that batch
-with one warning; the caller never sees an exception.
+temporary name and an atomic rename. The first rows of a prompt table (`steps`) are written at
+once rather than at the next roll, so a job killed in its first second keeps its first step. A
+process killed mid-run loses at most the rows of the current interval. A folder deleted under a
+running writer is made again (one warning). A write that fails (full or read-only disk, a bug of
+ours) drops that batch with one warning; the caller never sees an exception.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import secrets
@@ -23,12 +26,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import leftovers
 from .errors import warn_once
 from .schema import PARTITION_KEY, TABLES
 
 Row = Sequence[Any]
 
 _STOP = object()
+
+#: how often the writer thread looks for the first rows of a prompt table
+FIRST_ROWS_POLL_S = 0.05
 
 
 @dataclass
@@ -107,7 +114,12 @@ class StoreWriter:
         max_buffer_rows: int = 65_536,
         max_queued_batches: int = 4,
         compression: str = "snappy",
+        prompt_tables: Iterable[str] = ("steps",),
+        clean_leftovers: bool = False,
     ) -> None:
+        """`prompt_tables`: tables whose first rows are written within FIRST_ROWS_POLL_S instead of
+        at the next roll. `clean_leftovers`: once running, remove temporary files that killed
+        writers and compactions left in the store (see perfscope.leftovers)."""
         if roll_interval_s <= 0:
             raise ValueError("roll_interval_s must be positive")
         if not run_id or "/" in run_id or run_id.startswith("."):
@@ -127,6 +139,8 @@ class StoreWriter:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued_batches)
         self._seq = 0
         self._made_dirs: set[Path] = set()
+        self._not_yet_written = set(prompt_tables) & set(TABLES)
+        self._clean_leftovers = clean_leftovers
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="perfscope-writer", daemon=True)
         self._thread.start()
@@ -134,8 +148,10 @@ class StoreWriter:
     # -- producer side -------------------------------------------------------------------
     def append(self, table: str, row: Row) -> None:
         if len(row) != self._width[table]:
-            self._bad_row(table, row)
-            return
+            fitted = self._fit(table, row)
+            if fitted is None:
+                return
+            row = fitted
         # acquire/release rather than `with`: this is the hot path of every recorded row
         lock = self._lock
         lock.acquire()
@@ -155,7 +171,9 @@ class StoreWriter:
             if len(row) == width:
                 good.append(row)
             else:
-                self._bad_row(table, row)
+                fitted = self._fit(table, row)
+                if fitted is not None:
+                    good.append(fitted)
         if not good:
             return
         with self._lock:  # once for all the rows
@@ -170,6 +188,9 @@ class StoreWriter:
     def write_arrow(self, table: str, data: pa.Table) -> None:
         """Queue a ready-made Arrow table (bulk producers such as the simulator)."""
         schema = TABLES[table].arrow_schema
+        for c in TABLES[table].columns[TABLES[table].min_width :]:  # added since version 1: NULL
+            if c.name not in data.column_names:
+                data = data.append_column(c.name, pa.nulls(len(data), c.type))
         self._enqueue((table, data.select(list(schema.names)).cast(schema)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
@@ -205,6 +226,14 @@ class StoreWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _fit(self, table: str, row: Row) -> Row | None:
+        """A row written for an older schema, without the columns added since (they are NULL);
+        None (and a warning) for a row of any other width."""
+        if TABLES[table].min_width <= len(row) < self._width[table]:
+            return tuple(row) + (None,) * (self._width[table] - len(row))
+        self._bad_row(table, row)
+        return None
 
     def _bad_row(self, table: str, row: Row) -> None:
         self.stats.rows_dropped += 1
@@ -249,14 +278,24 @@ class StoreWriter:
 
     # -- writer thread --------------------------------------------------------------------
     def _run(self) -> None:
+        _warm_up()
         next_roll = time.monotonic() + self.roll_interval_s
         while True:
+            wait = next_roll - time.monotonic()
+            if self._not_yet_written:
+                wait = min(wait, FIRST_ROWS_POLL_S)
             try:
-                item = self._queue.get(timeout=max(0.0, next_roll - time.monotonic()))
+                item = self._queue.get(timeout=max(0.0, wait))
             except queue.Empty:
-                next_roll = time.monotonic() + self.roll_interval_s
-                for table, flat in self._take_all():
-                    self._write(table, flat)
+                # a read of the buffers without the lock: at worst one poll late
+                first = any(self._bufs[t] for t in self._not_yet_written)
+                if first or time.monotonic() >= next_roll:
+                    next_roll = time.monotonic() + self.roll_interval_s
+                    for table, flat in self._take_all():
+                        self._write(table, flat)
+                    if not first and self._clean_leftovers:
+                        self._clean_leftovers = False
+                        self._remove_leftovers()
                 continue
             if item is _STOP:
                 self._drain()
@@ -277,8 +316,14 @@ class StoreWriter:
             elif isinstance(item, threading.Event):
                 item.set()
 
+    def _remove_leftovers(self) -> None:
+        # best effort: what is left is removed by the next start or compact
+        with contextlib.suppress(Exception):
+            leftovers.clean_leftovers(self.root)
+
     def _write(self, table: str, data: list[Any] | pa.Table) -> None:
         n = self._rows(table, data)
+        self._not_yet_written.discard(table)  # tried: a failing disk is not retried every poll
         try:
             arrow = data if isinstance(data, pa.Table) else flat_to_table(table, data)
             directory = segment_dir(self.root, table, self.run_id)
@@ -287,7 +332,19 @@ class StoreWriter:
                 self._made_dirs.add(directory)
             self._seq += 1
             path = directory / f"{self.writer_id}-{self._seq:06d}.parquet"
-            write_segment(path, arrow, compression=self.compression)
+            try:
+                write_segment(path, arrow, compression=self.compression)
+            except FileNotFoundError:
+                if directory.is_dir():
+                    raise
+                # someone deleted the store or this table's folder: the rest of the run still counts
+                directory.mkdir(parents=True, exist_ok=True)
+                warn_once(
+                    f"writer-folder-gone-{self.writer_id}",
+                    f"perfscope: the store folder {directory} was deleted while the run was recording; "
+                    "made it again. Rows written before the deletion are gone, the rest are kept.",
+                )
+                write_segment(path, arrow, compression=self.compression)
         except Exception as exc:  # disk full, read-only store, a bug of ours: never the job's problem
             self.stats.rows_dropped += n
             self.stats.write_errors += 1
@@ -300,3 +357,10 @@ class StoreWriter:
             return
         self.stats.rows_written += n
         self.stats.segments_written += 1
+
+
+def _warm_up() -> None:
+    """Encode an empty segment in memory once: the first Parquet write of a process pays for
+    lazy initialisation, which should not delay the first real segment."""
+    with contextlib.suppress(Exception):
+        pq.write_table(TABLES["steps"].arrow_schema.empty_table(), pa.BufferOutputStream())

@@ -1,0 +1,170 @@
+"""The start-up exchange cannot hang a job: real 3-process gloo jobs where one rank never opens
+perfscope.profile (a data-loading or evaluation rank) and where all do; and the exchange over a
+real c10d key-value store, between 'hosts' with skewed clocks and with garbage under its keys."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfscope import PerfscopeWarning, open_store
+from perfscope.collectors import rendezvous
+from perfscope.collectors.faults import Faults
+from perfscope.collectors.rendezvous import TIMEOUT_ENV, ExchangeIncomplete, Peer, StoreExchange, agree
+
+pytest.importorskip("torch")
+import torch
+from collect_helpers import free_port, run_ranks
+
+STEPS = 5
+#: the process group's own timeout: far beyond the test's deadline, so a hang fails the test
+PG_TIMEOUT_S = 600
+RDV_TIMEOUT_S = 3
+
+
+def profile_worker(rank: int, world_size: int, store: str, absent: int | None) -> dict[str, Any]:
+    """Every rank but `absent` records STEPS steps; then all meet in the job's own barrier."""
+    import torch.distributed as dist
+
+    import perfscope
+
+    os.environ[TIMEOUT_ENV] = str(RDV_TIMEOUT_S)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    out: dict[str, Any] = {"recorded": rank != absent}
+    if rank != absent:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with perfscope.profile(store, experiment="rdv", poll_hz=0, gpu_telemetry=False) as prof:
+                for _ in prof.steps(range(STEPS)):
+                    time.sleep(0.005)
+        assert prof.placement is not None
+        out.update(
+            run_id=prof.run_id,
+            exchanged=prof.placement.exchanged,
+            offset_known=prof.placement.clock_offset_known,
+            warnings=[str(w.message) for w in caught if issubclass(w.category, PerfscopeWarning)],
+        )
+    dist.barrier()  # the job goes on together: nobody was left behind in our exchange
+    dist.destroy_process_group()
+    return out
+
+
+def _ok(results: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    for rank, (status, value) in results.items():
+        assert status == "ok", f"rank {rank}: {status}: {value}"
+    return {r: v for r, (_, v) in results.items()}
+
+
+def test_a_rank_that_never_opens_profile_does_not_hang_the_others(tmp_path: Path) -> None:
+    out = _ok(run_ranks(profile_worker, 3, str(tmp_path), 2, timeout_s=240))
+    assert not out[2]["recorded"]
+    assert out[0]["run_id"] == out[1]["run_id"]  # rank 0's id, read from the store by rank 1
+    for r in (0, 1):
+        assert not out[r]["exchanged"] and out[r]["offset_known"]  # one host: same clock as rank 0
+        (warning,) = out[r]["warnings"]  # exactly one, and it says who is missing
+        assert "rank(s) 2" in warning and "recording goes on" in warning
+    with open_store(tmp_path) as store:
+        per_rank = store.query(
+            "SELECT rank, count(*) AS n, count(DISTINCT run_id) AS runs FROM steps GROUP BY ALL ORDER BY rank"
+        ).to_pylist()
+        assert per_rank == [{"rank": 0, "n": STEPS, "runs": 1}, {"rank": 1, "n": STEPS, "runs": 1}]
+        ranks = store.query("SELECT rank, clock_offset_ns FROM ranks ORDER BY rank").to_pylist()
+        assert ranks == [{"rank": 0, "clock_offset_ns": 0}, {"rank": 1, "clock_offset_ns": 0}]
+        (run,) = store.query("SELECT world_size FROM runs").to_pylist()
+        assert run["world_size"] == 3  # the group's size, though one rank was not recorded
+        events = store.query("SELECT rank, kind FROM events ORDER BY rank").to_pylist()
+        assert events == [
+            {"rank": 0, "kind": "rendezvous_incomplete"},
+            {"rank": 1, "kind": "rendezvous_incomplete"},
+        ]
+
+
+def test_ranks_that_all_open_profile_agree_without_a_warning(tmp_path: Path) -> None:
+    out = _ok(run_ranks(profile_worker, 3, str(tmp_path), None, timeout_s=240))
+    assert len({o["run_id"] for o in out.values()}) == 1
+    assert all(o["exchanged"] and o["offset_known"] and o["warnings"] == [] for o in out.values())
+    with open_store(tmp_path) as store:
+        ranks = store.query("SELECT rank, local_rank, clock_offset_ns FROM ranks ORDER BY rank").to_pylist()
+        assert ranks == [{"rank": r, "local_rank": r, "clock_offset_ns": 0} for r in range(3)]
+        assert store.query("SELECT count(*) FROM events").column(0)[0].as_py() == 0
+
+
+# -- the exchange itself over a real TCPStore, ranks as threads ---------------------------------------
+class _Group:
+    """What StoreExchange asks of torch.distributed: the rank, the size and the backend."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self._rank, self._world = rank, world_size
+
+    def get_backend(self) -> str:
+        return "gloo"
+
+    def get_rank(self) -> int:
+        return self._rank
+
+    def get_world_size(self) -> int:
+        return self._world
+
+
+def _tcp_stores(n: int) -> list[Any]:
+    port = free_port()
+    master = torch.distributed.TCPStore(
+        "127.0.0.1", port, n, True, timedelta(seconds=30), wait_for_workers=False
+    )
+    return [master] + [
+        torch.distributed.TCPStore("127.0.0.1", port, n, False, timedelta(seconds=30)) for _ in range(n - 1)
+    ]
+
+
+def test_clock_offsets_across_hosts_over_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    hosts = ["a", "b", "b"]
+    skew_ns = {"a": 0, "b": -7_000_000}  # host b's clock runs 7 ms behind host a's
+    local = threading.local()
+    real_time_ns = time.time_ns
+    monkeypatch.setattr(rendezvous.time, "time_ns", lambda: real_time_ns() + skew_ns[local.host])
+    stores = _tcp_stores(len(hosts))
+    exchanges = [StoreExchange(_Group(r, 3), stores[r], timeout_s=30) for r in range(3)]
+    # every rank of one profile() shares a key prefix (they count profiles alike)
+    for ex in exchanges[1:]:
+        ex.prefix = exchanges[0].prefix
+    placements: dict[int, Any] = {}
+
+    def rank_main(rank: int) -> None:
+        local.host = hosts[rank]
+        me = Peer(rank, hosts[rank], 100 + rank, 8, None, f"id-of-{rank}")
+        placements[rank] = agree(exchanges[rank], me, rounds=5)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert {p.run_id for p in placements.values()} == {"id-of-0"}
+    assert [(placements[r].node_rank, placements[r].local_rank) for r in range(3)] == [(0, 0), (1, 0), (1, 1)]
+    assert placements[0].clock_offset_ns == 0
+    for r in (1, 2):
+        assert placements[r].clock_offset_ns == pytest.approx(7_000_000, abs=2_000_000)
+        assert placements[r].clock_offset_known and placements[r].exchanged
+
+
+def test_garbage_under_a_key_is_a_rank_not_heard() -> None:
+    stores = _tcp_stores(2)
+    ex0 = StoreExchange(_Group(0, 2), stores[0], timeout_s=0.5)
+    # a hostile or broken writer puts something that is no peer where rank 1's answer goes
+    stores[1].set(f"{ex0.prefix}1/1", b"\x80not json{")
+    with pytest.raises(ExchangeIncomplete) as caught:
+        ex0.all_gather(Peer(0, "a", 1, 1, None, "run-a"))
+    assert set(caught.value.present) == {0}
+    faults = Faults(0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        placement = rendezvous._without_all(ex0, Peer(0, "a", 1, 1, None, "run-a"), caught.value, faults)
+    assert (placement.run_id, placement.world_size, placement.exchanged) == ("run-a", 2, False)
+    assert faults.kinds == ["rendezvous_incomplete"] and len(seen) == 1
