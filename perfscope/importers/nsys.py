@@ -1,0 +1,343 @@
+"""An Nsight Systems SQLite export (`nsys export --type sqlite`) into a run: NVTX step ranges as
+`steps`, phase ranges as `spans` and phase columns, NCCL kernels as `comm`, GPU metrics as
+`gpu_samples` where the export has them.
+
+Tables read (Nsight Systems' documented export schema; all times ns since the session start, host and
+GPU on one timeline): `NVTX_EVENTS` (eventType 59/70 push-pop and 60/71 start-end ranges; 75 names a
+domain: its `text` is the name of `domainId` in that process), `StringIds` (registered strings, via
+`textId`, and kernel names, via `shortName`/`demangledName`), `CUPTI_ACTIVITY_KIND_KERNEL`,
+`TARGET_INFO_SESSION_START_TIME` (utcEpochNs), `TARGET_INFO_GPU_METRICS` + `GPU_METRICS`,
+`TARGET_INFO_SYSTEM_ENV` (Hostname) and `TARGET_INFO_GPU` (name) where present.
+
+Steps are the `step` ranges of domain `perfscope` (what perfscope's collector emits), else
+`ProfilerStep#N` ranges. Every process with steps is one rank (files in the order given, processes by
+pid). A step's own phase times follow the collector's rules; its exposed sync is the `sync` phase plus
+the NCCL kernel time that no compute kernel overlaps (taken out of the phase it fell in).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..collectors.step_rows import CANONICAL
+from ..errors import PerfscopeError
+from ..schema import TABLES
+from .common import ImportOptions, ImportResult, RunImport, StepTimes, default_run_id
+
+_SQLITE_MAGIC = b"SQLite format 3\0"
+_RANGE_TYPES = (59, 60, 70, 71)
+_DOMAIN_CREATE = 75
+_PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
+#: NCCL kernels under both namings: ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_AllGather_RING_LL
+_NCCL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+#: nsys metric name prefix -> gpu_samples column
+_METRICS = {"GPU Active": "util_gpu_pct", "GR Active": "util_gpu_pct", "SMs Active": "gpm_sm_active_pct",
+            "Tensor Active": "gpm_tensor_active_pct"}  # fmt: skip
+
+Interval = tuple[int, int]
+
+
+@dataclass
+class Range:
+    name: str
+    start: int
+    end: int
+    domain: str
+
+
+@dataclass
+class Process:
+    """One profiled process: its NVTX ranges and kernels (ns since the session start)."""
+
+    pid: int
+    ranges: list[Range] = field(default_factory=list)
+    nccl: list[tuple[str, int, int]] = field(default_factory=list)  # op, start, end
+    compute: list[Interval] = field(default_factory=list)
+    device_id: int | None = None
+
+
+@dataclass
+class Export:
+    path: Path
+    epoch_ns: int | None
+    hostname: str
+    device_model: str
+    processes: dict[int, Process]
+    gpu_samples: list[dict[str, Any]]
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    with open(path, "rb") as f:
+        head = f.read(len(_SQLITE_MAGIC))
+    if head != _SQLITE_MAGIC:
+        raise PerfscopeError(
+            f"{path}: not an SQLite file; export the report with `nsys export --type sqlite`"
+        )
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    con.execute("PRAGMA query_only = ON")
+    return con
+
+
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _pid(global_id: int | None) -> int:
+    # Nsight serialises ids as (.. << 48) | (pid << 24) | tid
+    return ((global_id or 0) >> 24) & 0xFFFFFF
+
+
+def parse(path: Path) -> Export:
+    """What the export holds of each process; refuses a file that is no Nsight Systems export."""
+    try:
+        con = _connect(path)
+        try:
+            return _read(path, con)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise PerfscopeError(f"{path}: unreadable SQLite ({exc}); truncated or corrupt export") from None
+
+
+def _read(path: Path, con: sqlite3.Connection) -> Export:
+    tables = _tables(con)
+    if "NVTX_EVENTS" not in tables:
+        raise PerfscopeError(
+            f"{path}: no NVTX_EVENTS table; not an Nsight Systems export with NVTX ranges "
+            "(profile with `nsys profile --trace=cuda,nvtx`)"
+        )
+    strings = "StringIds" in tables
+    text = "coalesce(e.text, s.value)" if strings else "e.text"
+    join = "LEFT JOIN StringIds s ON s.id = e.textId" if strings else ""
+    domains: dict[tuple[int, int], str] = {}
+    for dom, name, gtid in con.execute(
+        f"SELECT domainId, text, globalTid FROM NVTX_EVENTS WHERE eventType = {_DOMAIN_CREATE}"
+    ):
+        domains[(_pid(gtid), dom or 0)] = str(name or "")
+    procs: dict[int, Process] = {}
+    kinds = ", ".join(map(str, _RANGE_TYPES))
+    for start, end, name, gtid, dom in con.execute(
+        f"SELECT e.start, e.end, {text}, e.globalTid, e.domainId FROM NVTX_EVENTS e {join} "
+        f"WHERE e.eventType IN ({kinds}) AND e.end IS NOT NULL AND e.end >= e.start ORDER BY e.start"
+    ):
+        pid = _pid(gtid)
+        proc = procs.setdefault(pid, Process(pid))
+        proc.ranges.append(Range(str(name or ""), int(start), int(end), domains.get((pid, dom or 0), "")))
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
+        cols = {r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
+        name_col = (
+            "shortName" if "shortName" in cols else "demangledName" if "demangledName" in cols else None
+        )
+        if name_col is not None and strings:
+            for start, end, kname, gpid, dev in con.execute(
+                f"SELECT k.start, k.end, s.value, k.globalPid, k.deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                f"LEFT JOIN StringIds s ON s.id = k.{name_col} ORDER BY k.start"
+            ):
+                proc = procs.setdefault(_pid(gpid), Process(_pid(gpid)))
+                proc.device_id = dev if proc.device_id is None else proc.device_id
+                m = _NCCL.match(str(kname or ""))
+                if m:
+                    proc.nccl.append((m.group(1).lower(), int(start), int(end)))
+                else:
+                    proc.compute.append((int(start), int(end)))
+    epoch = None
+    if "TARGET_INFO_SESSION_START_TIME" in tables:
+        row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+        epoch = int(row[0]) if row and row[0] is not None else None
+    hostname = ""
+    if "TARGET_INFO_SYSTEM_ENV" in tables:
+        row = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()
+        hostname = str(row[0]) if row else ""
+    model = ""
+    if "TARGET_INFO_GPU" in tables:
+        row = con.execute("SELECT name FROM TARGET_INFO_GPU").fetchone()
+        model = str(row[0]) if row else ""
+    samples = _gpu_samples(con, tables)
+    return Export(path, epoch, hostname, model, procs, samples)
+
+
+def _gpu_samples(con: sqlite3.Connection, tables: set[str]) -> list[dict[str, Any]]:
+    """GPU metrics (nsys --gpu-metrics-devices) as gpu_samples values by column, one per GPU and time."""
+    if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
+        return []
+    wanted = {}
+    for type_id, metric_id, name in con.execute(
+        "SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"
+    ):
+        col = next((c for prefix, c in _METRICS.items() if str(name).startswith(prefix)), None)
+        if col is not None:
+            wanted[(type_id, metric_id)] = col
+    if not wanted:
+        return []
+    gpus = {t: i for i, t in enumerate(sorted({t for t, _ in wanted}))}
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for ts, type_id, metric_id, value in con.execute(
+        "SELECT timestamp, typeId, metricId, value FROM GPU_METRICS ORDER BY timestamp"
+    ):
+        col = wanted.get((type_id, metric_id))
+        if col is None or ts is None:
+            continue
+        row = out.setdefault((int(ts), gpus[type_id]), {"ts": int(ts), "gpu_index": gpus[type_id]})
+        row[col] = float(value)
+    return list(out.values())
+
+
+def _union(intervals: Iterable[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(intervals: list[Interval]) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """Parts of the union `a` not covered by the union `b`."""
+    out, j = [], 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def _clip(intervals: list[Interval], lo: int, hi: int) -> list[Interval]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def _steps_of(proc: Process) -> list[Range]:
+    steps = [r for r in proc.ranges if r.domain == "perfscope" and r.name == "step"]
+    if not steps:
+        steps = [r for r in proc.ranges if _PROFILER_STEP.match(r.name)]
+    return sorted(steps, key=lambda r: r.start)
+
+
+def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
+    exports = [parse(p) for p in paths]
+    ranked: list[tuple[Export, Process, list[Range]]] = []
+    for ex in exports:
+        found = [(ex, p, _steps_of(p)) for _, p in sorted(ex.processes.items())]
+        found = [f for f in found if f[2]]
+        if not found:
+            raise PerfscopeError(
+                f"{ex.path}: no step ranges (NVTX 'step' in domain perfscope, or ProfilerStep#N); "
+                "perfscope cannot split this job into training steps"
+            )
+        ranked += found
+    if opts.rank is not None and len(ranked) != 1:
+        raise PerfscopeError("--rank applies to one export of one process; these hold several")
+    world = opts.world_size or len(ranked)
+    if len(ranked) > world:
+        raise PerfscopeError(
+            f"the exports hold {len(ranked)} processes with steps, more than --world-size {world}"
+        )
+    run_id = opts.run_id or default_run_id("nsys", opts.experiment, paths)
+    with RunImport(opts, "nsys", run_id) as run:
+        starts, ends = [], []
+        for i, (ex, proc, steps) in enumerate(ranked):
+            rank = opts.rank if opts.rank is not None else i
+            epoch = ex.epoch_ns
+            if epoch is None:
+                epoch = 0
+                run.warn(f"{ex.path.name}: no session start time; timestamps are relative to the session")
+            run.rank(rank, hostname=ex.hostname, pid=proc.pid, device_index=proc.device_id,
+                     device_name=ex.device_model, started_ns=epoch + steps[0].start)  # fmt: skip
+            _write_rank(run, rank, epoch, proc, steps)
+            starts.append(epoch + steps[0].start)
+            ends.append(epoch + steps[-1].end)
+        for ex in exports:
+            _write_gpu(run, ex)
+        has_nccl = any(p.nccl for _, p, _ in ranked)
+        hosts = sorted({ex.hostname for ex, _, _ in ranked})
+        return run.finish(
+            started_ns=min(starts),
+            ended_ns=max(ends),
+            world_size=world,
+            nodes=len(hosts),
+            gpus_per_node=max(1, world // max(1, len(hosts))),
+            backend="nccl" if has_nccl else "",
+            device_model=next((ex.device_model for ex in exports if ex.device_model), ""),
+            hostname=ranked[0][0].hostname,
+            tags={"source_files": [p.name for p in paths]},
+        )
+
+
+def _write_rank(run: RunImport, rank: int, epoch: int, proc: Process, steps: list[Range]) -> None:
+    phases = sorted(
+        (r for r in proc.ranges if r.name != "step" and not _PROFILER_STEP.match(r.name)
+         and (r.domain == "perfscope" or r.name in CANONICAL)),
+        key=lambda r: (r.start, -r.end),
+    )  # fmt: skip
+    compute = _union(proc.compute)
+    prev_end: int | None = None
+    for k, st in enumerate(steps):
+        lo = prev_end if prev_end is not None and prev_end <= st.start else st.start
+        hi = st.end
+        prev_end = hi
+        cols = dict.fromkeys(CANONICAL, 0)
+        canon_windows: dict[str, list[Interval]] = defaultdict(list)
+        stack: list[Range] = []
+        for r in (r for r in phases if st.start <= r.start and r.end <= hi):
+            while stack and stack[-1].end <= r.start:
+                stack.pop()
+            parent = stack[-1] if stack else None
+            run.span(rank, k, r.name, epoch + r.start, r.end - r.start, clock="cuda" if proc.nccl else "host",
+                     parent=parent.name if parent else None, depth=len(stack))  # fmt: skip
+            if r.name in CANONICAL:
+                cols[r.name] += r.end - r.start
+                canon_windows[r.name].append((r.start, r.end))
+                outer = next((p for p in reversed(stack) if p.name in CANONICAL), None)
+                if outer is not None:
+                    cols[outer.name] -= r.end - r.start
+            stack.append(r)
+        nccl = [(op, a, b) for op, a, b in proc.nccl if lo <= a < hi]
+        for seq, (op, a, b) in enumerate(nccl):
+            run.comm(rank, k, seq, op, None, epoch + a, b - a, clock="cuda")
+        # NCCL time no compute kernel overlaps is waited for; outside a `sync` phase it is charged
+        # to sync and taken out of the phase it fell in
+        exposed = _minus(_union((a, b) for _, a, b in nccl), _clip(compute, lo, hi))
+        exposed = _minus(exposed, _union(canon_windows["sync"]))
+        for name in ("data", "forward", "backward", "optimizer"):
+            inside = _length(_minus(exposed, _minus(exposed, _union(canon_windows[name]))))
+            cols[name] -= inside
+        cols["sync"] += _length(exposed)
+        t = StepTimes(
+            start_ns=epoch + lo,
+            step_ns=hi - lo,
+            **{f"{n}_ns" if n != "sync" else "sync_exposed_ns": max(0, v) for n, v in cols.items()},
+            comm_total_ns=sum(b - a for _, a, b in nccl),
+            comm_count=len(nccl),
+        )
+        run.step(rank, k, t, clock="cuda" if proc.nccl else "host")
+
+
+def _write_gpu(run: RunImport, ex: Export) -> None:
+    if not ex.gpu_samples:
+        return
+    names = TABLES["gpu_samples"].column_names
+    epoch = ex.epoch_ns or 0
+    rows = []
+    for s in ex.gpu_samples:
+        values = {"ts_ns": epoch + s["ts"], "hostname": ex.hostname, "gpu_index": s["gpu_index"], **s}
+        rows.append(tuple(values.get(n) for n in names))
+    run.rows("gpu_samples", rows)
