@@ -76,7 +76,9 @@ def recording_hook(state, bucket):
     try:
         buf = bucket.buffer()
         nbytes = buf.numel() * (state.element_bytes or buf.element_size())
-        collective = state.timeline.begin_collective("allreduce", bucket.index(), nbytes, overlapped=True)
+        collective = state.timeline.begin_collective(
+            "allreduce", bucket.index(), nbytes, overlapped=True, group=state
+        )  # one model's buckets share its process group: each waits for the one before
     except Exception as exc:
         state.faults.report("ddp_hook_failed", f"perfscope: could not record a DDP bucket ({exc!r}).")
     fut = state.hook(state.state, bucket)

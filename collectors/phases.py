@@ -63,6 +63,7 @@ class Timeline:
         self.cur: StepRecord | None = None
         self.stack: list[Span] = []
         self.seq = 0
+        self.group_last: dict[object, Collective] = {}
         self.pending: deque[StepRecord] = deque()
         self.steps_written = 0
         self.unresolved = 0
@@ -183,15 +184,23 @@ class Timeline:
         self.cur = None
         self.stack.clear()
         self.seq = 0
+        self.group_last.clear()
 
     def in_phase(self, name: str) -> bool:
         return any(s[NAME] == name for s in self.stack)
 
-    def begin_collective(self, op: str, bucket: int | None, nbytes: int, *, overlapped: bool) -> Collective:
+    def begin_collective(
+        self, op: str, bucket: int | None, nbytes: int, *, overlapped: bool, group: object = None
+    ) -> Collective:
+        """A collective ready now. `group` (any key naming its process group) orders it behind the
+        previous collective of the same group in this step: it transfers only once that one is done."""
         cur = self.cur or self.current()
         t = perf_ns()
         c = Collective(self.seq, op, bucket, nbytes, t, t if self.host else self.marks.mark(), overlapped)
         self.seq += 1
+        if group is not None:
+            c.after = self.group_last.get(group)
+            self.group_last[group] = c
         cur.comm.append(c)
         return c
 
@@ -221,6 +230,7 @@ class Timeline:
     def _open_next(self, start_host: int, start: Any, done: StepRecord) -> StepRecord:
         self.index += 1
         self.seq = 0
+        self.group_last.clear()  # ordering is within a step: DDP waits for every bucket before it ends
         nxt = StepRecord(self.index, start_host, start)
         if self.nvtx:
             self.nvtx_step_end(self._step_range)

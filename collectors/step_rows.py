@@ -15,7 +15,9 @@ How a step's columns are computed (DESIGN.md's definitions):
 - Overlapped collectives (DDP buckets) add their exposed part; see `exposed_sync_ns`.
 - `other_ns` is `step_ns` minus the five columns, never negative.
 - `comm_total_ns` sums the durations of the step's collectives, overlapped or not; `comm_count`
-  counts them.
+  counts them. A collective's duration and `start_ns` begin at the later of its readiness and the
+  completion of the collective issued before it on the same process group (time queued behind
+  another bucket is not transfer); the exposed part still counts from readiness.
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ Span = list
 
 
 class Collective:
-    """One collective as this rank saw it: entered at `start`, finished at `end` (set from whichever
-    thread completes it). `overlapped` collectives (DDP buckets) run during backward."""
+    """One collective as this rank saw it: ready at `start`, finished at `end` (set from whichever
+    thread completes it). `overlapped` collectives (DDP buckets) run during backward. `after` is the
+    collective issued before it on the same process group: its transfer cannot start before that
+    one completes, so its recorded duration starts at the later of the two (DESIGN.md)."""
 
-    __slots__ = ("bucket", "end", "nbytes", "op", "overlapped", "seq", "start", "start_host")
+    __slots__ = ("after", "bucket", "end", "nbytes", "op", "overlapped", "seq", "start", "start_host")
 
     def __init__(
         self,
@@ -72,6 +76,7 @@ class Collective:
         self.start = start
         self.end: Any = None
         self.overlapped = overlapped
+        self.after: Collective | None = None
 
 
 class StepRecord:
@@ -163,12 +168,15 @@ def write_step(
         if end is None or not (host or complete or (ready(c.start) and ready(end))):
             continue
         dur = end - c.start if host else el(c.start, end)
-        comm_total += dur
-        comm_rows.append((rank, index, c.seq, c.op, c.bucket, c.nbytes, c.start_host + shift, dur, clock))
+        r = c.start - s0 if host else el(s0, c.start)
         if c.overlapped:
-            r = c.start - s0 if host else el(s0, c.start)
             ready_rel.append(r)
             done_rel.append(r + dur)
+        queued = _queued_ns(c, marks, resolved=host or complete)
+        comm_total += dur - queued
+        comm_rows.append(
+            (rank, index, c.seq, c.op, c.bucket, c.nbytes, c.start_host + shift + queued, dur - queued, clock)
+        )
     if span_rows:
         emit("spans", span_rows)
     if comm_rows:
@@ -196,6 +204,21 @@ def write_step(
         )  # fmt: skip
         return True
     return False
+
+
+def _queued_ns(c: Collective, marks: Marks, *, resolved: bool) -> int:
+    """Time `c` spent ready but queued behind the collective issued before it on the same group
+    (0 when there is none, or its completion came first or is not resolved)."""
+    prev = c.after
+    if prev is None or prev.end is None or c.end is None:
+        return 0
+    if marks.clock == "host":
+        queued = min(prev.end, c.end) - c.start
+    elif resolved or marks.ready(prev.end):
+        queued = min(marks.elapsed_ns(c.start, prev.end), marks.elapsed_ns(c.start, c.end))
+    else:
+        return 0
+    return queued if queued > 0 else 0
 
 
 def _number(value: Any) -> float | None:

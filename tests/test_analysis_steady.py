@@ -57,7 +57,9 @@ def test_warmup_override_keeps_every_step(store_path):
     assert runs["r40"]["steady_steps"] == 40
     # 10 of 40 steps are 75 ms: the p90 sees them, the median does not
     assert runs["r40"]["step_p90_ns"] == pytest.approx(75 * MS)
-    assert runs["r40"]["step_ns"] == pytest.approx(35 * MS)
+    assert runs["r40"]["step_median_ns"] == pytest.approx(35 * MS)
+    # step time is elapsed time per step: the slow steps count in full
+    assert runs["r40"]["step_ns"] == pytest.approx((30 * 35 + 10 * 75) / 40 * MS)
 
 
 def test_step_time_is_the_slowest_rank_and_phases_add_up(store_path):

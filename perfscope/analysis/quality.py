@@ -15,6 +15,8 @@ from .selection import Selection, sql_literal
 from .steady import MIN_STEADY_STEPS, PHASES, run_stats_table
 
 HIGH_CV = 0.25
+#: share of slow steps (steady.SLOW_STEP_RATIO × median) that makes two kinds of step: bimodal
+BIMODAL_SHARE = (0.05, 0.5)
 SUPERLINEAR_EFFICIENCY = 1.1
 THROTTLE_SHARE = 0.2
 CLOCK_DROP = 0.9
@@ -115,7 +117,8 @@ def _run_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
                 "missing_ranks",
                 "warning",
                 f"run {rid}: {r['incomplete_steps']} steady steps lack some ranks' rows "
-                "(a rank died or its last segment was lost).",
+                "(ranks recorded different numbers of steps: one stopped early, ran extra steps, "
+                "or lost its last segment).",
                 rid,
                 value=r["incomplete_steps"],
             )
@@ -158,7 +161,28 @@ def _run_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
                 value=r["step_cv"],
             )
         )
+    out += _step_shape(r)
     return out
+
+
+def _step_shape(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """A periodic or bimodal step-time distribution, named: its median is one kind of step only."""
+    share, ratio, period = r.get("slow_step_share"), r.get("slow_step_ratio"), r.get("step_period")
+    if not share or ratio is None or not (period or BIMODAL_SHARE[0] <= share <= BIMODAL_SHARE[1]):
+        return []
+    rid = r["run_id"]
+    what = f"every {period}th step" if period else f"{share:.0%} of steady steps"
+    return [
+        _row(
+            "periodic_steps" if period else "bimodal_steps",
+            "info",
+            f"run {rid}: {what} takes {ratio:.1f}× the median step (a periodic sync, checkpoint or "
+            "evaluation?); throughput counts them in full (samples over elapsed time), the median "
+            "describes only the common step.",
+            rid,
+            value=float(period or share),
+        )
+    ]
 
 
 def _group_checks(stats: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> list[dict[str, Any]]:

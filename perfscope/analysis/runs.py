@@ -26,7 +26,8 @@ RUN_SUMMARY_COLUMNS = (
     "run_id, experiment, source, cluster, backend, model, device_model, world_size, nodes, "
     "gpus_per_node, batch_size_per_rank, global_batch_size, "
     "coalesce(ranks_seen, 0) AS ranks_seen, coalesce(n_steps, 0) AS steps_total, warmup_steps, "
-    "coalesce(steady_steps, 0) AS steady_steps, step_ns, step_p10_ns, step_p90_ns, step_cv, "
+    "coalesce(steady_steps, 0) AS steady_steps, step_ns, step_median_ns, step_p10_ns, step_p90_ns, step_cv, "
+    "slow_step_share, slow_step_ratio, step_period, "
     + ", ".join(f"{p}_ns" for p in BREAKDOWN_PHASES)
     + ", c.comm_total_mean AS comm_total_ns, c.comm_count_mean AS comm_count, samples_per_step, "
     "throughput_samples_per_s, dataset_samples, epoch_s"

@@ -13,6 +13,12 @@ WARMUP_FRACTION = 0.05
 #: Fewer steady steps than this and the warm-up rule falls back to dropping the first half.
 MIN_STEADY_STEPS = 5
 
+#: A steady step slower than this multiple of the median is a slow step; when they recur at one
+#: step distance (at least MIN_PERIODS times, PERIOD_SHARE of their gaps) the run is periodic.
+SLOW_STEP_RATIO = 1.5
+MIN_PERIODS = 3
+PERIOD_SHARE = 0.8
+
 #: Canonical phases as stored in `steps`, in display order.
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
 #: The additive breakdown adds the time the slowest rank makes everyone wait.
@@ -117,7 +123,16 @@ def rank_agg_table(store: Store, sel: Selection) -> str:
 
 
 def run_stats_table(store: Store, sel: Selection) -> str:
-    """Per selected run: steady-state step time with spread, additive phase breakdown, throughput."""
+    """Per selected run: steady-state step time, its spread and shape, the additive phase
+    breakdown, and throughput.
+
+    The step time `step_ns` is the steady window's elapsed time per step: the mean over steady
+    steps of the slowest rank's step time (steps run back to back, so their sum is the window's
+    elapsed time). Throughput = global samples over the window / its elapsed time, so periodic slow
+    steps count in full (never samples / median step). The median, p10/p90 and coefficient of
+    variation describe spread only; `step_period` and `slow_step_share` name a bimodal or periodic
+    step-time distribution (see `SLOW_STEP_RATIO`). The breakdown's phases are means over steady
+    (rank, step) rows and add up to `step_ns` with `imbalance_ns` (the slowest rank's excess)."""
     runs = runs_table(store, sel)
     thr = thresholds_table(store, sel)
     sa = step_agg_table(store, sel)
@@ -128,23 +143,38 @@ def run_stats_table(store: Store, sel: Selection) -> str:
         f"CASE WHEN sum({p}_n) > 0 THEN sum({p}_sum) / sum({p}_n) END AS {p}_mean" for p in named
     )
     named_sum = " + ".join(f"coalesce({p}_mean, 0)" for p in named)
-    # scale = median T / mean T turns mean shares into times that add up to the median step time.
-    breakdown = ",\n".join(f"coalesce({p}_mean, 0) * scale AS {p}_ns" for p in named)
+    breakdown = ",\n".join(f"coalesce({p}_mean, 0) AS {p}_ns" for p in named)
     return temp_table(
         store,
         ("run_stats", sel),
         f"""
         WITH st AS (
             SELECT run_id, count(*) AS steady_steps,
-                   median(step_max_ns) AS step_ns,
+                   median(step_max_ns) AS step_median_ns,
                    quantile_cont(step_max_ns, 0.1) AS step_p10_ns,
                    quantile_cont(step_max_ns, 0.9) AS step_p90_ns,
                    avg(step_max_ns) AS step_max_mean_ns,
+                   sum(step_max_ns) AS steady_elapsed_ns,
                    stddev_samp(step_max_ns) / nullif(avg(step_max_ns), 0) AS step_cv,
                    max(n_ranks) AS max_ranks_per_step,
                    count(*) FILTER (WHERE n_ranks < most_ranks) AS incomplete_steps
             FROM (SELECT *, max(n_ranks) OVER (PARTITION BY run_id) AS most_ranks FROM {sa})
             GROUP BY run_id
+        ), slow AS (
+            -- steps well above the median, and the gap to the previous such step
+            SELECT a.run_id, a.step, a.step_max_ns,
+                   a.step - lag(a.step) OVER (PARTITION BY a.run_id ORDER BY a.step) AS gap
+            FROM {sa} a JOIN st USING (run_id)
+            WHERE a.step_max_ns > {SLOW_STEP_RATIO} * st.step_median_ns
+        ), gaps AS (
+            SELECT run_id, gap, count(*) AS n FROM slow WHERE gap IS NOT NULL GROUP BY run_id, gap
+        ), shape AS (
+            SELECT s.run_id, s.slow_steps, s.slow_mean_ns, g.period, g.period_share
+            FROM (SELECT run_id, count(*) AS slow_steps, avg(step_max_ns) AS slow_mean_ns
+                  FROM slow GROUP BY run_id) s
+            LEFT JOIN (SELECT run_id, arg_max(gap, n ORDER BY gap) AS period,
+                              max(n) / sum(n) AS period_share
+                       FROM gaps GROUP BY run_id) g USING (run_id)
         ), k AS (
             SELECT run_id, count(*) AS ranks_seen, sum(rows) AS rows,
                    sum(step_sum) / sum(rows) AS step_mean_ns,
@@ -155,10 +185,15 @@ def run_stats_table(store: Store, sel: Selection) -> str:
         ), j AS (
             SELECT r.*, t.first_step, t.last_step, t.n_steps, t.warmup_steps, t.warmup_fallback,
                    st.* EXCLUDE (run_id), k.* EXCLUDE (run_id),
-                   st.step_ns / nullif(st.step_max_mean_ns, 0) AS scale
+                   st.step_max_mean_ns AS step_ns,
+                   coalesce(shape.slow_steps, 0) / st.steady_steps AS slow_step_share,
+                   shape.slow_mean_ns / nullif(st.step_median_ns, 0) AS slow_step_ratio,
+                   CASE WHEN shape.slow_steps >= {MIN_PERIODS} AND shape.period_share >= {PERIOD_SHARE}
+                        THEN shape.period END AS step_period
             FROM {runs} r
             LEFT JOIN {thr} t USING (run_id)
             LEFT JOIN st USING (run_id)
+            LEFT JOIN shape USING (run_id)
             LEFT JOIN k USING (run_id)
         ), g AS (
             SELECT j.*,
@@ -170,9 +205,9 @@ def run_stats_table(store: Store, sel: Selection) -> str:
         )
         SELECT g.*,
                {breakdown},
-               (step_mean_ns - ({named_sum})) * scale AS other_ns,
-               (step_max_mean_ns - step_mean_ns) * scale AS imbalance_ns,
-               samples_per_step / (step_ns / 1e9) AS throughput_samples_per_s,
+               step_mean_ns - ({named_sum}) AS other_ns,
+               step_max_mean_ns - step_mean_ns AS imbalance_ns,
+               samples_per_step * steady_steps / (steady_elapsed_ns / 1e9) AS throughput_samples_per_s,
                dataset_samples / samples_per_step * (step_ns / 1e9) AS epoch_s
         FROM g
         """,

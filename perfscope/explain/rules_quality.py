@@ -16,6 +16,8 @@ TITLES = {
     "missing_phases": "Phases were not recorded",
     "few_steady_steps": "Too few steps after the warm-up",
     "high_variance": "Step time varies a lot",
+    "periodic_steps": "Periodic slow steps",
+    "bimodal_steps": "Two kinds of step (bimodal step time)",
     "no_baseline": "Runs without a baseline",
     "mixed_scaling_mode": "Mixed scaling modes",
     "mixed_sources": "Measured and simulated runs mixed in one group",
@@ -34,6 +36,10 @@ ADVICE = {
     "few_steady_steps": "Record at least a few hundred steps per run so the warm-up can be dropped.",
     "high_variance": "Run on dedicated nodes, repeat the run, and look at the step series for "
     "periodic stalls.",
+    "periodic_steps": "Judge throughput by samples over elapsed time (perfscope does); to cut the "
+    "slow step's cost, make it rarer or overlap it (DESIGN: keep a periodic sync under 10% amortised).",
+    "bimodal_steps": "Look at the step series for what the slow steps do (I/O, evaluation, a periodic "
+    "sync) before trusting a median.",
     "no_baseline": "Add a run at the smallest world size with the same per-rank (or global) batch.",
     "mixed_scaling_mode": "Keep either the per-rank batch (weak) or the global batch (strong) fixed "
     "in a series, or set scaling_mode.",
