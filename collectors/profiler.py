@@ -7,7 +7,7 @@ import contextlib
 import os
 import secrets
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from perfscope.writer import StoreWriter
@@ -26,6 +26,9 @@ from .run_metadata import cuda_device_name, ranks_row, runs_row, split_keywords,
 
 #: set to 1 to turn perfscope.profile into a pass-through without touching the script
 DISABLE_ENV = "PERFSCOPE_DISABLE"
+
+#: called with every Profiler as it starts recording (`perfscope run` steps aside for a script's own)
+START_LISTENERS: list[Callable[[Profiler], None]] = []
 
 
 class Phase:
@@ -159,6 +162,9 @@ class Profiler:
         self._started = True
         if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
             return self
+        for listener in list(START_LISTENERS):
+            with contextlib.suppress(Exception):
+                listener(self)
         try:
             self._start()
             self._recording = True

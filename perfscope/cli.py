@@ -17,6 +17,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "explain a store's scaling: speedup, efficiency, lost time and ranked findings"),
     "simulate": ("simulate", "write simulated runs: the seed study, a JSON study, or a fit's predictions"),
     "demo": ("demo", "record a real DDP training job at world sizes 1, 2, 4 into a store"),
+    "run": ("run", "record a training command with no change to its script: perfscope run -- CMD ARGS..."),
     "dashboard": ("dashboard", "open a store in the browser: runs, scaling curves, findings, SQL"),
     "report": ("report", "write the scaling study as one self-contained HTML file (or Markdown with PNGs)"),
 }

@@ -1,0 +1,277 @@
+"""Zero-code recording for `perfscope run`: in a process started under it, torch's global hooks open
+a `perfscope.profile` lazily and mark its steps and phases, with no change to the training script.
+
+- The profile opens at the first outermost module forward in training (by then a process group,
+  when the job has one, exists, so the ranks agree on one run id) and closes at exit.
+- A step is one optimizer update: it ends in the optimizer's step post-hook (global optimizer hooks),
+  so gradient accumulation gives one step per update. `optimizer` is the time inside step().
+- `forward` is the time inside the outermost module's forward (one not called from another module's
+  forward) while gradients are enabled; its inputs' leading dimension counts the step's samples.
+- `backward` starts when autograd reaches the outermost module's output and ends when the autograd
+  engine finishes (after DDP's reducer has waited for its last bucket, so exposed sync is measured).
+- `data` runs from the end of a step to the next outermost forward.
+- A DDP model is watched (`prof.watch`) at its first forward; every other torch.distributed call is
+  recorded by the profile's own recorder.
+
+A script that opens its own `perfscope.profile` is recorded by it alone: this steps aside. Any
+failure here is one warning and the job goes on unrecorded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from perfscope.errors import warn_once
+
+from . import ddp, profiler
+from .phases import infer_samples
+
+#: JSON settings `perfscope run` passes to every process: {"store": PATH, "options": {...}}
+AUTO_ENV = "PERFSCOPE_AUTO"
+#: the folder `perfscope run` puts first on PYTHONPATH: it holds the start-up hook
+BOOTSTRAP_DIR = Path(__file__).with_name("bootstrap")
+#: output tensors given a backward hook per outermost forward (the loss's path goes through one)
+_MAX_HOOKED_OUTPUTS = 8
+
+_recorder: AutoRecorder | None = None
+
+
+def settings(env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The settings of `perfscope run` in this process's environment, None outside it."""
+    raw = (os.environ if env is None else env).get(AUTO_ENV, "")
+    if not raw:
+        return None
+    value = json.loads(raw)
+    if not isinstance(value, dict) or not isinstance(value.get("store"), str):
+        raise ValueError(f"{AUTO_ENV} must be a JSON object with a 'store'")
+    return value
+
+
+def instrument(torch: Any) -> AutoRecorder | None:
+    """Install the global hooks in this process (once), if it runs under `perfscope run`."""
+    global _recorder
+    if _recorder is not None:
+        return _recorder
+    if os.environ.get(profiler.DISABLE_ENV, "").strip() not in ("", "0"):
+        return None
+    conf = settings()
+    if conf is None:
+        return None
+    _recorder = AutoRecorder(torch, conf["store"], dict(conf.get("options") or {}))
+    _recorder.install()
+    return _recorder
+
+
+def _outputs_needing_grad(output: Any) -> list[Any]:
+    """The tensors of a forward's output that autograd will reach: a tensor, or those in a tuple,
+    list or dict (Hugging Face's ModelOutput is a dict), at the first level."""
+    if hasattr(output, "grad_fn"):
+        items = [output]
+    elif isinstance(output, dict):
+        items = list(output.values())
+    elif isinstance(output, (tuple, list)):
+        items = list(output)
+    else:
+        return []
+    return [t for t in items[:_MAX_HOOKED_OUTPUTS] if getattr(t, "requires_grad", False)]
+
+
+class AutoRecorder:
+    """The hooks of one process and the profile they feed."""
+
+    def __init__(self, torch: Any, store: str, options: dict[str, Any]) -> None:
+        self.torch = torch
+        self.store = store
+        self.options = options
+        self.prof: profiler.Profiler | None = None
+        self.off = False  # stepped aside (the script's own profile) or failed: hooks do nothing
+        self.pid = os.getpid()
+        self.thread = threading.get_ident()
+        self.depth = 0  # nesting of module forwards on the training thread
+        self.in_forward = False  # the outermost forward in progress is a training one
+        self.in_data = False
+        self.in_backward = False
+        self.in_optimizer = 0
+        self.samples = 0
+        self.watched: set[int] = set()
+        self.handles: list[Any] = []
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def install(self) -> None:
+        import torch.nn.modules.module as module_hooks
+        import torch.optim.optimizer as optimizer_hooks
+
+        self.handles = [
+            module_hooks.register_module_forward_pre_hook(self._forward_pre),
+            module_hooks.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
+            optimizer_hooks.register_optimizer_step_pre_hook(self._optimizer_pre),
+            optimizer_hooks.register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        profiler.START_LISTENERS.append(self._profile_started)
+        atexit.register(self.close)
+
+    def _start(self) -> profiler.Profiler | None:
+        """Open the profile, on the training thread of the process that installed the hooks."""
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker) records nothing
+            self.off = True
+            return None
+        prof = profiler.profile(self.store, **self.options)
+        self.prof = prof
+        prof.start()
+        if not prof.recording:
+            self.off = True
+            return None
+        return prof
+
+    def _profile_started(self, prof: profiler.Profiler) -> None:
+        """Another profile starts in this process: the script records itself; stand aside."""
+        if prof is self.prof or self.off:
+            return
+        self.off = True
+        mine, self.prof = self.prof, None
+        if mine is not None:
+            mine.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.off = True
+        warn_once(
+            "perfscope-auto-failed",
+            f"perfscope run: recording stopped after an internal error ({type(exc).__name__}: {exc}); "
+            "training continues unrecorded. Please report this.",
+        )
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def close(self) -> None:
+        """Remove the hooks and close the profile (at exit, or after a failure)."""
+        self.off = True
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                handle.remove()
+        with contextlib.suppress(ValueError):
+            profiler.START_LISTENERS.remove(self._profile_started)
+        prof, self.prof = self.prof, None
+        if prof is not None and os.getpid() == self.pid:
+            prof.close()
+
+    # -- phases -----------------------------------------------------------------------------------
+    def _enter(self, name: str) -> None:
+        assert self.prof is not None
+        self.prof.phase(name).__enter__()
+
+    def _exit(self, name: str) -> None:
+        assert self.prof is not None
+        self.prof.phase(name).__exit__(None, None, None)
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if self.depth:
+            self.depth += 1
+            return
+        if self.off or threading.get_ident() != self.thread:
+            return
+        self.depth = 1
+        try:
+            training = bool(module.training) and self.torch.is_grad_enabled()
+            prof = self.prof
+            if prof is None:
+                if not training:
+                    return
+                prof = self._start()
+                if prof is None:
+                    return
+            if id(module) not in self.watched and training:
+                self.watched.add(id(module))
+                if ddp.is_ddp(module) or prof._facts is None:
+                    prof.watch(module)
+            if self.in_data:
+                self.in_data = False
+                self._exit("data")
+            if training:
+                self.in_forward = True
+                self._enter("forward")
+        except Exception as exc:
+            self._fail(exc)
+
+    def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if self.depth > 1:
+            self.depth -= 1
+            return
+        if self.depth == 0:
+            return
+        self.depth = 0
+        if not self.in_forward:
+            return
+        self.in_forward = False
+        try:
+            self._exit("forward")
+            self.samples += infer_samples(args) or infer_samples(kwargs) or 0
+            for tensor in _outputs_needing_grad(output):
+                tensor.register_hook(self._backward_reached)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _backward_reached(self, grad: Any) -> None:
+        """Autograd reached an outermost output: backward is under way."""
+        if self.in_backward or self.off or self.prof is None:
+            return
+        try:
+            self.in_backward = True
+            self._enter("backward")
+            self.torch.autograd.Variable._execution_engine.queue_callback(self._engine_finishing)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _engine_finishing(self) -> None:
+        # Callbacks queued at the end of backward run in order; DDP queues its finalisation (the
+        # wait for the last bucket) after this one, so queue the end of the phase behind it.
+        try:
+            self.torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        except Exception:
+            self._backward_done()
+
+    def _backward_done(self) -> None:
+        if not self.in_backward:
+            return
+        self.in_backward = False
+        try:
+            if not self.off and self.prof is not None:
+                self._exit("backward")
+        except Exception as exc:
+            self._fail(exc)
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.off or self.prof is None or threading.get_ident() != self.thread:
+            return
+        try:
+            if self.in_backward:  # the engine's callback never came (a failed backward)
+                self.in_backward = False
+                self._exit("backward")
+            if self.in_data:
+                self.in_data = False
+                self._exit("data")
+            self.in_optimizer += 1
+            self._enter("optimizer")
+        except Exception as exc:
+            self._fail(exc)
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.off or self.prof is None or not self.in_optimizer or threading.get_ident() != self.thread:
+            return
+        try:
+            self.in_optimizer -= 1
+            self._exit("optimizer")
+            if self.in_optimizer:  # an optimizer stepping another inside its step: one update
+                return
+            samples, self.samples = self.samples, 0
+            self.prof.step(samples or None)
+            self.in_data = True
+            self._enter("data")
+        except Exception as exc:
+            self._fail(exc)

@@ -1,0 +1,230 @@
+"""`perfscope run -- CMD`: real launches of scripts with no perfscope in them (torchrun with DDP on
+gloo, a single process with gradient accumulation), read back from the store they wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import perfscope
+from perfscope.cli import main
+
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 240
+
+PLAIN_DDP = """
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+model = DDP(net, bucket_cap_mb=0.01)  # several buckets
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(rank)
+data = [(torch.randn(8, 32, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(STEPS)]
+for step, (x, y) in enumerate(data):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if rank == 0 and step % 3 == 0:
+        print(f"step {step} loss {loss.item():.3f}", flush=True)
+model.eval()
+with torch.no_grad():  # evaluation: not a training forward
+    model(torch.randn(2, 32))
+dist.destroy_process_group()
+print(f"rank {rank} done", flush=True)
+"""
+
+ACCUMULATING = """
+import sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+ACCUM = 3
+for i in range(ACCUM * UPDATES):
+    x = torch.randn(5, 16)
+    loss = model(x).pow(2).mean() / ACCUM
+    loss.backward()
+    if (i + 1) % ACCUM == 0:
+        opt.step()
+        opt.zero_grad()
+print("trained", flush=True)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFSCOPE_")}
+    env.update(OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", **extra)
+    return env
+
+
+def _launch(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+
+
+def _script(tmp_path: Path, name: str, body: str, **consts: int) -> Path:
+    path = tmp_path / name
+    text = textwrap.dedent(body)
+    for key, value in consts.items():
+        text = f"{key} = {value}\n" + text
+    path.write_text(text)
+    return path
+
+
+def test_torchrun_ddp_script_recorded_without_change(tmp_path: Path) -> None:
+    steps = 9
+    script = _script(tmp_path, "plain.py", PLAIN_DDP, STEPS=steps)
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", script.name]
+    bare = _launch(torchrun, tmp_path)
+    assert bare.returncode == 0, bare.stderr
+    recorded = _launch(
+        [str(BIN / "perfscope"), "run", "--store", "S", "--experiment", "plain", "--", *torchrun], tmp_path
+    )
+    assert recorded.returncode == 0, recorded.stderr
+    # the script's own output is untouched (rank order of the two last lines may vary)
+    assert sorted(recorded.stdout.splitlines()) == sorted(bare.stdout.splitlines())
+    assert "perfscope analyze S" in recorded.stderr
+
+    with perfscope.open_store(tmp_path / "S") as store:
+        runs = store.query(
+            "SELECT run_id, experiment, world_size, backend, param_count FROM runs"
+        ).to_pylist()
+        assert len(runs) == 1  # one run id agreed by both ranks
+        assert (
+            runs[0]["experiment"] == "plain" and runs[0]["world_size"] == 2 and runs[0]["backend"] == "gloo"
+        )
+        assert runs[0]["param_count"] == 32 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4
+        per_rank = store.query(
+            "SELECT rank, count(*) AS n, min(forward_ns) AS fwd, min(backward_ns) AS bwd, "
+            "min(samples) AS smin, max(samples) AS smax, sum(comm_count) AS comm "
+            "FROM steps GROUP BY rank ORDER BY rank"
+        ).to_pylist()
+        assert [r["rank"] for r in per_rank] == [0, 1]
+        for r in per_rank:
+            assert r["n"] == steps  # one step per optimizer update; the evaluation is none
+            assert r["fwd"] > 0 and r["bwd"] > 0
+            assert r["smin"] == r["smax"] == 8  # inferred from the model's input
+            assert r["comm"] >= steps  # DDP buckets
+        buckets = store.query(
+            "SELECT rank, count(DISTINCT bucket) AS b, min(bytes) AS least FROM comm "
+            "WHERE op = 'allreduce' GROUP BY rank"
+        ).to_pylist()
+        assert len(buckets) == 2 and all(b["b"] >= 2 and b["least"] > 0 for b in buckets)
+        spans = store.query(
+            "SELECT name, count(*) AS n FROM spans s JOIN steps t USING (run_id, rank, step) GROUP BY name"
+        ).to_pylist()
+        counts = {s["name"]: s["n"] for s in spans}
+        assert counts["forward"] == counts["backward"] == counts["optimizer"] == 2 * steps
+        assert counts["data"] == 2 * (steps - 1)  # from the end of a step to the next forward
+    assert main(["analyze", str(tmp_path / "S")]) == 0
+
+
+def test_gradient_accumulation_one_step_per_update(tmp_path: Path) -> None:
+    script = _script(tmp_path, "accum.py", ACCUMULATING, UPDATES=4)
+    out = _launch(
+        [str(BIN / "perfscope"), "run", "--store", "S", "--poll-hz", "0", "--", sys.executable, script.name],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "trained\n"
+    with perfscope.open_store(tmp_path / "S") as store:
+        steps = store.query(
+            "SELECT step, samples, forward_ns, backward_ns, optimizer_ns FROM steps ORDER BY step"
+        ).to_pylist()
+        assert [s["step"] for s in steps] == [0, 1, 2, 3]
+        assert all(s["samples"] == 15 for s in steps)  # three micro-batches of 5
+        assert all(s["forward_ns"] > 0 and s["backward_ns"] > 0 and s["optimizer_ns"] > 0 for s in steps)
+        fwd = store.query(
+            "SELECT step, count(*) AS n FROM spans WHERE name = 'forward' GROUP BY step"
+        ).to_pylist()
+        assert {f["n"] for f in fwd} == {3}
+
+
+def test_script_with_its_own_profile_recorded_once(tmp_path: Path) -> None:
+    body = ACCUMULATING.replace(
+        "for i in range(ACCUM * UPDATES):",
+        "import perfscope\nprof = perfscope.profile('S', experiment='own', poll_hz=0).start()\n"
+        "for i in range(ACCUM * UPDATES):",
+    ).replace('print("trained"', 'prof.close()\nprint("trained"')
+    script = _script(tmp_path, "own.py", body, UPDATES=2)
+    out = _launch(
+        [
+            str(BIN / "perfscope"),
+            "run",
+            "--store",
+            "S",
+            "--experiment",
+            "auto",
+            "--",
+            sys.executable,
+            script.name,
+        ],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    with perfscope.open_store(tmp_path / "S") as store:
+        assert store.query("SELECT experiment FROM runs").column("experiment").to_pylist() == ["own"]
+
+
+def test_disable_and_chained_sitecustomize(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    script = _script(
+        tmp_path, "s.py", ACCUMULATING + "import os\nprint(os.environ.get('CHAINED'))\n", UPDATES=1
+    )
+    run = [str(BIN / "perfscope"), "run", "--store", "S", "--poll-hz", "0", "--", sys.executable, script.name]
+    out = _launch(run, tmp_path, PYTHONPATH=str(site))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "trained\nyes\n"  # the sitecustomize it shadows still ran
+    assert (tmp_path / "S" / "steps").is_dir()
+    off = _launch([*run[:3], "S2", *run[4:]], tmp_path, PERFSCOPE_DISABLE="1")
+    assert off.returncode == 0 and off.stdout == "trained\nNone\n"
+    assert not (tmp_path / "S2").exists()
+
+
+def test_exit_status_is_the_commands(tmp_path: Path) -> None:
+    out = _launch(
+        [str(BIN / "perfscope"), "run", "--store", "S", "--", sys.executable, "-c", "raise SystemExit(3)"],
+        tmp_path,
+    )
+    assert out.returncode == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle", "code"),
+    [
+        (["run"], "no command to run", 2),
+        (["run", "--", "no-such-command-xyz"], "command not found", 127),
+        (["run", "--store", "FILE", "--", "true"], "is a file", 2),
+        (["run", "--tag", "no-equals", "--", "true"], "KEY=VALUE", 2),
+        (["run", "--batch-size", "0", "--", "true"], "positive", 2),
+    ],
+)
+def test_bad_input_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str, code: int
+) -> None:
+    (tmp_path / "FILE").write_text("x")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(argv) == code
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
