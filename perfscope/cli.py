@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
+from typing import NoReturn
 
-from .errors import PerfscopeError, PerfscopeWarning
+from .errors import PerfscopeError, PerfscopeWarning, one_line
+
+#: set to 1 to see the traceback of an unexpected error instead of its one-line summary
+TRACEBACK_ENV = "PERFSCOPE_TRACEBACK"
+#: exit status of an unexpected error (EX_SOFTWARE of sysexits.h)
+INTERNAL_ERROR_EXIT = 70
 
 #: verb -> (module under perfscope.commands, one-line help). A verb is listed only once it works.
 VERBS: dict[str, tuple[str, str]] = {
@@ -23,10 +30,17 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line that says where the usage is (subparsers inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (usage: {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(
+    p = _ArgumentParser(
         prog="perfscope",
         description="Explains why a data-parallel training job does not scale.",
     )
@@ -40,11 +54,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"warning: {message}", file=sys.stderr)
+    print(f"warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(args_list, start=1):
+        if "\x00" in arg:  # only possible in-process: no system call takes such a name
+            print(f"perfscope: error: argument {i} ({one_line(arg)}) contains a NUL byte", file=sys.stderr)
+            return 2
     parser = _parser()
     try:
         args = parser.parse_args(args_list)
@@ -57,13 +75,27 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return int(module.run(args))
         except PerfscopeError as exc:
-            print(f"perfscope {args.verb}: error: {exc.message}", file=sys.stderr)
+            print(f"perfscope {args.verb}: error: {one_line(exc.message)}", file=sys.stderr)
+            if exc.detail:
+                print(exc.detail.rstrip("\n"), file=sys.stderr)
             return exc.exit_code
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
         except BrokenPipeError:
             return 0
+        except OSError as exc:  # the system refused something no check foresaw: still one line
+            print(f"perfscope {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
+            return 1
+        except Exception as exc:
+            if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+                raise
+            print(
+                f"perfscope {args.verb}: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+                f"(a bug in perfscope; {TRACEBACK_ENV}=1 shows the traceback, please report it)",
+                file=sys.stderr,
+            )
+            return INTERNAL_ERROR_EXIT
 
 
 if __name__ == "__main__":

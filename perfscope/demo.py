@@ -219,7 +219,9 @@ def run_demo(store: Path, the_plan: DemoPlan, progress: Progress | None = None) 
                     )
         except mp.ProcessRaisedException as exc:
             raise PerfscopeError(
-                f"demo run (world size {world}, batch {batch}) failed in a rank:\n{exc}", exit_code=1
+                f"demo run (world size {world}, batch {batch}) failed in a rank; its error follows",
+                exit_code=1,
+                detail=str(exc),
             ) from None
         except mp.ProcessExitedException as exc:
             raise PerfscopeError(

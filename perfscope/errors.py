@@ -7,12 +7,24 @@ import warnings
 
 
 class PerfscopeError(Exception):
-    """A problem the user can fix: the message says what is wrong and what to do."""
+    """A problem the user can fix: the message says what is wrong and what to do, in one line; `detail`
+    is longer text shown below it as it is (a failed child process's own traceback)."""
 
-    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+    def __init__(self, message: str, *, exit_code: int = 2, detail: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+        self.detail = detail
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable (a newline or NUL in a file name, a lone
+    surrogate from an undecodable one) written as its escape, so a message stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in text
+    )
 
 
 class StoreError(PerfscopeError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from . import __version__
 from .analysis import ANALYSES, DEFINITIONS, Selection, run_analysis
 from .errors import PerfscopeError
 from .explain import explain
+from .output import check_output_file, output_folder, write_output
 from .report_model import Finding, Report
 from .report_sections import ANALYSES_USED, build_sections, context
 from .store import Store
@@ -217,57 +217,13 @@ def render_report(
 # ---- writing files ------------------------------------------------------------------------------
 
 
-def _check_writable(path: Path, what: str) -> None:
-    """Fail before the slow part when the output cannot be written."""
-    if path.exists() and path.is_dir():
-        raise PerfscopeError(f"{what} {path} is a folder; give a file name such as {path / 'report.html'}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        try:
-            parent.mkdir(parents=True, exist_ok=True)  # like --tables: a new folder is fine
-        except OSError as exc:
-            raise PerfscopeError(
-                f"cannot write {what} {path}: cannot create folder {parent} ({exc.strerror or exc}); "
-                "choose another -o"
-            ) from exc
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PerfscopeError(
-            f"cannot write {what} {path}: folder {parent} is not writable; choose another -o"
-        )
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename: a reader never sees half a report."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is meant to be shared
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise PerfscopeError(f"cannot write {path}: {exc.strerror or exc}; choose another -o") from exc
-
-
 def export_tables(
     collected: Collected, folder: Path, table_format: str = "csv", step: StepFn = _no_progress
 ) -> list[Path]:
     """Every analysis table the report used, one file each, plus findings.json."""
     if table_format not in TABLE_FORMATS:
         raise PerfscopeError(f"unknown table format {table_format!r}; use csv or parquet")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PerfscopeError(f"cannot create the tables folder {folder}: {exc.strerror or exc}") from exc
+    output_folder(folder, what="tables folder", flag="--tables")
     written = []
     for name, table in collected.tables.items():
         step(f"table {name}")
@@ -281,10 +237,10 @@ def export_tables(
             import pyarrow.parquet as pq
 
             pq.write_table(table, buf)
-        _atomic_write(path, buf.getvalue())
+        write_output(path, buf.getvalue(), what="table", flag="--tables")
         written.append(path)
     path = folder / "findings.json"
-    _atomic_write(path, (json.dumps(collected.findings_json, indent=2) + "\n").encode())
+    write_output(path, (json.dumps(collected.findings_json, indent=2) + "\n").encode(), flag="--tables")
     written.append(path)
     return written
 
@@ -323,7 +279,9 @@ def write_report(
     `tables_dir`, every analysis table it used. A progress bar goes to `stream` when it is a terminal."""
     out = Path(output)
     fmt = infer_format(out, fmt)
-    _check_writable(out, "report")
+    check_output_file(out, what="report")
+    if tables_dir is not None:
+        output_folder(tables_dir, what="tables folder", flag="--tables", create=False)
     if table_format not in TABLE_FORMATS:
         raise PerfscopeError(f"unknown table format {table_format!r}; use csv or parquet")
     progress = Progress(len(ANALYSES_USED) + 2, stream)
@@ -337,16 +295,12 @@ def write_report(
 
             folder = out.with_name(f"{out.stem}_files")
             text, images = render_md(report, folder.name, step=progress.step)
-            try:
-                folder.mkdir(exist_ok=True)
-            except OSError as exc:
-                raise PerfscopeError(f"cannot create {folder}: {exc.strerror or exc}") from exc
+            output_folder(folder, what="charts folder")
             for name, png in images.items():
-                _atomic_write(folder / name, png)
-                files.append(folder / name)
-            _atomic_write(out, text.encode())
+                files.append(write_output(folder / name, png, what="chart"))
+            write_output(out, text.encode(), what="report")
         else:
-            _atomic_write(out, _render(report, fmt, progress.step))
+            write_output(out, _render(report, fmt, progress.step), what="report")
         if tables_dir is not None:
             files += export_tables(collected, Path(tables_dir), table_format, progress.step)
         progress.step("done")

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from . import __version__
 from .errors import PerfscopeError
+from .output import is_store_folder, store_target
 from .schema import TABLES
 from .simulate_model import (
     Backend,
@@ -394,17 +395,8 @@ _SOFTWARE_COLUMNS = ("python_version", "torch_version", "cuda_version", "nccl_ve
 
 def existing_run_ids(root: Path) -> set[str]:
     """Run ids already in the store, or an error when `root` is neither a store nor empty."""
-    if root.exists() and not root.is_dir():
-        raise PerfscopeError(f"{root} is a file; give a folder for the simulated store")
-    if not root.exists():
-        return set()
-    is_store = any((root / name).is_dir() for name in TABLES)
-    if not is_store:
-        if any(root.iterdir()):
-            raise PerfscopeError(
-                f"{root} is not empty and not a perfscope store; give a new or empty folder, "
-                "or an existing store to add the simulated runs to"
-            )
+    store_target(root)
+    if not is_store_folder(root):
         return set()
     found: set[str] = set()
     for name in TABLES:
@@ -424,7 +416,7 @@ def write_runs(root: str | Path, specs: Sequence[RunSpec], seed: int, start_ns: 
         )
     if len({s.run_id for s in specs}) != len(specs):
         raise PerfscopeError("two simulated runs would get the same id; make experiment names differ")
-    root.mkdir(parents=True, exist_ok=True)
+    store_target(root, create=True)
     t0 = start_ns
     for spec in specs:
         tables = simulate_run(spec, seed, t0)

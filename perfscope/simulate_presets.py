@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from datetime import datetime
@@ -44,6 +45,11 @@ DEFAULT_SEED = 2022
 #: the seed study was presented in August 2022; simulated runs start then, one after another
 DEFAULT_START = "2022-08-01T08:00:00Z"
 DEFAULT_STEPS = 200
+#: the latest start a study may have: int64 nanoseconds end in 2262, and a long study needs room
+LATEST_START = "2200-01-01T00:00:00Z"
+LATEST_START_NS = 7_258_118_400 * 1_000_000_000
+#: a config file is a few kilobytes; reading stops here (a FIFO or /dev/zero never ends)
+MAX_CONFIG_BYTES = 1 << 20
 MIN_STEPS = 20  # warm-up (10 steps or 5%) plus enough steady steps for medians
 MAX_STEPS = 100_000
 SEED_WORLD_SIZES = (1, 2, 3, 4, 6, 8, 10, 12)
@@ -444,7 +450,12 @@ def _start_ns(value: Any) -> int:
         raise _fail("start", f"is not an ISO date-time such as {DEFAULT_START!r}: {value!r}") from None
     if when.tzinfo is None:
         raise _fail("start", f"needs a time zone (e.g. a trailing Z): {value!r}")
-    return int(when.timestamp()) * 1_000_000_000
+    start_ns = int(when.timestamp()) * 1_000_000_000
+    if not 0 <= start_ns <= LATEST_START_NS:
+        raise _fail(
+            "start", f"must be from 1970 to {LATEST_START[:4]} (nanosecond times end in 2262): {value!r}"
+        )
+    return start_ns
 
 
 def parse_config(config: Any, *, seed: int | None = None, source: str = "simulation config") -> StudyConfig:
@@ -524,13 +535,29 @@ def _parse_config(config: Any, seed: int | None) -> StudyConfig:
 
 
 def load_config_file(path: str | Path) -> Any:
+    """The parsed JSON of a config file; a file too large, not UTF-8, not JSON or nested too deep for
+    the parser is a PerfscopeError."""
     try:
-        text = Path(path).read_text()
+        if Path(path).is_dir():
+            raise PerfscopeError(f"cannot read the config {path}: it is a folder")
+        # a FIFO nobody writes to would block the open for ever; reads block again once it is open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise PerfscopeError(f"cannot read the config {path}: {exc.strerror}") from None
+        raise PerfscopeError(f"cannot read the config {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise PerfscopeError(
+            f"the config {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; is it a config?"
+        )
     try:
-        return json.loads(text)
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PerfscopeError(f"the config {path} is not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise PerfscopeError(
             f"the config {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from None
+    except RecursionError:
+        raise PerfscopeError(f"the config {path} is nested too deeply to be a study config") from None

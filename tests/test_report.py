@@ -256,7 +256,7 @@ def test_download_bytes_are_the_cli_file(study: Path, html_report: tuple[Path, P
 
 
 def test_selection_narrows_the_report(study: Path, tmp_path: Path) -> None:
-    out = tmp_path / "new" / "folder" / "sweep.html"  # missing folders are created
+    out = tmp_path / "sweep.html"
     assert main(["report", str(study), "-o", str(out), "--experiment", "sweep"]) == 0
     text = out.read_text()
     assert "Scaling study: sweep" in text
@@ -283,7 +283,7 @@ def test_missing_store_and_unwritable_output(
     assert "error" in capsys.readouterr().err
     (tmp_path / "a-file").write_text("")
     assert main(["report", str(study), "-o", str(tmp_path / "a-file" / "r.html")]) == 2
-    assert "cannot create folder" in capsys.readouterr().err
+    assert "is a file, not a folder" in capsys.readouterr().err
     assert main(["report", str(study), "-o", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from ..compact import compact
 from ..errors import PerfscopeError
@@ -22,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.grace < 0:
-        raise PerfscopeError("--grace must be 0 or more seconds")
+    if not 0 <= args.grace < math.inf:  # also refuses nan
+        raise PerfscopeError(f"--grace must be a finite number of seconds, 0 or more; got {args.grace}")
     r = compact(args.store, dry_run=args.dry_run, grace_s=args.grace)
     verb = "would merge" if args.dry_run else "merged"
     print(f"{verb} {r.files_merged} segments in {r.partitions} partitions ({r.rows:,} rows)")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from ..errors import PerfscopeError
+from ..output import store_target
+from ..simulate import existing_run_ids
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,10 +32,18 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     from ..demo import plan, progress_bar, run_demo
 
-    store = Path(args.store)
+    store = store_target(args.store, create=True)
     the_plan = plan(quick=args.quick)
     started = time.monotonic()
+    before = existing_run_ids(store)
     labels = run_demo(store, the_plan, progress_bar(sys.stderr))
+    recorded = len(existing_run_ids(store) - before)
+    if recorded < len(the_plan.runs):  # the collector only warns, so that a training job goes on
+        raise PerfscopeError(
+            f"recorded {recorded} of {len(the_plan.runs)} runs into {store}; the warnings above say "
+            "what could not be written",
+            exit_code=1,
+        )
     worlds = ", ".join(map(str, the_plan.world_sizes))
     batches = ", ".join(map(str, the_plan.batch_sizes))
     print(

@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PerfscopeError
+from ..output import store_target
 from ..simulate import RunSpec, run_id_for, write_runs, write_study
 from ..simulate_fit import UNRESOLVED_GB_PER_S, FittedModel, fit_model
 from ..simulate_model import Backend, Partition
 from ..simulate_presets import (
     DEFAULT_SEED,
     DEFAULT_STEPS,
+    LATEST_START,
+    LATEST_START_NS,
     MAX_STEPS,
     MIN_STEPS,
     PARTITIONS,
@@ -305,6 +308,11 @@ def _run_fit(args: argparse.Namespace) -> int:
     _print_fits(fits)
     specs = _prediction_specs(fits, args, seed, source_root)
     start_ns = ((int(last or 0) + _PREDICTION_GAP_NS) // 1_000_000_000) * 1_000_000_000
+    if not 0 <= start_ns <= LATEST_START_NS:
+        raise PerfscopeError(
+            f"the runs of {source_root} end at {last} ns, too late to simulate after them "
+            f"(simulated runs start by {LATEST_START})"
+        )
     ids = write_runs(args.store, specs, seed, start_ns)
     experiments = sorted({s.experiment for s in specs})
     print(
@@ -315,6 +323,7 @@ def _run_fit(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    store_target(args.store)  # before any slow work; the folder itself is made just before writing
     if args.seed is not None and args.seed < 0:
         raise PerfscopeError(f"--seed must be a whole number >= 0; got {args.seed}")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:

@@ -7,10 +7,12 @@ import io
 import json
 import sys
 
+import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..errors import PerfscopeError
+from ..output import check_output_file, open_output, printable_columns, write_output
 from ..schema import TABLES
 from ..store import open_store
 from ..terminal import format_table, use_colour
@@ -32,12 +34,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.output:
         raise PerfscopeError("--format parquet needs -o FILE (Parquet is binary)")
+    if args.output:
+        check_output_file(args.output)  # before the query, which may take long
     with open_store(args.store) as store:
         result = store.read_only_query(args.query)
     if args.format == "parquet":
-        pq.write_table(result, args.output)
+        with open_output(args.output) as f:
+            try:
+                pq.write_table(result, f)
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
+                raise PerfscopeError(f"cannot write this result as Parquet: {exc}") from None
         print(f"wrote {result.num_rows} rows to {args.output}", file=sys.stderr)
         return 0
+    result = printable_columns(result, nested=args.format == "json")
     if args.format == "csv":
         buf = io.BytesIO()
         pacsv.write_csv(result, buf)
@@ -48,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
         colour = use_colour() and not args.output
         text = format_table(result, colour=colour, limit=args.limit) + "\n"
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        write_output(args.output, text.encode())
     else:
         sys.stdout.write(text)
     return 0
