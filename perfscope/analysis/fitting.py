@@ -43,6 +43,10 @@ MIN_POINTS = 4
 #: Extra-P recommends at least five measurement points for a model one can extrapolate from.
 TRUSTED_POINTS = 5
 TRUSTED_SMAPE_PCT = 10.0
+#: A fitted α above this multiple of the time per ring hop that the cheapest measured collective
+#: took is refused: no collective can take less than its latency, so such an α is queueing or CPU
+#: contention fitted as latency (issue 11: α 2.8 ms where an isolated allreduce took 0.17 ms).
+ALPHA_CEILING_FACTOR = 1.5
 
 Term = tuple[Fraction, int]
 
@@ -226,6 +230,13 @@ class AlphaBetaFit:
     points: int
     smape_pct: float
     r2_adj: float | None
+    #: the least time per ring hop and collective any point took: α cannot be above it
+    alpha_ceiling_s: float | None = None
+
+    @property
+    def alpha_refused(self) -> bool:
+        """α is far above what the smallest messages took: not a latency, do not report it."""
+        return self.alpha_ceiling_s is not None and self.alpha_s > ALPHA_CEILING_FACTOR * self.alpha_ceiling_s
 
     @property
     def bandwidth_gb_per_s(self) -> float | None:
@@ -273,4 +284,5 @@ def fit_alpha_beta(
         points=len(y),
         smape_pct=smape_pct(y, yhat),
         r2_adj=adjusted_r2(y, yhat, 2),
+        alpha_ceiling_s=float(np.min(y / x1)) if np.all(x1 > 0) else None,
     )

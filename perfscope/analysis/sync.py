@@ -173,7 +173,9 @@ def alpha_beta_fits(
 
 @analysis("allreduce_fit", "Alpha-beta fit of the ring allreduce", "alpha-beta")
 def allreduce_fit(store: Store, sel: Selection) -> pa.Table:
-    """α (latency per ring step) and β (seconds per byte) within a node and across nodes."""
+    """α (latency per ring step) and β (seconds per byte) within a node and across nodes. α is
+    NULL (`alpha_refused`) when it is far above the time per hop the cheapest collective took
+    (`alpha_ceiling_s`): that is queueing or contention fitted as latency, not latency."""
     rows = []
     for (cluster, backend, scope), (fit, pts) in alpha_beta_fits(store, sel).items():
         sizes = sorted({int(x["p"]) for x in pts})
@@ -182,7 +184,9 @@ def allreduce_fit(store: Store, sel: Selection) -> pa.Table:
                 "cluster": cluster,
                 "backend": backend,
                 "scope": scope,
-                "alpha_s": fit.alpha_s if fit else None,
+                "alpha_s": fit.alpha_s if fit and not fit.alpha_refused else None,
+                "alpha_ceiling_s": fit.alpha_ceiling_s if fit else None,
+                "alpha_refused": bool(fit and fit.alpha_refused),
                 "beta_s_per_byte": fit.beta_s_per_byte if fit else None,
                 "bandwidth_gb_per_s": fit.bandwidth_gb_per_s if fit else None,
                 "points": len(pts),
@@ -202,6 +206,8 @@ ALLREDUCE_FIT_SCHEMA = pa.schema(
         ("backend", pa.string()),
         ("scope", pa.string()),
         ("alpha_s", pa.float64()),
+        ("alpha_ceiling_s", pa.float64()),
+        ("alpha_refused", pa.bool_()),
         ("beta_s_per_byte", pa.float64()),
         ("bandwidth_gb_per_s", pa.float64()),
         ("points", pa.int64()),

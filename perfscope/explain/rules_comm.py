@@ -222,7 +222,7 @@ def latency_bound(ctx: Context) -> list[Finding]:
         k, nbytes, p = float(s["comm_count"]), float(s["bytes_per_step"]), float(top["world_size"])
         fit = fits.get((top["cluster"], top["backend"], s["scope"]), (None, []))[0]
         avg_msg = nbytes / k
-        if fit is not None and fit.alpha_s > 0:
+        if fit is not None and fit.alpha_s > 0 and not fit.alpha_refused:
             lat = fit.latency_share(p, nbytes, k)
             confidence = 0.75
             basis = (
