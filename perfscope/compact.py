@@ -1,13 +1,15 @@
 """Merges a store's small finished segments into large files, never leaving data missing or doubled.
 
-A compacted file is renamed into place carrying the names of the segments it replaces; from that
-moment readers ignore those segments (no double counting), and only then are they deleted. A
-reader still holding the old list re-lists when a file disappears (Store.query does).
+A compacted file is renamed into place carrying the names, row counts, sizes and hashes of the
+segments it replaces; from that moment readers ignore those segments (no double counting), and only
+then are they deleted: only those whose bytes are still the ones it rewrote. A reader still holding
+the old list re-lists when a file disappears (Store.query does).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -19,8 +21,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import StoreError
+from .leftovers import clean_leftovers
 from .schema import META_REPLACES, META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
-from .store import Segment, SkippedFile, _check_root, list_store
+from .store import (
+    Segment,
+    SkippedFile,
+    _check_root,
+    content_digest,
+    list_store,
+    replaces_metadata,
+    rows_contained,
+)
 
 ROW_GROUP_ROWS = 1_000_000
 
@@ -37,10 +48,18 @@ class CompactResult:
     bytes_after: int = 0
 
 
+class _Changed(Exception):
+    """A segment's bytes changed between listing and merging: its partition is left for next time."""
+
+
 def _merge(table: str, segs: list[Segment], out: Path) -> int:
+    """Write `segs`' rows into `out`, recording what it replaces; the rows are read from the very
+    bytes whose hash is recorded, so the claim is true of what was rewritten."""
     schema = TABLES[table].arrow_schema
     meta = dict(schema.metadata or {})
-    meta[META_REPLACES] = json.dumps(sorted(s.path.name for s in segs)).encode()
+    replaces = replaces_metadata(segs)
+    digests = {e["name"]: e["blake2b"] for e in json.loads(replaces)}
+    meta[META_REPLACES] = replaces
     meta[META_VERSION] = str(SCHEMA_VERSION).encode()
     meta[META_TABLE] = table.encode()
     schema = schema.with_metadata(meta)
@@ -51,7 +70,10 @@ def _merge(table: str, segs: list[Segment], out: Path) -> int:
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
             for seg in segs:
-                t = pq.read_table(seg.path)
+                data = seg.path.read_bytes()
+                if hashlib.blake2b(data, digest_size=16).hexdigest() != digests[seg.path.name]:
+                    raise _Changed(f"{seg.path.name} changed while being merged")
+                t = pq.read_table(pa.BufferReader(data))
                 # older segments may lack columns added since: fill them with NULL
                 cols = [
                     t.column(f.name).cast(f.type)
@@ -94,14 +116,23 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreError(f"another `perfscope compact` is running on {root_path}; wait for it.") from None
+        if not dry_run:  # temporary files of killed compactions and writers, DuckDB spill folders
+            clean_leftovers(root_path)
         listing = list_store(root_path)
         result.skipped = listing.skipped
-        # Finish what an interrupted compaction left: segments already replaced by a merged file.
+        # Finish what an interrupted compaction left: segments already replaced by a merged file,
+        # deleted only once every one of their rows is found in it.
         if not dry_run:
             for path in listing.superseded:
-                path.unlink(missing_ok=True)
-                result.files_removed += 1
-        replaced: list[Path] = []
+                merged = listing.superseded_by[path]
+                if rows_contained(path, merged):
+                    path.unlink(missing_ok=True)
+                    result.files_removed += 1
+                else:
+                    why = f"{merged.name} claims to replace it, but does not hold all its rows"
+                    result.skipped.append(SkippedFile(str(path), why))
+        result.skipped += listing.doubtful
+        replaced: list[tuple[Path, str]] = []
         for table, segs in listing.segments.items():
             by_part: dict[Path, list[Segment]] = {}
             for seg in segs:
@@ -116,13 +147,26 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
                     result.rows += sum(s.num_rows for s in group)
                     continue
                 out = part / f"c-{secrets.token_hex(6)}.parquet"
-                result.rows += _merge(table, group, out)
+                try:
+                    result.rows += _merge(table, group, out)
+                except (_Changed, OSError, pa.ArrowException) as exc:
+                    result.skipped.append(SkippedFile(str(part), f"not merged: {exc}"))
+                    continue
                 result.files_written += 1
                 result.bytes_after += out.stat().st_size
-                replaced.extend(seg.path for seg in group)
+                claims = json.loads(pq.read_metadata(out).metadata[META_REPLACES])
+                replaced.extend((part / e["name"], e["blake2b"]) for e in claims)
         if replaced:
             time.sleep(grace_s)
-            for path in replaced:
-                path.unlink(missing_ok=True)
-                result.files_removed += 1
+            for path, digest in replaced:
+                # never delete rows it did not rewrite: a file put in a segment's place meanwhile stays
+                try:
+                    same = content_digest(path) == digest
+                except FileNotFoundError:
+                    continue
+                if same:
+                    path.unlink(missing_ok=True)
+                    result.files_removed += 1
+                else:
+                    result.skipped.append(SkippedFile(str(path), "changed after it was merged; left alone"))
     return result

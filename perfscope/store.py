@@ -7,10 +7,12 @@ The connection can read only the store's own folder.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import warnings
@@ -23,7 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import PerfscopeError, PerfscopeWarning, StoreError
+from .errors import PerfscopeWarning, StoreError
 from .schema import (
     META_REPLACES,
     META_TABLE,
@@ -41,9 +43,8 @@ _DUCK_TYPES = {
     pa.float32(): "FLOAT",
     pa.float64(): "DOUBLE",
     pa.string(): "VARCHAR",
+    pa.bool_(): "BOOLEAN",
 }
-
-READ_STATEMENTS = {"SELECT", "EXPLAIN"}
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,27 @@ class SkippedFile:
 
 
 @dataclass(frozen=True)
+class Replaced:
+    """One segment a compacted file says it holds the rows of: the claim checked before it is honoured."""
+
+    name: str
+    rows: int
+    size_bytes: int
+    blake2b: str
+
+
+@dataclass(frozen=True)
 class Segment:
     path: Path
     table: str
     version: int
     columns: frozenset[str]
     num_rows: int
-    replaces: tuple[str, ...]
+    replaces: tuple[Replaced, ...]
+    #: size and footer of the file, hashed: equal for identical copies (confirmed by content_digest)
+    footprint: str = ""
+    #: why the file's `perfscope.replaces` cannot be honoured, when it cannot
+    claim_problem: str = ""
 
 
 @dataclass
@@ -67,6 +82,10 @@ class Listing:
     segments: dict[str, list[Segment]] = field(default_factory=dict)
     skipped: list[SkippedFile] = field(default_factory=list)
     superseded: list[Path] = field(default_factory=list)
+    #: replaced segment -> the compacted file whose checked claim hides it
+    superseded_by: dict[Path, Path] = field(default_factory=dict)
+    #: files that are read, but whose claim to replace other segments was ignored, and why
+    doubtful: list[SkippedFile] = field(default_factory=list)
 
 
 # (path, size, mtime_ns) -> Segment | SkippedFile; files are immutable once renamed into place.
@@ -74,14 +93,30 @@ _inspect_cache: dict[tuple[str, int, int], Segment | SkippedFile] = {}
 _cache_lock = threading.Lock()
 
 
-def _inspect(path: Path, table: str) -> Segment | SkippedFile | None:
+def _outside(path: Path, root: Path) -> Path | None:
+    """Where `path` really leads when that is outside `root` (a symbolic link out of the store)."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a loop of links
+        return path
+    return None if real == root or real.is_relative_to(root) else real
+
+
+def _inspect(path: Path, table: str, root: Path) -> Segment | SkippedFile | None:
     """None when the file vanished meanwhile (a compaction removed it)."""
     try:
-        st = path.stat()
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            real = _outside(path, root)
+            if real is not None:
+                return SkippedFile(str(path), f"a symbolic link to {real}, outside the store")
+            st = os.stat(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
         return SkippedFile(str(path), f"cannot stat: {exc.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        return SkippedFile(str(path), "not a regular file")
     key = (str(path), st.st_size, st.st_mtime_ns)
     with _cache_lock:
         hit = _inspect_cache.get(key)
@@ -98,6 +133,8 @@ def _inspect(path: Path, table: str) -> Segment | SkippedFile | None:
 def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
     try:
         meta = pq.read_metadata(path)
+        arrow_schema = meta.schema.to_arrow_schema()
+        footprint = _footprint(path)
     except Exception as exc:
         return SkippedFile(str(path), f"not a readable Parquet file (truncated or corrupt): {exc}")
     kv = meta.metadata or {}
@@ -110,15 +147,100 @@ def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
         version = int(kv[META_VERSION])
     except ValueError:
         return SkippedFile(str(path), f"unreadable schema version {kv[META_VERSION]!r}")
-    replaces = tuple(json.loads(kv[META_REPLACES])) if META_REPLACES in kv else ()
+    wrong = _type_problem(arrow_schema, table)
+    if wrong:
+        return SkippedFile(str(path), wrong)
+    replaces, claim_problem = _parse_replaces(kv.get(META_REPLACES))
     return Segment(
         path=path,
         table=table,
         version=version,
-        columns=frozenset(meta.schema.to_arrow_schema().names),
+        columns=frozenset(arrow_schema.names),
         num_rows=meta.num_rows,
         replaces=replaces,
+        footprint=footprint,
+        claim_problem=claim_problem,
     )
+
+
+def _footprint(path: Path) -> str:
+    """The file's size and Parquet footer, hashed: two files that differ here differ in content."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(size - 8, 0))
+        tail = f.read(8)
+        footer_len = int.from_bytes(tail[:4], "little")
+        f.seek(max(size - 8 - footer_len, 0))
+        footer = f.read(footer_len)
+    return hashlib.blake2b(f"{size}\0".encode() + footer, digest_size=16).hexdigest()
+
+
+def content_digest(path: Path) -> str:
+    """The blake2b hash of the file's bytes: what a compacted file records of each segment it replaces."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+
+
+def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
+    if found == expected:
+        return True
+    return pa.types.is_large_string(found) and expected == pa.string()
+
+
+def _type_problem(arrow_schema: pa.Schema, table: str) -> str:
+    """Why the file's columns cannot enter the table's view (wrong type, partition key inside), or ''."""
+    names = arrow_schema.names
+    if len(set(names)) != len(names):
+        return "holds two columns of the same name"
+    if PARTITION_KEY in names:
+        return f"holds a {PARTITION_KEY!r} column, which only its folder name may give"
+    expected = {c.name: c.type for c in TABLES[table].columns}
+    for f in arrow_schema:
+        want = expected.get(f.name)
+        if want is not None and not _same_type(f.type, want):
+            return f"column {f.name!r} has type {f.type}, but the {table} table's schema says {want}"
+    return ""
+
+
+def _parse_replaces(raw: bytes | None) -> tuple[tuple[Replaced, ...], str]:
+    """The segments a compacted file claims to replace, or () and why its claim cannot be read."""
+    if raw is None:
+        return (), ""
+    try:
+        entries = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return (), "its perfscope.replaces metadata is not JSON"
+    if not isinstance(entries, list):
+        return (), "its perfscope.replaces metadata is not a list"
+    claims: list[Replaced] = []
+    for e in entries:
+        if isinstance(e, str):
+            # written by an older perfscope: names only; harmless once they are gone, never honoured
+            claims.append(Replaced(e, -1, -1, ""))
+            continue
+        if not (
+            isinstance(e, dict)
+            and isinstance(e.get("name"), str)
+            and all(type(e.get(k)) is int and e[k] >= 0 for k in ("rows", "size_bytes"))
+            and isinstance(e.get("blake2b"), str)
+        ):
+            return (), "its perfscope.replaces metadata has an entry without name, rows, size and hash"
+        claims.append(Replaced(e["name"], e["rows"], e["size_bytes"], e["blake2b"]))
+    return tuple(claims), ""
+
+
+def replaces_metadata(segments: list[Segment]) -> bytes:
+    """What a compacted file records of the segments it replaces: names, row counts, sizes, hashes."""
+    entries = [
+        {
+            "name": s.path.name,
+            "rows": s.num_rows,
+            "size_bytes": s.path.stat().st_size,
+            "blake2b": content_digest(s.path),
+        }
+        for s in sorted(segments, key=lambda s: s.path.name)
+    ]
+    return json.dumps(entries).encode()
 
 
 def _check_version(seg: Segment) -> None:
@@ -136,14 +258,117 @@ def _check_version(seg: Segment) -> None:
         )
 
 
-def _partition_dirs(table_dir: Path) -> Iterator[Path]:
+def _partition_dirs(table_dir: Path, root: Path, skipped: list[SkippedFile]) -> Iterator[Path]:
     for entry in sorted(table_dir.iterdir()):
         if entry.is_dir() and entry.name.startswith(f"{PARTITION_KEY}="):
+            real = _outside(entry, root)
+            if real is not None:
+                skipped.append(SkippedFile(str(entry), f"a folder leading to {real}, outside the store"))
+                continue
             yield entry
+
+
+def _claim_problem(seg: Segment, present: dict[str, Segment]) -> str:
+    """Why `seg`'s claim to replace segments present beside it cannot be honoured, or ''."""
+    if seg.claim_problem:
+        return seg.claim_problem
+    if any(r.rows < 0 for r in seg.replaces):
+        return "it names the segments without their row counts and hashes (an older perfscope wrote it)"
+    total = sum(r.rows for r in seg.replaces)
+    if total != seg.num_rows:
+        return f"it claims to replace {total} rows but holds {seg.num_rows}"
+    for r in seg.replaces:
+        other = present.get(r.name)
+        if other is None:
+            continue
+        try:
+            size = other.path.stat().st_size
+            same = (
+                other.num_rows == r.rows and size == r.size_bytes and content_digest(other.path) == r.blake2b
+            )
+        except OSError:
+            continue  # removed meanwhile: nothing left to hide
+        if not same:
+            return f"{r.name} is not the segment it claims to replace (rows, size or hash differ)"
+    return ""
+
+
+def _partition_segments(found: list[Segment], listing: Listing) -> list[Segment]:
+    """The segments of one partition that are read: checked compaction claims honoured, identical copies
+    counted once; the rest recorded in `listing` with the reason."""
+    present = {seg.path.name: seg for seg in found}
+    hidden: dict[str, Segment] = {}
+    merged_copies: dict[tuple[int, int, str], Segment] = {}
+    for seg in found:
+        claimed = [r for r in seg.replaces if r.name in present and r.name != seg.path.name]
+        if not seg.claim_problem and not claimed:
+            if sum(r.rows for r in seg.replaces) == seg.num_rows:
+                for r in seg.replaces:  # a copy of a segment merged long ago is recognised by its hash
+                    merged_copies[(r.rows, r.size_bytes, r.blake2b)] = seg
+            continue
+        problem = _claim_problem(seg, present)
+        if problem:
+            listing.doubtful.append(
+                SkippedFile(str(seg.path), f"claim to replace segments ignored: {problem}")
+            )
+            continue
+        for r in seg.replaces:
+            merged_copies[(r.rows, r.size_bytes, r.blake2b)] = seg
+        for r in claimed:
+            hidden[r.name] = seg
+    kept: list[Segment] = []
+    first_of: dict[str, Segment] = {}
+    for seg in found:
+        if seg.path.name in hidden:
+            listing.superseded.append(seg.path)
+            listing.superseded_by[seg.path] = hidden[seg.path.name].path
+            continue
+        copy_of = _copy_of(seg, first_of, merged_copies)
+        if copy_of:
+            listing.skipped.append(SkippedFile(str(seg.path), f"identical copy of {copy_of}: counted once"))
+            continue
+        first_of.setdefault(seg.footprint, seg)
+        kept.append(seg)
+    return kept
+
+
+def _copy_of(seg: Segment, first_of: dict[str, Segment], merged: dict[tuple[int, int, str], Segment]) -> str:
+    """The name of the segment `seg` is a byte-for-byte copy of, or ''."""
+    try:
+        first = first_of.get(seg.footprint)
+        if first is not None and content_digest(first.path) == content_digest(seg.path):
+            return first.path.name
+        if merged:
+            size = seg.path.stat().st_size
+            if any(rows == seg.num_rows and nbytes == size for rows, nbytes, _ in merged):
+                owner = merged.get((seg.num_rows, size, content_digest(seg.path)))
+                if owner is not None and owner is not seg and rows_contained(seg.path, owner.path):
+                    return f"a segment already merged into {owner.path.name}"
+    except OSError:
+        pass  # removed meanwhile: the next listing settles it
+    return ""
+
+
+def rows_contained(segment: Path, merged: Path) -> bool:
+    """Whether every row of `segment` is in `merged` (as many times): checked before a compacted file's
+    claim lets a copy of a merged segment be ignored, and before `compact` deletes a replaced one."""
+    names = pq.read_schema(segment).names
+    cols = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+    con = duckdb.connect(":memory:")
+    try:
+        left = f"SELECT {cols} FROM read_parquet(?)"
+        sql = f"SELECT count(*) FROM ({left} EXCEPT ALL SELECT {cols} FROM read_parquet(?))"
+        row = con.execute(sql, [str(segment), str(merged)]).fetchone()
+        return row is not None and row[0] == 0
+    except duckdb.Error:
+        return False
+    finally:
+        con.close()
 
 
 def list_store(root: Path) -> Listing:
     """Every valid segment per table, the files skipped and why, and segments a compaction replaced."""
+    root = Path(root).resolve()
     listing = Listing()
     for name in TABLES:
         table_dir = root / name
@@ -151,14 +376,20 @@ def list_store(root: Path) -> Listing:
         listing.segments[name] = segs
         if not table_dir.is_dir():
             continue
+        real = _outside(table_dir, root)
+        if real is not None:
+            listing.skipped.append(
+                SkippedFile(str(table_dir), f"a folder leading to {real}, outside the store")
+            )
+            continue
         for stray in sorted(table_dir.glob("*.parquet")):
             listing.skipped.append(SkippedFile(str(stray), f"not inside a {PARTITION_KEY}=... folder"))
-        for part in _partition_dirs(table_dir):
+        for part in _partition_dirs(table_dir, root, listing.skipped):
             found: list[Segment] = []
             for path in sorted(part.glob("*.parquet")):
                 if path.name.startswith("."):
                     continue  # a segment still being written
-                res = _inspect(path, name)
+                res = _inspect(path, name, root)
                 if res is None:
                     continue
                 if isinstance(res, SkippedFile):
@@ -166,12 +397,7 @@ def list_store(root: Path) -> Listing:
                 else:
                     _check_version(res)
                     found.append(res)
-            replaced = {r for seg in found for r in seg.replaces}
-            for seg in found:
-                if seg.path.name in replaced:
-                    listing.superseded.append(seg.path)
-                else:
-                    segs.append(seg)
+            segs.extend(_partition_segments(found, listing))
     return listing
 
 
@@ -183,24 +409,36 @@ def _view_sql(table: str, segments: list[Segment]) -> str:
             + [f'CAST(NULL AS {_DUCK_TYPES[c.type]}) AS "{c.name}"' for c in cols]
         )
         return f"SELECT {select} WHERE false"
+    # Each schema version is read on its own: columns added after a segment was written read as
+    # NULL there, or as their `migrated` value (the migration of older versions).
+    by_version: dict[int, list[Segment]] = {}
+    for seg in segments:
+        by_version.setdefault(seg.version, []).append(seg)
+    sql = " UNION ALL ".join(_version_sql(table, v, segs) for v, segs in sorted(by_version.items()))
+    if table == "runs":
+        # runs are rewritten at close with their final values: the latest row per run wins.
+        sql = (
+            f"SELECT * FROM ({sql}) QUALIFY row_number() OVER "
+            f"(PARTITION BY {PARTITION_KEY} ORDER BY ended_ns DESC NULLS LAST) = 1"
+        )
+    return sql
+
+
+def _version_sql(table: str, version: int, segments: list[Segment]) -> str:
     present = frozenset().union(*(s.columns for s in segments))
-    # Columns added after a segment was written read as NULL: the migration of older versions.
-    parts = [PARTITION_KEY] + [
-        f'"{c.name}"' if c.name in present else f'CAST(NULL AS {_DUCK_TYPES[c.type]}) AS "{c.name}"'
-        for c in cols
-    ]
+    parts = [PARTITION_KEY]
+    for c in TABLES[table].columns:
+        if c.name in present:
+            parts.append(f'"{c.name}"')
+        else:
+            value = c.migrated if c.migrated is not None and version < c.since else "NULL"
+            parts.append(f'CAST({value} AS {_DUCK_TYPES[c.type]}) AS "{c.name}"')
     files = ", ".join("'" + str(s.path).replace("'", "''") + "'" for s in segments)
     src = (
         f"read_parquet([{files}], hive_partitioning=true, union_by_name=true, "
         f"hive_types={{'{PARTITION_KEY}': 'VARCHAR'}})"
     )
-    sql = f"SELECT {', '.join(parts)} FROM {src}"
-    if table == "runs":
-        # runs are rewritten at close with their final values: the latest row per run wins.
-        sql += (
-            f" QUALIFY row_number() OVER (PARTITION BY {PARTITION_KEY} ORDER BY ended_ns DESC NULLS LAST) = 1"
-        )
-    return sql
+    return f"SELECT {', '.join(parts)} FROM {src}"
 
 
 _FILE_IN_ERROR = re.compile(r"""["']?(/[^"'\s]+?\.parquet)["']?""")
@@ -234,6 +472,11 @@ class Store:
     def skipped(self) -> list[SkippedFile]:
         return self.listing.skipped + [SkippedFile(p, r) for p, r in self._forced_skips.items()]
 
+    @property
+    def doubtful(self) -> list[SkippedFile]:
+        """Files read whose claim to replace other segments was ignored, and why."""
+        return self.listing.doubtful
+
     def segments(self, table: str) -> list[Segment]:
         return self.listing.segments.get(table, [])
 
@@ -265,17 +508,20 @@ class Store:
                 + ". Record a run into it with perfscope.profile(...) or try `perfscope demo`."
             )
         new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
+        new_doubts = {s.path for s in listing.doubtful} - {s.path for s in self.listing.doubtful}
         self.listing = listing
         for name, segs in listing.segments.items():
             self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {_view_sql(name, segs)}")
         if self._warn and new_skips:
             self._warn_skipped([s for s in listing.skipped if s.path in new_skips])
+        if self._warn and new_doubts:
+            self._warn_skipped([s for s in listing.doubtful if s.path in new_doubts], verb="read, but")
 
-    def _warn_skipped(self, skipped: list[SkippedFile]) -> None:
+    def _warn_skipped(self, skipped: list[SkippedFile], verb: str = "skipped") -> None:
         lines = "\n".join(f"  {s.path}: {s.reason}" for s in skipped[:10])
         more = f"\n  ... and {len(skipped) - 10} more" if len(skipped) > 10 else ""
         warnings.warn(
-            f"perfscope: skipped {len(skipped)} file(s) in {self.root}:\n{lines}{more}",
+            f"perfscope: {verb} {len(skipped)} file(s) in {self.root}:\n{lines}{more}",
             PerfscopeWarning,
             stacklevel=3,
         )
@@ -293,16 +539,29 @@ class Store:
                     return rel.to_arrow_table()
                 except (duckdb.IOException, duckdb.InvalidInputException) as exc:
                     last = exc
-                    bad = self._file_named_in(str(exc))
-                    if bad is not None and Path(bad).exists():
-                        self._forced_skips[bad] = f"unreadable during a query: {str(exc).splitlines()[0]}"
-                        if self._warn:
-                            self._warn_skipped([SkippedFile(bad, self._forced_skips[bad])])
-                    elif bad is None:
+                    if not self.recover(exc):
                         raise
-                    self.refresh()
         assert last is not None
         raise last
+
+    def recover(self, exc: BaseException) -> bool:
+        """After a query failed with `exc`: True when a store file named in it vanished (a compaction
+        finished) or fails when read on its own (skipped from now on) and the views were rebuilt, so
+        the query may run again; False when the failure is the query's own. A file a query merely
+        failed to read some other way (`read_csv` of a segment) is never marked bad."""
+        bad = self._file_named_in(str(exc))
+        listed = {str(seg.path) for segs in self.listing.segments.values() for seg in segs}
+        if bad is None or bad not in listed:
+            return False  # only the store's own segments are re-listed or marked, never a path a query named
+        with self._lock:
+            if Path(bad).exists():
+                if bad in self._forced_skips or not _unreadable(Path(bad)):
+                    return False
+                self._forced_skips[bad] = f"unreadable during a query: {str(exc).splitlines()[0]}"
+                if self._warn:
+                    self._warn_skipped([SkippedFile(bad, self._forced_skips[bad])])
+            self.refresh()
+        return True
 
     def _file_named_in(self, message: str) -> str | None:
         for m in _FILE_IN_ERROR.finditer(message):
@@ -310,28 +569,12 @@ class Store:
                 return m.group(1)
         return None
 
-    def read_only_query(self, sql: str) -> pa.Table:
-        """Run a user's SQL: one or more reading statements only (SELECT, WITH, EXPLAIN)."""
-        try:
-            statements = duckdb.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise PerfscopeError(f"cannot parse the query: {exc}") from None
-        if not statements:
-            raise PerfscopeError("the query is empty; give a SELECT statement")
-        for st in statements:
-            kind = st.type.name
-            if kind not in READ_STATEMENTS:
-                raise PerfscopeError(
-                    f"only reading queries are allowed (SELECT, WITH, EXPLAIN); got a {kind} statement"
-                )
-        try:
-            result = None
-            for st in statements:
-                result = self.query(st.query)
-            assert result is not None
-            return result
-        except duckdb.Error as exc:
-            raise PerfscopeError(f"query failed: {exc}", exit_code=1) from None
+    def read_only_query(self, sql: str, *, timeout_s: float | None = None) -> pa.Table:
+        """Run a user's SQL (one plain query) on a private read-only connection; see `user_sql`."""
+        from .user_sql import UserSql
+
+        with UserSql(self) as session:
+            return session.fetch(sql, timeout_s=timeout_s).table
 
     def close(self) -> None:
         self.con.close()
@@ -343,6 +586,19 @@ class Store:
         self.close()
 
 
+def _unreadable(path: Path) -> bool:
+    """Whether DuckDB fails to read every row of the Parquet file at `path` on a connection of its own."""
+    con = duckdb.connect(":memory:")
+    try:
+        for _ in con.execute("SELECT * FROM read_parquet(?)", [str(path)]).to_arrow_reader(65536):
+            pass
+        return False
+    except Exception:
+        return True
+    finally:
+        con.close()
+
+
 _spill: list[str] = []
 
 
@@ -350,7 +606,8 @@ def _spill_dir() -> str:
     """One folder per process where DuckDB may spill large aggregations; removed at exit."""
     with _cache_lock:
         if not _spill:
-            _spill.append(tempfile.mkdtemp(prefix="perfscope-duckdb-"))
+            # the pid lets a later start tell a live process's folder from a killed one's (leftovers.py)
+            _spill.append(tempfile.mkdtemp(prefix=f"perfscope-duckdb-{os.getpid()}-"))
             atexit.register(shutil.rmtree, _spill[0], True)
         return _spill[0]
 

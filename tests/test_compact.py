@@ -67,11 +67,11 @@ def test_reader_never_sees_missing_or_doubled_rows_during_compaction(tmp_path: P
     t = threading.Thread(target=reader)
     t.start()
     try:
-        for _ in range(12):
-            # new segments keep arriving while compaction runs
+        for k in range(12):
+            # new segments keep arriving while compaction runs (distinct rows: identical copies count once)
             for r in range(2):
                 with StoreWriter(tmp_path, f"run{r}") as w:
-                    w.append("steps", (1, 0, 0, 7, 1, 1, 1, 1, 1, 1, 1, 1, 4, "host"))
+                    w.append("steps", (1, k, k, 7, 1, 1, 1, 1, 1, 1, 1, 1, 4, "host"))
                 total += 1
             compact(tmp_path, grace_s=0.2)
     finally:
