@@ -22,7 +22,7 @@ from .state import Context
 from .widgets import chart, definition_note, no_runs
 
 RUN_QUANTITIES = (
-    Quantity("step_ns", "step time (median)", "ms", 1e-6, "lower"),
+    Quantity("step_ns", "step time (elapsed mean)", "ms", 1e-6, "lower"),
     Quantity("throughput_samples_per_s", "throughput", "samples/s", 1.0, "higher"),
     Quantity("data_ns", "data (loader wait)", "ms", 1e-6, "lower"),
     Quantity("forward_ns", "forward", "ms", 1e-6, "lower"),

@@ -25,7 +25,7 @@ RUN_COLUMNS = {
     "world_size": Col("N", fmt="%d", help="world size: ranks (GPUs or processes)"),
     "nodes": Col("nodes", fmt="%d"),
     "batch_size_per_rank": Col("batch/rank", fmt="%d"),
-    "step_ns": Col("step (ms)", 1e-6, "%.3f", "steady-state median of the slowest rank's step time"),
+    "step_ns": Col("step (ms)", 1e-6, "%.3f", "steady window's elapsed time per step (slowest rank)"),
     "step_cv": Col("step CV", fmt="%.3f", help="coefficient of variation of the step time (stdev/mean)"),
     "throughput_samples_per_s": Col("samples/s", fmt="%,.0f", help="X = global samples / step time"),
     "steady_steps": Col("steady steps", fmt="%d"),

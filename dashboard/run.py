@@ -103,12 +103,15 @@ def _headline(run: dict[str, Any]) -> None:
     cols = st.columns(6)
     cols[0].metric("World size", run["world_size"], help=f"ranks, on {run['nodes']} node(s)")
     cols[1].metric(
-        "Step time (median)",
+        "Step time",
         ms(run["step_ns"], 3),
-        help=f"steady state; p10 {ms(run['step_p10_ns'], 3)}, p90 {ms(run['step_p90_ns'], 3)}",
+        help=f"steady window's elapsed time per step; median {ms(run.get('step_median_ns'), 3)}, "
+        f"p10 {ms(run['step_p10_ns'], 3)}, p90 {ms(run['step_p90_ns'], 3)}",
     )
     cols[2].metric("Step-time CV", num(run["step_cv"], ".3f"), help="stdev / mean of the steady steps")
-    cols[3].metric("Samples/s", num(run["throughput_samples_per_s"]), help="X = global samples / step time")
+    cols[3].metric(
+        "Samples/s", num(run["throughput_samples_per_s"]), help="global samples / elapsed steady time"
+    )
     share = (
         run["sync_exposed_ns"] / run["step_ns"]
         if run["step_ns"] and run["sync_exposed_ns"] is not None

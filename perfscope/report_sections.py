@@ -214,8 +214,8 @@ def setup(ctx: Context) -> Section:
         s.blocks.append(
             [
                 f"Steady state: the first {_joined(warm)} steps of each run are warm-up and dropped; "
-                f"{_span(steady)} steady steps remain per run. Step time is the slowest rank's, median "
-                "over the steady steps."
+                f"{_span(steady)} steady steps remain per run. Step time is the slowest rank's, averaged "
+                "over the steady steps (elapsed time per step, so throughput counts slow steps)."
             ]
         )
     versions = [

@@ -277,7 +277,7 @@ def test_compare_runs_side_by_side(seed: Path) -> None:
     with open_store(seed) as store:
         summary = {r["run_id"]: r for r in run_analysis("run_summary", store, Selection()).to_pylist()}
     table = next(df.value for df in at.dataframe if "B against A" in df.value.columns)
-    row = table[table["quantity"] == "step time (median)"].iloc[0]
+    row = table[table["quantity"] == "step time (elapsed mean)"].iloc[0]
     assert row["A"] == f"{summary[a]['step_ns'] / 1e6:.3f}"
     assert row["B"] == f"{summary[b]['step_ns'] / 1e6:.3f}"
     assert any("backend" in m.value for m in at.markdown)  # what differs between the two is named
