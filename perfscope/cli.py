@@ -27,6 +27,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "run": ("run", "record a training command with no change to its script: perfscope run -- CMD ARGS..."),
     "dashboard": ("dashboard", "open a store in the browser: runs, scaling curves, findings, SQL"),
     "report": ("report", "write the scaling study as one self-contained HTML file (or Markdown with PNGs)"),
+    "import": ("import_", "import existing traces (torch.profiler, ...) into a store as a measured run"),
 }
 
 

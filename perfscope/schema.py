@@ -118,6 +118,13 @@ RUNS = Table(
             "ns since epoch",
             "wall-clock end on rank 0; NULL while running or killed",
         ),
+        _c(
+            "origin",
+            s,
+            "",
+            "where a measured run came from: NULL for perfscope's collector, else the imported "
+            "format ('kineto', 'nsys', 'horovod', 'nccl-tests')",
+        ),
     ),
 )
 
