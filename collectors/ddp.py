@@ -7,6 +7,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from .dist_recorder import quiet
 from .faults import Faults
 from .phases import Timeline
 
@@ -71,7 +72,8 @@ def recording_hook(state, bucket):
     """DDP comm hook: note the bucket's entry (its gradients are ready), run the user's hook, note
     the completion of the future it returns. The future is returned untouched."""
     if not state.active:
-        return state.hook(state.state, bucket)
+        with quiet():
+            return state.hook(state.state, bucket)
     collective = None
     try:
         buf = bucket.buffer()
@@ -81,7 +83,8 @@ def recording_hook(state, bucket):
         )  # one model's buckets share its process group: each waits for the one before
     except Exception as exc:
         state.faults.report("ddp_hook_failed", f"perfscope: could not record a DDP bucket ({exc!r}).")
-    fut = state.hook(state.state, bucket)
+    with quiet():  # the bucket is recorded here: the hook's dist.all_reduce must not count again
+        fut = state.hook(state.state, bucket)
     if collective is not None:
         timeline = state.timeline
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from .dist_recorder import quiet
 from .phases import Timeline
-from .step_rows import Collective, Span
+from .step_rows import EXPOSED_ALL, Collective, Span
 
 
 class CollectiveBlock:
     """`with prof.collective("allreduce", nbytes=t.nbytes): dist.all_reduce(t)`"""
 
-    __slots__ = ("_c", "_phase", "_timeline", "nbytes", "op")
+    __slots__ = ("_c", "_phase", "_quiet", "_timeline", "nbytes", "op")
 
     def __init__(self, timeline: Timeline | None, op: str, nbytes: int) -> None:
         self._timeline = timeline
@@ -23,6 +24,7 @@ class CollectiveBlock:
         self.nbytes = nbytes
         self._phase: Span | None = None
         self._c: Collective | None = None
+        self._quiet = quiet()
 
     def __enter__(self) -> CollectiveBlock:
         tl = self._timeline
@@ -30,15 +32,19 @@ class CollectiveBlock:
             try:
                 if not tl.in_phase("sync"):
                     self._phase = tl.enter("sync")
-                self._c = tl.begin_collective(self.op, None, int(self.nbytes), overlapped=False)
+                self._c = c = tl.begin_collective(self.op, None, int(self.nbytes), overlapped=False)
+                c.exposed, c.phase = EXPOSED_ALL, "sync"
             except Exception:
                 self._timeline = None  # recording failed: the collective itself must still run
+            else:
+                self._quiet.__enter__()  # recorded here: the torch.distributed recorder keeps out
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
         tl = self._timeline
         if tl is None:
             return
+        self._quiet.__exit__()
         try:
             if self._c is not None:
                 tl.end_collective(self._c)

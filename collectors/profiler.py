@@ -14,6 +14,7 @@ from perfscope.writer import StoreWriter
 
 from . import ddp, horovod, identity, manual
 from .clocks import HostClock, HostMarks
+from .dist_recorder import DistRecorder
 from .faults import Faults
 from .flops import StepFlopCounter
 from .host_metrics import HostSampler
@@ -102,6 +103,8 @@ class Profiler:
             raise ValueError("perfscope.profile: timing must be 'auto', 'host' or 'cuda'")
         if batch_size is not None and "batch_size_per_rank" not in metadata:
             metadata["batch_size_per_rank"] = batch_size
+        #: this rank's part: 'worker', 'server' or 'stage:K'; None lets the analyses infer it
+        self._role = _role(metadata.pop("role", None))
         self._columns, extra = split_keywords({"experiment": experiment, **metadata})
         self._tags = tags_json(self._columns.pop("tags", None), extra)
         self.store = store
@@ -122,6 +125,7 @@ class Profiler:
         self._in_steps = 0
         self._phases: dict[str, Phase] = {}
         self._hooks: list[Any] = []
+        self._dist: DistRecorder | None = None
         self._facts: ddp.ModelFacts | None = None
         self._flops = StepFlopCounter()
         self._poller: Poller | None = None
@@ -210,6 +214,20 @@ class Profiler:
             tl.nvtx_push, tl.nvtx_pop = ranges.push, ranges.pop
             tl.nvtx_step_begin, tl.nvtx_step_end = ranges.step_begin, ranges.step_end
         self._start_poller(placement, me.hostname)
+        self._record_dist()
+
+    def _record_dist(self) -> None:
+        """Record every torch.distributed call from now on (after the rendezvous, which is ours),
+        once a process group exists: at start, or when the training loop starts."""
+        if self._dist is None and self._timeline is not None:
+            try:
+                self._dist = DistRecorder.for_process(self._timeline, self.faults)
+            except Exception as exc:
+                self.faults.report(
+                    "dist_recorder_failed", f"perfscope: torch.distributed calls are not recorded ({exc!r})."
+                )
+            if self._dist is not None:
+                self._hooks.append(self._dist)
 
     def _start_poller(self, placement: Placement, hostname: str) -> None:
         if self._poll_hz <= 0:
@@ -242,6 +260,7 @@ class Profiler:
         if self._writer is None:
             return
         steps = [
+            lambda: self._dist.stop() if self._dist is not None else None,
             lambda: self._timeline.close() if was_recording else None,
             self._stop_flops,
             lambda: self._poller.stop() if self._poller is not None else None,
@@ -487,6 +506,8 @@ class Profiler:
         if self._start_rows_written or self._writer is None or self.placement is None:
             return
         self._start_rows_written = True
+        if self._recording:
+            self._record_dist()
         try:
             self._write_rank_and_run_rows()
         except Exception as exc:
@@ -495,7 +516,8 @@ class Profiler:
     def _write_rank_and_run_rows(self) -> None:
         assert self._writer is not None and self.placement is not None
         index, name = self._device()
-        self._writer.append("ranks", ranks_row(self.placement, self._hostname, index, name, self.started_ns))
+        row = ranks_row(self.placement, self._hostname, index, name, self.started_ns)
+        self._writer.append("ranks", (*row, self._role))
         self._write_runs_row(ended_ns=None)
 
     def _write_runs_row(self, *, ended_ns: int | None) -> None:
@@ -513,6 +535,15 @@ class Profiler:
             tags=self._tags,
         )
         self._writer.append("runs", row)
+
+
+def _role(role: Any) -> str | None:
+    if role is None:
+        return None
+    text = str(role)
+    if text in ("worker", "server") or (text.startswith("stage:") and text[6:].isdigit()):
+        return text
+    raise ValueError(f"perfscope.profile: role must be 'worker', 'server' or 'stage:K', not {role!r}")
 
 
 def _cuda_available() -> bool:

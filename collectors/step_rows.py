@@ -12,6 +12,9 @@ How a step's columns are computed (DESIGN.md's definitions):
   encloses them.
 - A `sync` phase (hand-written allreduce, parameter averaging, Horovod's synchronize) is exposed
   sync by definition: the step waits for all of it.
+- A torch.distributed call recorded in another phase (an FSDP all-gather in `forward`, a pipeline's
+  `recv`) moves its exposed time from that phase's column (or `other_ns`) to `sync_exposed_ns`; its
+  `comm` row keeps the phase and the op, so analyses can tell gradient sync from a pipeline wait.
 - Overlapped collectives (DDP buckets) add their exposed part; see `exposed_sync_ns`.
 - `other_ns` is `step_ns` minus the five columns, never negative.
 - `comm_total_ns` sums the durations of the step's collectives, overlapped or not; `comm_count`
@@ -31,6 +34,8 @@ _BACKWARD = CANONICAL["backward"]
 _SYNC = CANONICAL["sync"]
 
 Emit = Callable[[str, list[tuple[Any, ...]]], None]
+#: `Collective.exposed` of a synchronous call: the caller waited for all of it
+EXPOSED_ALL = -1
 
 
 class Marks(Protocol):
@@ -56,7 +61,10 @@ class Collective:
     collective issued before it on the same process group: its transfer cannot start before that
     one completes, so its recorded duration starts at the later of the two (DESIGN.md)."""
 
-    __slots__ = ("after", "bucket", "end", "nbytes", "op", "overlapped", "seq", "start", "start_host")
+    __slots__ = (
+        "after", "bucket", "end", "exposed", "group_size", "is_async", "nbytes", "op", "overlapped",
+        "peer", "phase", "seq", "start", "start_host",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -77,6 +85,12 @@ class Collective:
         self.end: Any = None
         self.overlapped = overlapped
         self.after: Collective | None = None
+        # set by the torch.distributed recorder (dist_recorder.py) and prof.collective:
+        self.peer: int | None = None
+        self.group_size: int | None = None
+        self.exposed: int | None = None  # ns waited (host clock), EXPOSED_ALL: the whole duration
+        self.is_async = overlapped
+        self.phase: str | None = None  # canonical phase it was issued in, 'other' outside them
 
 
 class StepRecord:
@@ -163,6 +177,7 @@ def write_step(
     comm_total = 0
     ready_rel: list[int] = []
     done_rel: list[int] = []
+    moved: list[tuple[int, int]] = []  # (canonical column or -1, exposed ns) of calls outside `sync`
     for c in rec.comm:
         end = c.end
         if end is None or not (host or complete or (ready(c.start) and ready(end))):
@@ -174,9 +189,13 @@ def write_step(
             done_rel.append(r + dur)
         queued = _queued_ns(c, marks, resolved=host or complete)
         comm_total += dur - queued
+        exposed = dur if c.exposed == EXPOSED_ALL else c.exposed
+        if exposed and c.phase is not None and c.phase != "sync":
+            moved.append((CANONICAL.get(c.phase, -1), exposed))
         comm_rows.append(
-            (rank, index, c.seq, c.op, c.bucket, c.nbytes, c.start_host + shift + queued, dur - queued, clock)
-        )
+            (rank, index, c.seq, c.op, c.bucket, c.nbytes, c.start_host + shift + queued, dur - queued, clock,
+             c.peer, c.group_size, exposed, c.is_async, c.phase)
+        )  # fmt: skip
     if span_rows:
         emit("spans", span_rows)
     if comm_rows:
@@ -194,6 +213,10 @@ def write_step(
             cols[_SYNC] += exposed
             if window is not None:
                 cols[_BACKWARD] -= exposed
+        for col, waited in moved:  # an FSDP all-gather in forward is communication, not forward
+            cols[_SYNC] += waited
+            if col >= 0:
+                cols[col] -= waited
         cols = [c if c > 0 else 0 for c in cols]
         other = step_ns - sum(cols)
         samples = rec.samples if rec.samples is not None else default_samples

@@ -13,8 +13,11 @@ import pyarrow as pa
 
 #: Bump when a column changes meaning or type; adding a nullable column needs no bump
 #: (readers union columns by name and fill the missing ones with NULL).
-SCHEMA_VERSION = 1
-#: Oldest version this reader can migrate (union by name fills new nullable columns).
+#: Version 2: every torch.distributed call is recorded (`comm` gains peer, group_size, exposed_ns,
+#: is_async, phase; `ranks` gains role), and a step's phase columns no longer hold the exposed
+#: communication recorded inside them (`comm.exposed_ns` by `comm.phase` holds it).
+SCHEMA_VERSION = 2
+#: Oldest version this reader can migrate: columns added since read as their `migrated` value.
 MIN_READABLE_VERSION = 1
 
 META_VERSION = b"perfscope.schema_version"
@@ -30,6 +33,10 @@ class Column:
     type: pa.DataType
     unit: str
     doc: str
+    #: schema version that added the column; a producer may leave such trailing columns out
+    since: int = 1
+    #: SQL value of the column in segments written before `since` (NULL when None)
+    migrated: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,18 +56,29 @@ class Table:
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
+    @property
+    def min_width(self) -> int:
+        """Values a row must hold: trailing columns added after version 1 may be left out (NULL)."""
+        width = len(self.columns)
+        while width and self.columns[width - 1].since > 1:
+            width -= 1
+        return width
 
-def _c(name: str, typ: pa.DataType, unit: str, doc: str) -> Column:
-    return Column(name, typ, unit, doc)
+
+def _c(
+    name: str, typ: pa.DataType, unit: str, doc: str, *, since: int = 1, migrated: str | None = None
+) -> Column:
+    return Column(name, typ, unit, doc, since, migrated)
 
 
-i16, i32, i64, f32, f64, s = (
+i16, i32, i64, f32, f64, s, b = (
     pa.int16(),
     pa.int32(),
     pa.int64(),
     pa.float32(),
     pa.float64(),
     pa.string(),
+    pa.bool_(),
 )
 
 RANK = _c("rank", i32, "", "global rank of the process that recorded the row")
@@ -142,6 +160,14 @@ RANKS = Table(
         _c("device_index", i32, "", "CUDA device index; NULL on CPU"),
         _c("device_name", s, "", "device model or 'cpu'"),
         _c("started_ns", i64, "ns since epoch", "wall-clock start of the rank (offset-corrected)"),
+        _c(
+            "role",
+            s,
+            "",
+            "'worker', 'server' or 'stage:K' (pipeline stage K) as given to profile(role=...); "
+            "NULL when not given (analyses infer it from the comm pattern)",
+            since=2,
+        ),
     ),
 )
 
@@ -159,13 +185,15 @@ STEPS = Table(
             "step duration, from the end of the previous step to the end of this one",
         ),
         _c("data_ns", i64, "ns", "waiting on the data loader"),
-        _c("forward_ns", i64, "ns", "forward phase"),
+        _c("forward_ns", i64, "ns", "forward phase, minus the exposed communication inside it"),
         _c("backward_ns", i64, "ns", "backward phase, minus the exposed sync inside it"),
         _c(
             "sync_exposed_ns",
             i64,
             "ns",
-            "gradient synchronisation the step waited for (not overlapped)",
+            "communication the step waited for (not overlapped): gradient synchronisation, and from "
+            "version 2 the exposed time of every torch.distributed call made in another phase "
+            "(comm.exposed_ns by comm.phase and op tells a pipeline's wait from gradient sync)",
         ),
         _c("optimizer_ns", i64, "ns", "optimizer phase"),
         _c("other_ns", i64, "ns", "rest of the step: step_ns minus the phases above"),
@@ -199,12 +227,21 @@ SPANS = Table(
 
 COMM = Table(
     "comm",
-    "One row per collective (per DDP bucket, Horovod tensor group or manual allreduce).",
+    "One row per collective or point-to-point transfer: a DDP bucket, a Horovod tensor group, a manual "
+    "allreduce, or any torch.distributed call made inside `profile` (FSDP, pipelines, parameter "
+    "servers ...).",
     (
         RANK,
         STEP,
         _c("seq", i32, "", "index of the collective within the step, same on every rank"),
-        _c("op", s, "", "allreduce, allgather, broadcast, reduce_scatter ..."),
+        _c(
+            "op",
+            s,
+            "",
+            "'allreduce' (DDP, Horovod, manual and torch.distributed.all_reduce), else the "
+            "torch.distributed function: all_gather_into_tensor, reduce_scatter_tensor, broadcast, "
+            "all_to_all_single, barrier, send, recv, isend, irecv ...",
+        ),
         _c("bucket", i32, "", "DDP bucket index; NULL outside DDP"),
         _c("bytes", i64, "bytes", "payload size of the collective"),
         _c(
@@ -213,8 +250,47 @@ COMM = Table(
             "ns since epoch",
             "when this rank entered the collective, on rank 0's clock",
         ),
-        _c("dur_ns", i64, "ns", "duration of the collective on this rank"),
+        _c("dur_ns", i64, "ns", "duration of the collective on this rank, issue to completion (total)"),
         CLOCK,
+        _c(
+            "peer",
+            i32,
+            "",
+            "global rank of the other side of a point-to-point transfer; NULL for collectives",
+            since=2,
+        ),
+        _c(
+            "group_size",
+            i32,
+            "",
+            "ranks in the call's process group; NULL in version-1 stores (the run's world size)",
+            since=2,
+        ),
+        _c(
+            "exposed_ns",
+            i64,
+            "ns",
+            "time the calling thread waited for it: the call itself when synchronous, plus Work.wait() "
+            "when asynchronous; NULL for DDP buckets (their exposed part is steps.sync_exposed_ns)",
+            since=2,
+        ),
+        _c(
+            "is_async",
+            b,
+            "",
+            "issued with async_op=True (or isend/irecv/batch_isend_irecv)",
+            since=2,
+            migrated="bucket IS NOT NULL",
+        ),
+        _c(
+            "phase",
+            s,
+            "",
+            "canonical phase a torch.distributed call was issued in (data, forward, backward, sync, "
+            "optimizer; 'other' outside them): its exposed time left that phase's steps column for "
+            "sync_exposed_ns. NULL for DDP buckets and Horovod",
+            since=2,
+        ),
     ),
 )
 

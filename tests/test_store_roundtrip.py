@@ -27,6 +27,8 @@ def _value(typ: pa.DataType) -> st.SearchStrategy[Any]:
         return st.one_of(st.none(), st.floats(width=32, allow_nan=False))
     if typ == pa.float64():
         return st.one_of(st.none(), st.floats(allow_nan=False))
+    if typ == pa.bool_():
+        return st.one_of(st.none(), st.booleans())
     return st.one_of(st.none(), st.text(max_size=20))
 
 

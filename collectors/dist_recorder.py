@@ -1,0 +1,408 @@
+"""Every torch.distributed collective and point-to-point call made while `profile` is open, by any
+caller (FSDP, torch.distributed.pipelining, DeepSpeed's comm layer, user code), as a `comm` row.
+
+The functions of `torch.distributed` (and of `torch.distributed.distributed_c10d`, which FSDP and
+the pipelining schedules reach through either name) are replaced by recording wrappers when the
+profile starts, if a process group exists, and put back when it closes. A row holds the op, the
+payload bytes, the peer of a point-to-point transfer, the process group's size, the total time
+(issue to completion) and the exposed time (what the calling thread waited: the whole call when it
+is synchronous; the call plus `Work.wait()` when it is asynchronous).
+
+Not counted: calls made while another recorder owns the communication (`quiet()`: DDP's comm hook,
+`prof.collective`, perfscope's own rendezvous), and calls nested inside a recorded one
+(`all_gather_object` calling `all_gather`, `batch_isend_irecv` calling `isend`).
+Not seen: collectives that bypass the Python API (DDP's C++ reducer, functional collectives of
+DTensor/torch.compile, a ProcessGroup's methods called directly).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .clocks import perf_ns
+from .faults import Faults
+from .phases import Timeline
+from .step_rows import CANON, EXPOSED_ALL, NAME, Collective
+
+#: Python function -> (op name in `comm`, argument holding the payload, payload kind).
+#: Payload kinds: 'tensor' (its bytes), 'list' (the tensors' bytes summed), 'list_x_group' (that
+#: times the group's size), 'none' (0 bytes).
+#: Collective sizes follow nccl-tests: the full buffer (an all-gather's output, a reduce-scatter's input).
+COLLECTIVES: dict[str, tuple[str, str, str]] = {
+    "all_reduce": ("allreduce", "tensor", "tensor"),
+    "all_gather": ("all_gather", "tensor_list", "list"),
+    "all_gather_into_tensor": ("all_gather_into_tensor", "output_tensor", "tensor"),
+    "reduce_scatter": ("reduce_scatter", "input_list", "list"),
+    "reduce_scatter_tensor": ("reduce_scatter_tensor", "input", "tensor"),
+    # FSDP2's collectives in torch 2.13 and later
+    "all_gather_single": ("all_gather_single", "output_tensor", "tensor"),
+    "reduce_scatter_single": ("reduce_scatter_single", "input", "tensor"),
+    "_all_gather_base": ("all_gather_into_tensor", "output_tensor", "tensor"),
+    "_reduce_scatter_base": ("reduce_scatter_tensor", "input", "tensor"),
+    "all_reduce_coalesced": ("allreduce", "tensors", "list"),
+    "all_gather_coalesced": ("all_gather", "input_tensor_list", "list_x_group"),
+    "broadcast": ("broadcast", "tensor", "tensor"),
+    "reduce": ("reduce", "tensor", "tensor"),
+    "all_to_all": ("all_to_all", "input_tensor_list", "list"),
+    "all_to_all_single": ("all_to_all_single", "input", "tensor"),
+    "gather": ("gather", "tensor", "tensor"),
+    "scatter": ("scatter", "tensor", "tensor"),
+    "barrier": ("barrier", "", "none"),
+}
+#: point-to-point: function -> (argument naming the peer, argument naming it within the group, async)
+P2P: dict[str, tuple[str, str, bool]] = {
+    "send": ("dst", "group_dst", False),
+    "recv": ("src", "group_src", False),
+    "isend": ("dst", "group_dst", True),
+    "irecv": ("src", "group_src", True),
+}
+
+_local = threading.local()
+
+
+def _depth() -> int:
+    return getattr(_local, "depth", 0)
+
+
+class quiet:
+    """Calls made inside are not recorded here: another recorder counts them (DDP's comm hook,
+    `prof.collective`), or they are perfscope's own, or nested inside a recorded call."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _local.depth = _depth() + 1
+
+    def __exit__(self, *exc: object) -> None:
+        _local.depth = _depth() - 1
+
+
+def _nbytes(value: Any, kind: str, group_size: int) -> int:
+    if kind == "list_x_group":  # inputs of an all-gather: the output is group_size times as large
+        return group_size * _nbytes(value, "list", group_size)
+    if kind == "tensor":
+        return int(value.numel() * value.element_size()) if value is not None else 0
+    if kind == "list":
+        return sum(int(t.numel() * t.element_size()) for t in value or ())
+    return 0
+
+
+class DistRecorder:
+    """Installs the wrappers on `start`, removes them on `stop`; one per profile."""
+
+    def __init__(self, timeline: Timeline, faults: Faults, dist: Any) -> None:
+        self.timeline = timeline
+        self.faults = faults
+        self.dist = dist
+        self.active = False
+        self._modules = [dist, dist.distributed_c10d]
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._group_sizes: dict[int, int] = {}
+        self._world_size = int(dist.get_world_size())
+        self._originals: dict[Any, Any] = {}  # wrapper -> original, for batch_isend_irecv
+
+    @classmethod
+    def for_process(cls, timeline: Timeline, faults: Faults) -> DistRecorder | None:
+        """A started recorder when torch.distributed has a process group, else None (zero cost)."""
+        import sys
+
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return None
+        except Exception:
+            return None
+        rec = cls(timeline, faults, dist)
+        rec.start()
+        return rec
+
+    # -- install / remove ------------------------------------------------------------------------
+    def start(self) -> None:
+        c10d = self.dist.distributed_c10d
+        for name, spec in COLLECTIVES.items():
+            orig = getattr(c10d, name, None)
+            if orig is not None:
+                self._patch(name, self._collective_wrapper(orig, *spec), both=True)
+        for name, (peer_arg, group_peer_arg, is_async) in P2P.items():
+            orig = getattr(c10d, name, None)
+            if orig is not None:
+                # isend/irecv only under torch.distributed: batch_isend_irecv tells a send from a
+                # receive by `op is isend` against distributed_c10d's own name
+                wrapper = self._p2p_wrapper(orig, name, peer_arg, group_peer_arg, is_async)
+                self._patch(name, wrapper, both=not is_async)
+        orig_batch = getattr(c10d, "batch_isend_irecv", None)
+        if orig_batch is not None:
+            self._patch("batch_isend_irecv", self._batch_wrapper(orig_batch), both=True)
+        self.active = True
+
+    def _patch(self, name: str, wrapper: Callable[..., Any], *, both: bool) -> None:
+        for module in self._modules if both else self._modules[:1]:
+            current = getattr(module, name, None)
+            if current is None:
+                continue
+            self._saved.append((module, name, current))
+            self._originals[wrapper] = getattr(current, "__wrapped__", current)
+            setattr(module, name, wrapper)
+
+    def stop(self) -> None:
+        """Put every function back (in reverse, so a name patched twice ends as it began)."""
+        self.active = False
+        for module, name, orig in reversed(self._saved):
+            try:
+                setattr(module, name, orig)
+            except Exception as exc:
+                self.faults.report("dist_recorder_restore", f"perfscope: could not restore {name} ({exc!r}).")
+        self._saved.clear()
+
+    # -- per call --------------------------------------------------------------------------------
+    def _group_size(self, group: Any) -> int:
+        if group is None:
+            return self._world_size
+        key = id(group)
+        size = self._group_sizes.get(key)
+        if size is None:
+            size = self._group_sizes[key] = int(self.dist.get_world_size(group))
+        return size
+
+    def _begin(self, op: str, nbytes: int, group: Any, peer: int | None, is_async: bool) -> Collective:
+        phase = "other"
+        for span in reversed(self.timeline.stack):
+            if span[CANON] >= 0:
+                phase = span[NAME]
+                break
+        c = self.timeline.begin_collective(
+            op, None, nbytes, overlapped=False, group=None if peer is not None else ("pg", id(group))
+        )  # collectives of one group run in issue order; point-to-point transfers need not
+        c.peer = peer
+        c.group_size = self._group_size(group)
+        c.is_async = is_async
+        c.phase = phase
+        return c
+
+    def _collective_wrapper(self, orig: Any, op: str, payload_arg: str, kind: str) -> Callable[..., Any]:
+        sig = inspect.signature(orig)
+        rec = self
+
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not rec.active or _depth():
+                return orig(*args, **kwargs)
+            try:
+                bound = sig.bind(*args, **kwargs).arguments
+                is_async = bool(bound.get("async_op", False))
+                group = bound.get("group")
+                nbytes = _nbytes(bound.get(payload_arg), kind, rec._group_size(group))
+                c = rec._begin(op, nbytes, group, None, is_async)
+            except Exception as exc:
+                rec._failed(exc)
+                return orig(*args, **kwargs)
+            return rec._run(c, orig, args, kwargs, is_async)
+
+        return wrapper
+
+    def _p2p_wrapper(
+        self, orig: Any, op: str, peer_arg: str, group_peer_arg: str, is_async: bool
+    ) -> Callable[..., Any]:
+        sig = inspect.signature(orig)
+        rec = self
+
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not rec.active or _depth():
+                return orig(*args, **kwargs)
+            try:
+                bound = sig.bind(*args, **kwargs).arguments
+                group = bound.get("group")
+                peer = bound.get(peer_arg)
+                if peer is None and bound.get(group_peer_arg) is not None:
+                    peer = rec.dist.get_global_rank(group, bound[group_peer_arg])
+                c = rec._begin(op, _nbytes(bound.get("tensor"), "tensor", 0), group, peer, is_async)
+            except Exception as exc:
+                rec._failed(exc)
+                return orig(*args, **kwargs)
+            result = rec._run(c, orig, args, kwargs, is_async)
+            if op == "recv" and c.peer is None and isinstance(result, int):
+                c.peer = result  # recv from any source returns the sender
+            return result
+
+        return wrapper
+
+    def _batch_wrapper(self, orig: Any) -> Callable[..., Any]:
+        rec = self
+
+        @functools.wraps(orig)
+        def wrapper(p2p_op_list: Any) -> Any:
+            if not rec.active or _depth():
+                return rec._batch_call(orig, p2p_op_list)
+            try:
+                ops = list(p2p_op_list)
+                t0 = perf_ns()
+                cs = []
+                for p in ops:
+                    real = rec._originals.get(p.op, p.op)
+                    name = "isend" if real is rec.dist.distributed_c10d.isend else "irecv"
+                    peer = p.peer
+                    if peer is None and getattr(p, "group_peer", None) is not None:
+                        peer = rec.dist.get_global_rank(p.group, p.group_peer)
+                    cs.append(rec._begin(name, _nbytes(p.tensor, "tensor", 0), p.group, peer, True))
+            except Exception as exc:
+                rec._failed(exc)
+                return rec._batch_call(orig, p2p_op_list)
+            try:
+                with quiet():
+                    works = rec._batch_call(orig, ops)
+            except BaseException:
+                for c in cs:
+                    rec.timeline.end_collective(c)
+                raise
+            called_ns = perf_ns() - t0
+            try:
+                works = list(works)
+                if len(works) == len(cs):
+                    return [rec._track(w, [c], called_ns) for w, c in zip(works, cs, strict=True)]
+                return [rec._track(w, cs, called_ns) for w in works]
+            except Exception as exc:
+                rec._failed(exc)
+                return works
+
+        return wrapper
+
+    def _batch_call(self, orig: Any, ops: list[Any]) -> Any:
+        """batch_isend_irecv with each op's function back to the original (restored after), since
+        it compares them with `is` against distributed_c10d's own isend."""
+        saved = [p.op for p in ops]
+        for p in ops:
+            p.op = self._originals.get(p.op, p.op)
+        try:
+            return orig(ops)
+        finally:
+            for p, op in zip(ops, saved, strict=True):
+                p.op = op
+
+    def _run(
+        self, c: Collective, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any], is_async: bool
+    ) -> Any:
+        tl = self.timeline
+        t0 = perf_ns()
+        try:
+            with quiet():
+                result = orig(*args, **kwargs)
+        except BaseException:
+            tl.end_collective(c)
+            raise
+        if not is_async:
+            tl.end_collective(c)
+            c.exposed = EXPOSED_ALL
+            return result
+        called_ns = perf_ns() - t0
+        if result is None:  # not a member of the group: nothing was sent
+            tl.end_collective(c)
+            c.exposed = called_ns
+            return result
+        try:
+            return self._track(result, [c], called_ns)
+        except Exception as exc:
+            tl.end_collective(c)
+            self._failed(exc)
+            return result
+
+    def _track(self, work: Any, cs: list[Collective], called_ns: int) -> Any:
+        """The Work, wrapped so that wait() adds to the exposed time; its future ends the total."""
+        for c in cs:
+            c.exposed = called_ns
+        tl = self.timeline
+        try:
+            fut = work.get_future()
+
+            def done(_: Any) -> None:
+                for c in cs:
+                    if c.end is None:
+                        tl.end_collective(c)
+
+            fut.add_done_callback(done)
+        except Exception:
+            pass  # no future for this backend's Work: the total ends at wait()
+        return RecordedWork(work, cs, tl, self.dist.Work)
+
+    def _failed(self, exc: Exception) -> None:
+        self.active = False
+        self.faults.report(
+            "dist_recorder_failed",
+            f"perfscope: stopped recording torch.distributed calls ({type(exc).__name__}: {exc}); "
+            "training goes on unchanged.",
+        )
+
+
+def RecordedWork(work: Any, cs: list[Collective], timeline: Timeline, work_type: type) -> Any:
+    """A `dist.Work` (FSDP checks isinstance) that forwards to `work` and times its wait()."""
+    cls = _work_class(work_type)
+    return cls(work, cs, timeline)
+
+
+@functools.cache
+def _work_class(work_type: type) -> type:
+    class _RecordedWork(work_type):
+        def __init__(self, work: Any, cs: list[Collective], timeline: Timeline) -> None:
+            super().__init__()
+            self._work = work
+            self._cs = cs
+            self._timeline = timeline
+
+        def wait(self, *args: Any, **kwargs: Any) -> Any:
+            t0 = perf_ns()
+            try:
+                return self._work.wait(*args, **kwargs)
+            finally:
+                t1 = perf_ns()
+                for c in self._cs:
+                    if c.end is None:
+                        self._timeline.end_collective(c)
+                    c.exposed = (c.exposed if c.exposed is not None and c.exposed >= 0 else 0) + t1 - t0
+
+        def is_completed(self) -> bool:
+            return bool(self._work.is_completed())
+
+        def is_success(self) -> bool:
+            return bool(self._work.is_success())
+
+        def exception(self) -> Any:
+            return self._work.exception()
+
+        def source_rank(self) -> int:
+            return int(self._work.source_rank())
+
+        def _source_rank(self) -> int:
+            return int(self._work._source_rank())
+
+        def result(self) -> Any:
+            return self._work.result()
+
+        def get_future(self) -> Any:
+            return self._work.get_future()
+
+        def get_future_result(self) -> Any:
+            return self._work.get_future_result()
+
+        def synchronize(self) -> Any:
+            return self._work.synchronize()
+
+        def block_current_stream(self) -> Any:
+            return self._work.block_current_stream()
+
+        def _get_op_type(self) -> Any:
+            return self._work._get_op_type()
+
+        def _get_duration(self) -> Any:
+            return self._work._get_duration()
+
+        def boxed(self) -> Any:
+            return self._work.boxed()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.__dict__["_work"], name)
+
+    return _RecordedWork
