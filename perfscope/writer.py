@@ -294,11 +294,12 @@ class StoreWriter:
                     for table, flat in self._take_all():
                         self._write(table, flat)
                     if not first and self._clean_leftovers:
-                        self._clean_leftovers = False
                         self._remove_leftovers()
                 continue
             if item is _STOP:
                 self._drain()
+                if self._clean_leftovers:  # a writer closed before its first roll
+                    self._remove_leftovers()
                 return
             if isinstance(item, threading.Event):
                 item.set()
@@ -317,6 +318,8 @@ class StoreWriter:
                 item.set()
 
     def _remove_leftovers(self) -> None:
+        """Once, at the first roll after start (or at close): off the path of the first segment."""
+        self._clean_leftovers = False
         # best effort: what is left is removed by the next start or compact
         with contextlib.suppress(Exception):
             leftovers.clean_leftovers(self.root)
