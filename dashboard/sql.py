@@ -1,13 +1,22 @@
-"""SQL page: a read-only query box over the store's tables, with the schema beside it."""
+"""SQL page: a read-only query box over the store's tables, with the schema beside it.
+
+Each browser session runs its queries on its own bounded connection (state.session_sql): a time limit,
+a memory limit, and only the rows it draws are fetched; the whole result is a download away.
+"""
 
 from __future__ import annotations
 
+import io
+
+import pyarrow.csv as pacsv
 import streamlit as st
 
 from perfscope.errors import PerfscopeError
+from perfscope.output import printable_columns
 from perfscope.schema import TABLES
+from perfscope.user_sql import UserSql
 
-from .state import Context
+from .state import Context, session_sql
 
 EXAMPLE = """SELECT run_id, world_size, backend, cluster, batch_size_per_rank
 FROM runs
@@ -16,13 +25,18 @@ LIMIT 50"""
 
 #: Rows drawn in the page: the browser holds every row it shows; `perfscope sql -o` writes them all.
 SHOWN_ROWS = 10_000
+#: a query of the page is stopped after this long
+TIME_LIMIT_S = 30.0
+#: rows in the CSV download: the server holds the file while the browser fetches it
+DOWNLOAD_ROWS = 1_000_000
 
 
 def render(ctx: Context) -> None:
     st.title("SQL")
     st.caption(
-        "Read-only SQL (DuckDB) over the store's tables. Only SELECT, WITH and EXPLAIN run; the connection "
-        'can read nothing outside the store\'s folder. From a shell: `perfscope sql STORE "SELECT …"`.'
+        "Read-only SQL (DuckDB) over the store's tables. One SELECT, WITH or EXPLAIN runs, for at most "
+        f"{TIME_LIMIT_S:g} s, on this session's own connection, which can read nothing but the store's "
+        'files. From a shell, without those limits: `perfscope sql STORE "SELECT …" -o result.csv`.'
     )
     query_col, schema_col = st.columns([3, 2])
     with query_col:
@@ -36,14 +50,36 @@ def render(ctx: Context) -> None:
 
 
 def _run(ctx: Context, text: str) -> None:
+    session = session_sql(ctx.store)
     try:
-        result = ctx.store.read_only_query(text)
+        fetched = session.fetch(text, timeout_s=TIME_LIMIT_S, max_rows=SHOWN_ROWS)
     except PerfscopeError as exc:
         st.error(exc.message, icon=":material/block:")
         return
-    n = result.num_rows
-    st.caption(f"{n:,} row(s)" + (f"; the first {SHOWN_ROWS:,} are shown" if n > SHOWN_ROWS else ""))
-    st.dataframe(result.slice(0, SHOWN_ROWS), hide_index=True)
+    n = fetched.table.num_rows
+    if fetched.complete:
+        st.caption(f"{n:,} row(s)")
+    else:
+        st.caption(f"more than {SHOWN_ROWS:,} rows; the first {SHOWN_ROWS:,} are shown")
+    st.dataframe(fetched.table, hide_index=True)
+    st.download_button(
+        "Download result (CSV)" if fetched.complete else f"Download up to {DOWNLOAD_ROWS:,} rows (CSV)",
+        data=lambda: _csv(session, text),
+        file_name="perfscope-query.csv",
+        mime="text/csv",
+        icon=":material/download:",
+    )
+
+
+def _csv(session: UserSql, text: str) -> bytes:
+    """The result as CSV, made when the download is asked for, under the same time limit."""
+    try:
+        table = session.fetch(text, timeout_s=TIME_LIMIT_S, max_rows=DOWNLOAD_ROWS).table
+    except PerfscopeError as exc:
+        return f"perfscope: {exc.message}\n".encode()
+    buf = io.BytesIO()
+    pacsv.write_csv(printable_columns(table), buf)
+    return buf.getvalue()
 
 
 def _schema() -> None:

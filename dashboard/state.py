@@ -1,4 +1,5 @@
-"""Which store the dashboard shows, opened once per process; its analyses and findings cached per listing."""
+"""Which store the dashboard shows, opened once per process; its analyses and findings cached per listing;
+each browser session's own connection for the SQL page."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import streamlit as st
 from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.errors import PerfscopeError
 from perfscope.store import Store, open_store
+from perfscope.user_sql import UserSql
 
 from . import ENV_STORE
 
@@ -61,6 +63,23 @@ def open_or_message(path: Path) -> tuple[Store | None, str]:
 def forget(path: Path) -> None:
     """Drop the cached store (and with it its connection), e.g. after its folder was replaced."""
     _open.clear(str(path))
+
+
+#: where a browser session keeps its SQL connection
+_SESSION_SQL = "perfscope_user_sql"
+
+
+def session_sql(store: Store) -> UserSql:
+    """This browser session's own connection for user SQL: nothing one session runs reaches another,
+    and a slow query in one session holds up no other (each has its own DuckDB)."""
+    held = st.session_state.get(_SESSION_SQL)
+    if isinstance(held, UserSql) and held.store is store:
+        return held
+    if isinstance(held, UserSql):
+        held.close()  # the store was reopened: a connection to the old listing is of no use
+    fresh = UserSql(store)
+    st.session_state[_SESSION_SQL] = fresh
+    return fresh
 
 
 def listing_token(store: Store) -> str:

@@ -27,7 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def summary(store: Store) -> dict[str, Any]:
     q = store.query
     runs = q(_RUNS_SQL)
-    span = q("SELECT min(start_ns) AS first_ns, max(start_ns + step_ns) AS last_ns FROM steps").to_pylist()[0]
+    # HUGEINT: a start and a duration near the INT64 limits add up beyond them
+    span = q(
+        "SELECT min(start_ns) AS first_ns, max(start_ns::HUGEINT + step_ns) AS last_ns FROM steps"
+    ).to_pylist()[0]
     exps = q("SELECT DISTINCT experiment FROM runs WHERE experiment IS NOT NULL ORDER BY 1")
     orphans = q("SELECT DISTINCT run_id FROM steps EXCEPT SELECT run_id FROM runs ORDER BY 1")
     return {
@@ -40,6 +43,7 @@ def summary(store: Store) -> dict[str, Any]:
         "first_step_ns": span["first_ns"],
         "last_step_end_ns": span["last_ns"],
         "skipped": [{"path": s.path, "reason": s.reason} for s in store.skipped],
+        "doubtful": [{"path": s.path, "reason": s.reason} for s in store.doubtful],
     }
 
 
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         colour = use_colour()
         print(heading(f"store {info['store']}", colour=colour))
         print(f"experiments: {', '.join(info['experiments']) or '(none)'}")
-        if info["first_step_ns"] is not None:
+        if info["first_step_ns"] is not None and info["last_step_end_ns"] is not None:
             secs = (info["last_step_end_ns"] - info["first_step_ns"]) / 1e9
             print(f"time span of recorded steps: {secs:,.1f} s")
         rows = ", ".join(f"{k} {v:,}" for k, v in info["rows"].items() if v)
@@ -67,5 +71,9 @@ def run(args: argparse.Namespace) -> int:
         if info["skipped"]:
             print(heading(f"\nskipped {len(info['skipped'])} file(s)", colour=colour))
             for s in info["skipped"]:
+                print(f"  {s['path']}: {s['reason']}")
+        if info["doubtful"]:
+            print(heading(f"\nread {len(info['doubtful'])} file(s) with a claim ignored", colour=colour))
+            for s in info["doubtful"]:
                 print(f"  {s['path']}: {s['reason']}")
     return 0

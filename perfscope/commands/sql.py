@@ -1,21 +1,42 @@
-"""Run a read-only SQL query over a store's tables (runs, steps, spans, comm, gpu_samples, ...)."""
+"""Run a read-only SQL query over a store's tables (runs, steps, spans, comm, gpu_samples, ...).
+
+The result streams in batches to standard output or the file named, so its size is bounded by neither
+memory nor the terminal; `--timeout` and `--memory-limit` bound the query itself (see perfscope.user_sql).
+"""
 
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import math
 import sys
+import textwrap
+from collections.abc import Callable
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..errors import PerfscopeError
-from ..output import check_output_file, open_output, printable_columns, write_output
+from ..output import check_output_file, open_output, printable_columns
 from ..schema import TABLES
 from ..store import open_store
 from ..terminal import format_table, use_colour
+from ..user_sql import DEFAULT_MEMORY_LIMIT, Rows, UserSql
+
+Emit = Callable[[str], object]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds; got {text}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +50,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-o", "--output", help="write to this file instead of standard output")
     p.add_argument("--limit", type=int, default=200, help="rows shown in table format (default 200)")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop the query after this many seconds and exit with an error (default: no limit)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        default=DEFAULT_MEMORY_LIMIT,
+        metavar="SIZE",
+        help=f"memory the query may use, e.g. 500MB or 8GB; beyond it large sorts and joins spill "
+        f"to disk (default {DEFAULT_MEMORY_LIMIT})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,28 +70,81 @@ def run(args: argparse.Namespace) -> int:
         raise PerfscopeError("--format parquet needs -o FILE (Parquet is binary)")
     if args.output:
         check_output_file(args.output)  # before the query, which may take long
-    with open_store(args.store) as store:
-        result = store.read_only_query(args.query)
-    if args.format == "parquet":
+    with (
+        open_store(args.store) as store,
+        UserSql(store, memory_limit=args.memory_limit) as session,
+        session.batches(args.query, timeout_s=args.timeout) as rows,
+    ):
+        if not args.output:
+            _write(rows, args, sys.stdout.write)
+            return 0
         with open_output(args.output) as f:
-            try:
-                pq.write_table(result, f)
-            except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
-                raise PerfscopeError(f"cannot write this result as Parquet: {exc}") from None
-        print(f"wrote {result.num_rows} rows to {args.output}", file=sys.stderr)
-        return 0
-    result = printable_columns(result, nested=args.format == "json")
-    if args.format == "csv":
-        buf = io.BytesIO()
-        pacsv.write_csv(result, buf)
-        text = buf.getvalue().decode()
-    elif args.format == "json":
-        text = json.dumps(result.to_pylist(), indent=2, default=str) + "\n"
-    else:
-        colour = use_colour() and not args.output
-        text = format_table(result, colour=colour, limit=args.limit) + "\n"
-    if args.output:
-        write_output(args.output, text.encode())
-    else:
-        sys.stdout.write(text)
+            n = _write(rows, args, lambda text: f.write(text.encode()), f)
+    if args.format == "parquet":
+        print(f"wrote {n} rows to {args.output}", file=sys.stderr)
     return 0
+
+
+def _write(rows: Rows, args: argparse.Namespace, emit: Emit, binary: BinaryIO | None = None) -> int:
+    """Write the result batch by batch in the chosen format; the number of rows."""
+    if args.format == "parquet":
+        assert binary is not None
+        return _parquet(rows, binary)
+    if args.format == "csv":
+        return _csv(rows, emit)
+    if args.format == "json":
+        return _json(rows, emit)
+    return _table(rows, emit, colour=use_colour() and not args.output, limit=args.limit)
+
+
+def _parquet(rows: Rows, f: BinaryIO) -> int:
+    n = 0
+    try:
+        with pq.ParquetWriter(f, rows.schema) as w:
+            for batch in rows:
+                w.write_batch(batch)
+                n += batch.num_rows
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
+        raise PerfscopeError(f"cannot write this result as Parquet: {exc}") from None
+    return n
+
+
+def _csv(rows: Rows, emit: Emit) -> int:
+    n = 0
+    for batch in rows:
+        buf = io.BytesIO()
+        options = pacsv.WriteOptions(include_header=n == 0)
+        pacsv.write_csv(printable_columns(pa.Table.from_batches([batch])), buf, write_options=options)
+        emit(buf.getvalue().decode())
+        n += batch.num_rows or 0
+    if n == 0:  # the header alone
+        buf = io.BytesIO()
+        pacsv.write_csv(printable_columns(rows.schema.empty_table()), buf)
+        emit(buf.getvalue().decode())
+    return n
+
+
+def _json(rows: Rows, emit: Emit) -> int:
+    """The same text as json.dumps(all rows, indent=2), one row at a time."""
+    n = 0
+    for batch in rows:
+        for row in printable_columns(pa.Table.from_batches([batch]), nested=True).to_pylist():
+            emit(("[\n" if n == 0 else ",\n") + textwrap.indent(json.dumps(row, indent=2, default=str), "  "))
+            n += 1
+    emit("\n]\n" if n else "[]\n")
+    return n
+
+
+def _table(rows: Rows, emit: Emit, *, colour: bool, limit: int) -> int:
+    shown: list[pa.RecordBatch] = []
+    n = 0
+    for batch in rows:
+        if n < limit:
+            shown.append(batch)
+        n += batch.num_rows
+    table = pa.Table.from_batches(shown, schema=rows.schema).slice(0, max(limit, 0))
+    text = format_table(printable_columns(table), colour=colour)
+    if n > table.num_rows:
+        text += f"\n... {n - table.num_rows} more rows"
+    emit(text + "\n")
+    return n
