@@ -186,7 +186,8 @@ def _speedup(ctx: Context, scaling: pa.Table, picked: list[str], labels: dict[st
 def _sync(ctx: Context, picked: list[str]) -> None:
     sync = filter_rows(ctx.table("sync"), "group_id", picked)
     fit = ctx.table("allreduce_fit")
-    charts(sync_time_chart(sync), busbw_chart(sync, fit))
+    reference = filter_rows(ctx.table("reference_busbw"), "group_id", picked)
+    charts(sync_time_chart(sync), busbw_chart(sync, fit, reference))
     st.subheader("Ring allreduce fit (alpha-beta)")
     show_table(fit, FIT_COLUMNS)
     definition_note("sync", "allreduce_fit")

@@ -7,11 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
-from storegen import DEFAULT_PHASES, MS, Comm, Gpu, Host, make_run
+from storegen import DEFAULT_PHASES, MS, Comm, Gpu, Host, make_run, row
 
 from perfscope.analysis import ANALYSES, DEFINITIONS, META_ANALYSIS, META_DEFINITION, Selection, run_analysis
 from perfscope.analysis.groups import GROUP_COLUMNS
 from perfscope.store import open_store
+from perfscope.writer import StoreWriter
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "analysis.md"
 
@@ -37,6 +38,11 @@ def rich_store(tmp_path_factory):
         )
     make_run(root, "b64", world_size=1, batch_size_per_rank=64, metrics={"loss": lambda s: 1.0 / (s + 2)})
     make_run(root, "mpi2", world_size=2, backend="mpi")
+    ref = StoreWriter(root, "nccl-tests-ref", writer_id="gen-ref")  # the cluster's nccl-tests reference
+    for size in (2**20, 2**22, 2**24):
+        values = {"cluster": "", "op": "allreduce", "ranks": 8, "nodes": 2, "bytes": size}
+        ref.append("reference_bw", row("reference_bw", **values, ip_busbw_gb_per_s=4.0, source_file="ar.txt"))
+    ref.close()
     return root
 
 

@@ -23,6 +23,7 @@ from . import (  # noqa: F401  isort: skip
     runs,
     scaling,
     sync,
+    reference,
     utilisation,
     pop,
     stragglers,

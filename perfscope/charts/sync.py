@@ -161,8 +161,22 @@ def _model_points(values: list[Row], fit: pa.Table | None) -> list[Row]:
     return out
 
 
-def busbw_chart(sync: pa.Table | None, allreduce_fit: pa.Table | None = None) -> ChartLike:
-    """Allreduce bus bandwidth against N per group (p10–p90 whiskers), and the alpha-beta model's line."""
+def _reference_points(values: list[Row], reference: pa.Table | None) -> list[Row]:
+    """Per run with an nccl-tests reference: the reference busbw at its message size, in its series."""
+    series = {r["run_id"]: r["series"] for r in values}
+    cols = ("run_id", "world_size", "ref_busbw_gb_per_s", "delivered_share", "ref_ranks", "ref_file")
+    return [
+        {**r, "series": series[r["run_id"]]}
+        for r in rows(reference, cols)
+        if r["run_id"] in series and r["ref_busbw_gb_per_s"] is not None
+    ]
+
+
+def busbw_chart(
+    sync: pa.Table | None, allreduce_fit: pa.Table | None = None, reference: pa.Table | None = None
+) -> ChartLike:
+    """Allreduce bus bandwidth against N per group (p10–p90 whiskers), the alpha-beta model's line,
+    and the cluster's nccl-tests busbw at the same message size where one was imported (dotted)."""
     title = "Allreduce bus bandwidth against world size"
     values = [
         r
@@ -199,9 +213,26 @@ def busbw_chart(sync: pa.Table | None, allreduce_fit: pa.Table | None = None) ->
             .mark_line(strokeDash=[6, 4], strokeWidth=1.5)
             .encode(world_size_x(ticks), alt.Y("model_gb_per_s:Q"), _colour(), detail="series:N")
         )
+    refs = _reference_points(values, reference)
+    if refs:
+        ref = alt.Chart(data(refs)).encode(world_size_x(ticks), alt.Y("ref_busbw_gb_per_s:Q"), _colour())
+        layers += [
+            ref.mark_line(strokeDash=[2, 3], strokeWidth=1.5).encode(detail="series:N"),
+            ref.mark_point(shape="diamond", filled=False).encode(
+                tooltip=[
+                    alt.Tooltip("series:N", title="group"),
+                    alt.Tooltip("run_id:N"),
+                    alt.Tooltip("ref_busbw_gb_per_s:Q", title="nccl-tests busbw GB/s", format=".2f"),
+                    alt.Tooltip("delivered_share:Q", title="achieved / reference", format=".0%"),
+                    alt.Tooltip("ref_ranks:Q", title="benchmark ranks"),
+                    alt.Tooltip("ref_file:N", title="from"),
+                ]
+            ),
+        ]
     subtitle = [
         "busbw = bytes/t · 2(n−1)/n (nccl-tests); whiskers p10–p90; dashed: fitted ring model "
-        "T = 2(p−1)·α + 2(p−1)/p·n·β",
+        "T = 2(p−1)·α + 2(p−1)/p·n·β"
+        + ("; dotted diamonds: the cluster's nccl-tests busbw at the same message size" if refs else ""),
         source_note(sources(values)),
     ]
     chart = alt.layer(*layers).properties(width=WIDTH, height=HEIGHT)
