@@ -12,7 +12,9 @@ Not counted: calls made while another recorder owns the communication (`quiet()`
 `prof.collective`, perfscope's own rendezvous), and calls nested inside a recorded one
 (`all_gather_object` calling `all_gather`, `batch_isend_irecv` calling `isend`).
 Not seen: collectives that bypass the Python API (DDP's C++ reducer, functional collectives of
-DTensor/torch.compile, a ProcessGroup's methods called directly).
+DTensor/torch.compile, a ProcessGroup's methods called directly). A `P2POp` built inside the profile
+holds the recording `isend`; passed to `batch_isend_irecv` after the profile closed, it would read as
+a receive (pipelining builds its ops anew every step).
 """
 
 from __future__ import annotations
@@ -137,6 +139,15 @@ class DistRecorder:
         orig_batch = getattr(c10d, "batch_isend_irecv", None)
         if orig_batch is not None:
             self._patch("batch_isend_irecv", self._batch_wrapper(orig_batch), both=True)
+        orig_check = getattr(c10d, "_check_op", None)
+        if orig_check is not None:  # P2POp(dist.isend, ...) must accept the wrapper
+            originals = self._originals
+
+            def check_op(op: Any) -> Any:
+                return orig_check(originals.get(op, op))
+
+            self._saved.append((c10d, "_check_op", orig_check))
+            c10d._check_op = check_op
         self.active = True
 
     def _patch(self, name: str, wrapper: Callable[..., Any], *, both: bool) -> None:
