@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,19 +16,40 @@ StepFn = Callable[[str], None]
 PNG_SCALE = 2.0
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+#: characters that start Markdown syntax (emphasis, links, images, code, escapes) anywhere in a line
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]!])")
+_CODE_SPAN = re.compile(r"(`[^`\n]+`)")
+
+
+def _md(text: Any) -> str:
+    """Text from the store (names, ids, messages) as Markdown that shows it literally: no HTML (`<`, `>`,
+    `&` become entities), no links, images or emphasis, one line."""
+    plain = html.escape(" ".join(str(text).splitlines()), quote=False)
+    return _MD_SPECIAL.sub(r"\\\1", plain)
+
+
+def _inline(text: str) -> str:
+    """Like `_md`, but `code` spans stay code (Markdown shows their content literally anyway)."""
+    return "".join(p if _CODE_SPAN.fullmatch(p) else _md(p) for p in _CODE_SPAN.split(text))
+
+
+def _cell(text: Any) -> str:
+    return _md(text).replace("|", "\\|")
+
+
+def _anchor(text: str) -> str:
+    return html.escape(text, quote=True)
 
 
 def _para(frags: list[Any]) -> str:
     out = []
     for f in frags:
         if isinstance(f, Num):
-            out.append(f"**{f.text()}**")
+            out.append(f"**{_md(f.text())}**")
         elif isinstance(f, Ref):
-            out.append(f"[{f.text}](#{f.anchor})")
+            out.append(f"[{_md(f.text)}](#{_anchor(f.anchor)})")
         else:
-            out.append(f)
+            out.append(_inline(f))
     return "".join(out)
 
 
@@ -41,8 +64,8 @@ class _Markdown:
         parts = []
         for a in analyses:
             keys = [k for k in self.r.analysis_definitions.get(a, ()) if k in self.r.definitions]
-            refs = ", ".join(f"[{k}](#def-{k})" for k in keys)
-            parts.append(f"`{a}` ({self.r.analysis_titles.get(a, a)}): {refs}")
+            refs = ", ".join(f"[{_md(k)}](#def-{_anchor(k)})" for k in keys)
+            parts.append(f"`{a}` ({_md(self.r.analysis_titles.get(a, a))}): {refs}")
         return f"<sub>From analysis {'; '.join(parts)}.</sub>"
 
     def chart(self, b: ChartBlock) -> str:
@@ -50,7 +73,7 @@ class _Markdown:
         self.step(f"chart {b.name}")
         name = f"{n:02d}-{b.name.replace('_', '-')}.png"
         self.images[name] = to_png(b.chart, PNG_SCALE)
-        caption = b.title + (f" — {b.caption}" if b.caption else "")
+        caption = _md(b.title) + (f" — {_md(b.caption)}" if b.caption else "")
         image = f"![Figure {n}. {caption}]({self.folder}/{name})"
         return f"{image}\n\n*Figure {n}. {caption}*  \n{self.defs_line(b.analyses)}"
 
@@ -69,7 +92,7 @@ class _Markdown:
             )
             + "|"
         )
-        lines = [f"**{t.caption}**", "", head, align]
+        lines = [f"**{_md(t.caption)}**", "", head, align]
         for row in t.rows:
             lines.append(
                 "| " + " | ".join(_cell(format_value(c.name, row.get(c.name))) for c in t.columns) + " |"
@@ -85,18 +108,19 @@ class _Markdown:
                 if f.explained_loss is not None
                 else ""
             )
-            group = f" (group {f.group_label})" if f.group_label else ""
+            group = f" (group {_md(f.group_label)})" if f.group_label else ""
             out.append(
-                f'<a id="finding-{f.rank}"></a>\n### {f.rank}. {f.title}\n\n'
-                f"*{f.severity}, {f.category}, confidence {f.confidence_label} ({f.confidence:.2f})"
-                f"{loss}*{group}\n\n"
-                f"{f.text}\n\n**Recommendation.** {f.recommendation}\n\n"
-                f"<sub>Evidence: analyses {', '.join(f.analyses)}; runs {', '.join(f.run_ids)}.</sub>"
+                f'<a id="finding-{f.rank}"></a>\n### {f.rank}. {_md(f.title)}\n\n'
+                f"*{_md(f.severity)}, {_md(f.category)}, confidence {_md(f.confidence_label)} "
+                f"({f.confidence:.2f}){loss}*{group}\n\n"
+                f"{_inline(f.text)}\n\n**Recommendation.** {_inline(f.recommendation)}\n\n"
+                f"<sub>Evidence: analyses {_md(', '.join(f.analyses))}; "
+                f"runs {_md(', '.join(f.run_ids))}.</sub>"
             )
         return "\n\n".join(out)
 
     def section(self, s: Section) -> str:
-        parts = [f'<a id="{s.id}"></a>\n## {s.heading}']
+        parts = [f'<a id="{_anchor(s.id)}"></a>\n## {_md(s.heading)}']
         for b in s.blocks:
             if isinstance(b, ChartBlock):
                 parts.append(self.chart(b))
@@ -109,7 +133,7 @@ class _Markdown:
         return "\n\n".join(parts)
 
     def document(self) -> str:
-        head = [f"# {self.r.title}", "", *(f"{line}  " for line in self.r.subtitle), ""]
+        head = [f"# {_md(self.r.title)}", "", *(f"{_md(line)}  " for line in self.r.subtitle), ""]
         if self.r.simulated_runs:
             every = self.r.simulated_runs == self.r.runs
             who = "Every run" if every else f"{self.r.simulated_runs} of {self.r.runs} runs"
@@ -118,11 +142,14 @@ class _Markdown:
                 "`perfscope simulate`, not measured on hardware. Charts draw simulated runs as hollow "
                 "triangles; tables say *simulated*.\n"
             )
-        toc = " · ".join(f"[{s.heading}](#{s.id})" for s in self.r.sections)
+        toc = " · ".join(f"[{_md(s.heading)}](#{_anchor(s.id)})" for s in self.r.sections)
         head.append(toc + " · [Definitions](#definitions)\n")
         body = [self.section(s) for s in self.r.sections]
         defs = ['<a id="definitions"></a>\n## Definitions', "", "Every number above follows one of these."]
-        defs += [f'- <a id="def-{k}"></a>**{k}**: {v}' for k, v in self.r.definitions.items()]
+        defs += [
+            f'- <a id="def-{_anchor(k)}"></a>**{_md(k)}**: {_inline(v)}'
+            for k, v in self.r.definitions.items()
+        ]
         return "\n".join(head) + "\n" + "\n\n".join(body) + "\n\n" + "\n".join(defs) + "\n"
 
 
