@@ -208,12 +208,13 @@ def _put(path: Path, text: str | bytes) -> Path:
         (b"[{" + b'"a": "' + b"x" * (3 << 20) + b'"}]', "over 1 MiB"),
         (b'[{"ph": "M", "pid": 0 }, {"ph": ]', "malformed JSON"),
         (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", "binary data"),
+        (timeline().replace('"name": "1"', '"name": "987654321"').encode(), "not a plausible rank"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, capsys, content, says):
     path = _put(tmp_path / "t.json", content)
     with pytest.raises(PerfscopeError, match=says):
-        horovod.parse(path)
+        horovod.import_files([path], horovod.ImportOptions(store=tmp_path / "s0"))
     assert main(["import", "horovod", str(path), "--store", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err

@@ -129,6 +129,8 @@ def test_import_writes_reference_rows(tmp_path, capsys):
         ("huge.txt", b"#" + b"x" * (100 << 10) + b"\n", "longer than"),
         ("kineto.json", b'{"traceEvents": [{"ph": "X", "name": "aten::mm"}]}', "no nccl-tests header"),
         ("cut.txt", ALL_REDUCE.split("           8 ")[0].encode(), "no result lines"),
+        ("big.txt", ALL_REDUCE.split("           8 ")[0].encode() + b" 99999999999999999999999 2 float sum "
+         b"-1 1 0 0 0 1 0 0 0\n", "no result lines"),
         ("x.txt", "\n".join(ALL_REDUCE.splitlines()[12:]).replace("sum      -1", "sum      -1 1 2").encode(),
          "no result lines"),
     ],

@@ -202,6 +202,23 @@ def _no_nvtx(tmp_path: Path) -> Path:
     return p
 
 
+def _foreign_schema(tmp_path: Path) -> Path:
+    p = tmp_path / "other.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE NVTX_EVENTS (start INT, stop INT, label TEXT)")
+    con.close()
+    return p
+
+
+def _wrong_types(tmp_path: Path) -> Path:
+    p = make_export(tmp_path / "typed.sqlite", pid=3)
+    con = sqlite3.connect(p)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'yesterday' WHERE rowid = 3")
+    con.commit()
+    con.close()
+    return p
+
+
 def _raw(content: bytes):
     def make(tmp_path: Path) -> Path:
         p = tmp_path / "x.sqlite"
@@ -221,6 +238,8 @@ def _raw(content: bytes):
         (_cut, "unreadable SQLite"),
         (_no_nvtx, "no NVTX_EVENTS table"),
         (_no_steps, "no step ranges"),
+        (_foreign_schema, "not Nsight Systems' export schema"),
+        (_wrong_types, "wrong type"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, capsys, make, says):

@@ -42,6 +42,7 @@ _DTYPE_BYTES = {"uint8": 1, "int8": 1, "bool": 1, "uint16": 2, "int16": 2, "floa
 _BACKENDS = (("NCCL_", "horovod-nccl"), ("MPI_", "horovod-mpi"), ("GLOO_", "horovod-gloo"),
              ("CCL_", "horovod-ccl"), ("DDL_", "horovod-ddl"))  # fmt: skip
 _NEGOTIATE = "NEGOTIATE_"
+MAX_RANKS = 1 << 20
 #: Horovod's response types: the top-level range of a tensor's collective
 OPS = frozenset(
     {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "ADASUM", "BARRIER", "JOIN"}
@@ -246,6 +247,8 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
         return epoch_ns + round(us * 1000)
 
     seen_ranks = {r for c in tl.collectives for r in c.ready_us}
+    if seen_ranks and max(seen_ranks) >= MAX_RANKS:
+        raise PerfscopeError(f"{path}: a negotiation tick names rank {max(seen_ranks)}; not a plausible rank")
     world = opts.world_size or (max(seen_ranks) + 1 if seen_ranks else None)
     if world is None:
         raise PerfscopeError(

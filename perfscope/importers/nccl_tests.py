@@ -141,8 +141,11 @@ def _measurement(tokens: list[str], oop: int, ip: int, lead: dict[str, int]) -> 
     root = at(lead["root"]) if "root" in lead else None
     count = at(lead["count"]) if "count" in lead else None
     wrong_at = oop + 3
+    size = int(tokens[lead["size"]])
+    if size >= 1 << 62:
+        raise ValueError("not a message size")
     return Measurement(
-        size_bytes=int(tokens[lead["size"]]),
+        size_bytes=size,
         count=int(count or 0),
         dtype=tokens[lead["type"]] if "type" in lead else "",
         redop=tokens[lead["redop"]] if "redop" in lead else "",
@@ -210,7 +213,10 @@ def parse(path: Path) -> list[Table]:
         tokens = s.split()
         if len(tokens) != width or not tokens[0].isdigit():
             continue  # NCCL INFO lines, warnings, a line cut short
-        cur.rows.append(_measurement(tokens, *cols))
+        try:
+            cur.rows.append(_measurement(tokens, *cols))
+        except ValueError:
+            continue  # a number no benchmark prints
     close()
     if not tables:
         why = "a column header but no result lines" if saw_any else "no nccl-tests header or result table"
@@ -228,6 +234,19 @@ def parse(path: Path) -> list[Table]:
                 "benchmark (e.g. all_reduce_perf.txt)"
             )
     return tables
+
+
+@dataclass
+class ReferenceImport(ImportResult):
+    """What an nccl-tests import wrote: reference measurements, not a run."""
+
+    tables: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (
+            f"imported nccl-tests reference {self.run_id}: {self.comm} message sizes of "
+            f"{', '.join(self.tables)} into table reference_bw"
+        )
 
 
 def op_name(benchmark: str) -> str:
@@ -252,7 +271,7 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
         ref_id = f"nccl-tests-{h.hexdigest()[:10]}"
     check_run_id(ref_id)
     prepare_store(Path(opts.store), ref_id)
-    result = ImportResult(run_id=ref_id, origin="nccl-tests")
+    result = ReferenceImport(run_id=ref_id, origin="nccl-tests")
     writer = StoreWriter(opts.store, ref_id, writer_id="import-nccl-tests", roll_interval_s=3600.0)
     try:
         for path, tables in parsed:
@@ -271,6 +290,7 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
                     )  # fmt: skip
                     result.comm += 1
                 result.ranks = max(result.ranks, t.rank_count)
+                result.tables.append(f"{t.op} on {t.rank_count} ranks")
     finally:
         stats = writer.close()
     if stats.rows_dropped:

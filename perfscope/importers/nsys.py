@@ -101,8 +101,12 @@ def parse(path: Path) -> Export:
             return _read(path, con)
         finally:
             con.close()
+    except sqlite3.OperationalError as exc:  # a table or column the documented schema has is missing
+        raise PerfscopeError(f"{path}: not Nsight Systems' export schema ({exc})") from None
     except sqlite3.DatabaseError as exc:
         raise PerfscopeError(f"{path}: unreadable SQLite ({exc}); truncated or corrupt export") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise PerfscopeError(f"{path}: a value of the wrong type in the export ({exc})") from None
 
 
 def _read(path: Path, con: sqlite3.Connection) -> Export:
