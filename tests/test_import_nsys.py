@@ -143,7 +143,7 @@ def test_rows_of_the_run(two_ranks):
                     "device_model": "NVIDIA H100 80GB HBM3", "hostname": "gpu-node-1"}]  # fmt: skip
     assert len(steps) == 2 * STEPS
     s = steps[3]  # rank 0, a steady step
-    assert s["step_ns"] == STEP_NS and s["clock"] == "cuda"
+    assert s["step_ns"] == STEP_NS and s["clock"] == "host"  # NVTX ranges are host-side
     assert s["forward_ns"] == 5 * MS
     assert s["sync_exposed_ns"] == 4 * MS  # NCCL 10-16 ms minus the compute kernel up to 12 ms
     assert s["backward_ns"] == 10 * MS - 3 * MS and s["optimizer_ns"] == 3 * MS - 1 * MS

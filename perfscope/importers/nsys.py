@@ -305,7 +305,7 @@ def _write_rank(run: RunImport, rank: int, epoch: int, proc: Process, steps: lis
             while stack and stack[-1].end <= r.start:
                 stack.pop()
             parent = stack[-1] if stack else None
-            run.span(rank, k, r.name, epoch + r.start, r.end - r.start, clock="cuda" if proc.nccl else "host",
+            run.span(rank, k, r.name, epoch + r.start, r.end - r.start, clock="host",
                      parent=parent.name if parent else None, depth=len(stack))  # fmt: skip
             if r.name in CANONICAL:
                 cols[r.name] += r.end - r.start
@@ -332,7 +332,7 @@ def _write_rank(run: RunImport, rank: int, epoch: int, proc: Process, steps: lis
             comm_total_ns=sum(b - a for _, a, b in nccl),
             comm_count=len(nccl),
         )
-        run.step(rank, k, t, clock="cuda" if proc.nccl else "host")
+        run.step(rank, k, t, clock="host")
 
 
 def _write_gpu(run: RunImport, ex: Export) -> None:
