@@ -155,7 +155,13 @@ RANKS = Table(
         _c("node_rank", i32, "", "index of its host"),
         _c("hostname", s, "", "host name"),
         _c("pid", i64, "", "process id"),
-        _c("clock_offset_ns", i64, "ns", "add to this rank's timestamps to get rank 0's clock"),
+        _c(
+            "clock_offset_ns",
+            i64,
+            "ns",
+            "add to this rank's timestamps to get rank 0's clock; NULL when the ranks could not "
+            "meet at start to measure it (timestamps then assume 0)",
+        ),
         _c("cpu_count", i32, "", "logical CPUs on the host"),
         _c("device_index", i32, "", "CUDA device index; NULL on CPU"),
         _c("device_name", s, "", "device model or 'cpu'"),
