@@ -83,13 +83,24 @@ def _outputs_needing_grad(output: Any) -> list[Any]:
 
 
 class AutoRecorder:
-    """The hooks of one process and the profile they feed."""
+    """The hooks of one process and the profile they feed. `perfscope run` hooks every module and
+    opens its profile lazily; a framework callback passes its open profile and its model (`scope`),
+    whose forward alone is then watched."""
 
-    def __init__(self, torch: Any, store: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        store: str,
+        options: dict[str, Any],
+        *,
+        prof: profiler.Profiler | None = None,
+        scope: Any = None,
+    ) -> None:
         self.torch = torch
         self.store = store
         self.options = options
-        self.prof: profiler.Profiler | None = None
+        self.prof = prof
+        self.scope = scope
         self.off = False  # stepped aside (the script's own profile) or failed: hooks do nothing
         self.pid = os.getpid()
         self.thread = threading.get_ident()
@@ -107,14 +118,24 @@ class AutoRecorder:
         import torch.nn.modules.module as module_hooks
         import torch.optim.optimizer as optimizer_hooks
 
-        self.handles = [
-            module_hooks.register_module_forward_pre_hook(self._forward_pre),
-            module_hooks.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
+        if self.scope is None:
+            self.handles = [
+                module_hooks.register_module_forward_pre_hook(self._forward_pre),
+                module_hooks.register_module_forward_hook(
+                    self._forward_post, with_kwargs=True, always_call=True
+                ),
+            ]
+            profiler.START_LISTENERS.append(self._profile_started)
+            atexit.register(self.close)
+        else:
+            self.handles = [
+                self.scope.register_forward_pre_hook(self._forward_pre),
+                self.scope.register_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
+            ]
+        self.handles += [
             optimizer_hooks.register_optimizer_step_pre_hook(self._optimizer_pre),
             optimizer_hooks.register_optimizer_step_post_hook(self._optimizer_post),
         ]
-        profiler.START_LISTENERS.append(self._profile_started)
-        atexit.register(self.close)
 
     def _start(self) -> profiler.Profiler | None:
         """Open the profile, on the training thread of the process that installed the hooks."""

@@ -1,0 +1,63 @@
+"""The Hugging Face callback in a real Trainer on CPU: a tiny GPT-2 built from a config (never a
+download), gradient accumulation, evaluation between steps."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import perfscope
+from perfscope.cli import main
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def test_trainer_on_cpu_with_accumulation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from perfscope.integrations.transformers import PerfscopeCallback
+
+    for key in [k for k in os.environ if k.startswith("PERFSCOPE_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=97, n_positions=16))
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 97, (16,), generator=gen) for _ in range(40)]
+    data = [{"input_ids": r, "labels": r} for r in rows]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        max_steps=3, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1,
+        eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, disable_tqdm=True,
+    )  # fmt: skip
+    store = tmp_path / "S"
+    trainer = Trainer(
+        model=model, args=args, train_dataset=data, eval_dataset=data[:8],
+        callbacks=[PerfscopeCallback(store, experiment="hf", poll_hz=0)],
+    )  # fmt: skip
+    trainer.train()
+    with perfscope.open_store(store) as st:
+        runs = st.query("SELECT experiment, world_size, param_count FROM runs").to_pylist()
+        assert runs == [
+            {"experiment": "hf", "world_size": 1, "param_count": sum(p.numel() for p in model.parameters())}
+        ]
+        steps = st.query(
+            "SELECT step, samples, forward_ns, backward_ns, optimizer_ns FROM steps ORDER BY step"
+        ).to_pylist()
+        assert [s["step"] for s in steps] == [0, 1, 2]  # max_steps optimizer updates
+        assert all(s["samples"] == 8 for s in steps)  # two micro-batches of 4
+        assert all(s["forward_ns"] > 0 and s["backward_ns"] > 0 and s["optimizer_ns"] > 0 for s in steps)
+        fwd = st.query(
+            "SELECT step, count(*) AS n FROM spans WHERE name = 'forward' GROUP BY step"
+        ).to_pylist()
+        assert {f["step"]: f["n"] for f in fwd} == {0: 2, 1: 2, 2: 2}  # evaluation forwards are not training
+        losses = st.query("SELECT count(*) AS n FROM metrics WHERE name = 'loss'").to_pylist()[0]["n"]
+        assert losses >= 3  # Trainer's logs become metrics
+    assert main(["analyze", str(store)]) == 0
+    assert not model._forward_hooks and not model._forward_pre_hooks  # nothing left behind after train()
