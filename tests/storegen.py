@@ -92,6 +92,7 @@ class RunSpec:
     start_ns: int = T0_NS
     write_runs_row: bool = True
     clock: str = "cuda"
+    tags: Mapping[str, object] = field(default_factory=dict)
 
 
 def _nodes(spec: RunSpec) -> int:
@@ -287,7 +288,7 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
                 perfscope_version="0.1.0",
                 python_version="3.11",
                 torch_version="2.13",
-                tags=json.dumps({}),
+                tags=json.dumps(dict(spec.tags)),
                 ended_ns=end_ns,
             ),
         )

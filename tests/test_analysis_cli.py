@@ -34,7 +34,11 @@ def test_json_is_the_documented_format(store_path, capsys):
         "selection",
         "runs",
         "scaling",
+        "mfu",
+        "batch_sweep",
+        "time_to_metric",
         "findings",
+        "evidence",
         "definitions",
     }
     assert out["selection"]["experiments"] == ["exp"]

@@ -8,7 +8,7 @@ from ..store import Store
 from .cache import temp_table
 from .registry import analysis
 from .scaling import grouped_stats_table
-from .selection import Selection
+from .selection import Selection, sql_literal
 from .steady import runs_table
 from .utilisation import _run_t0
 
@@ -17,6 +17,13 @@ CURVE_POINTS = 500
 SMOOTH_STEPS = 10
 LOWER_IS_BETTER = ("loss", "err", "perplex", "mse", "mae", "rmse", "nll", "wer", "cer")
 HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "bleu", "score", "iou", "map", "top")
+#: The default target is the best value this share of the runs that did not diverge reached.
+DEFAULT_TARGET_SHARE = 0.75
+#: A run diverged when its smoothed metric ends this share of its progress (first to best) away
+#: from its best, the best coming in the first two thirds of the run, and at least DIVERGED_FLOOR
+#: of the best value itself; or when a value is NaN or infinite.
+DIVERGED_MARGIN = 0.5
+DIVERGED_FLOOR = 0.05
 
 
 @analysis("batch_sweep", "Batch-size sweep", "batch-sweep", "throughput")
@@ -89,11 +96,73 @@ def metric_curves(store: Store, sel: Selection) -> pa.Table:
     )
 
 
-@analysis("time_to_metric", "Time to a common metric target", "batch-sweep")
+def _variants_table(store: Store, sel: Selection) -> str:
+    """Per selected run: its variant and the target its `target` tag names ('loss=0.5'), if any.
+    The variant is the user tags whose values differ between runs of the same experiment (the
+    learning-rate rule, say), as sorted 'k=v' pairs; `target` and `seed` are not variants (runs
+    that differ only in seed are repeats). Runs of different variants are compared, never pooled
+    as repeats. Malformed tags read as none."""
+    runs = runs_table(store, sel)
+    obj = "CASE WHEN json_valid(t) THEN CASE WHEN json_type(t::JSON) = 'OBJECT' THEN t::JSON END END"
+    return temp_table(
+        store,
+        ("variants", sel),
+        f"""
+        WITH t AS (
+            SELECT r.run_id, r.experiment, {obj} AS j
+            FROM {runs} r LEFT JOIN (SELECT run_id, any_value(tags) AS t FROM runs GROUP BY run_id) x
+                 USING (run_id)
+        ), kv AS (
+            SELECT run_id, experiment, k, json_extract_string(j, '$."' || k || '"') AS v
+            FROM (SELECT run_id, experiment, j, unnest(json_keys(j)) AS k FROM t WHERE j IS NOT NULL)
+            WHERE k NOT IN ('target', 'seed')
+        ), varying AS (
+            -- a key whose value (or absence) is not the same in every run of the experiment
+            SELECT kv.experiment, kv.k FROM kv
+            JOIN (SELECT experiment, count(*) AS n FROM t GROUP BY experiment) e USING (experiment)
+            GROUP BY kv.experiment, kv.k, e.n
+            HAVING count(DISTINCT coalesce(kv.v, 'null')) > 1 OR count(*) < e.n
+        )
+        SELECT t.run_id,
+               coalesce(string_agg(kv.k || '=' || coalesce(kv.v, 'null'), ', ' ORDER BY kv.k)
+                        FILTER (WHERE varying.k IS NOT NULL), '') AS variant,
+               any_value(json_extract_string(t.j, '$.target')) AS target_tag
+        FROM t LEFT JOIN kv USING (run_id)
+        LEFT JOIN varying ON varying.experiment = t.experiment AND varying.k = kv.k
+        GROUP BY t.run_id
+        """,
+    )
+
+
+def _tag_targets_sql(variants: str) -> str:
+    """(run_id, metric, target) from `target` tags of the form 'metric=value[,metric=value]'."""
+    return f"""
+        SELECT run_id, trim(split_part(part, '=', 1)) AS metric,
+               TRY_CAST(trim(split_part(part, '=', 2)) AS DOUBLE) AS target
+        FROM (SELECT run_id, unnest(string_split(target_tag, ',')) AS part
+              FROM {variants} WHERE target_tag IS NOT NULL)
+        WHERE TRY_CAST(trim(split_part(part, '=', 2)) AS DOUBLE) IS NOT NULL
+    """
+
+
+@analysis("time_to_metric", "Time to a metric target", "batch-sweep", "time-to-target")
 def time_to_metric(store: Store, sel: Selection) -> pa.Table:
-    """Per experiment and metric the loosest best value every run reached (smoothed over 10 steps)
-    is the target; per run, the wall time and steps it took to get there."""
+    """Per experiment and metric, the target (the user's: `--target`, else the runs' `target`
+    tag; else the best value that DEFAULT_TARGET_SHARE of the runs that did not diverge reached,
+    smoothed over 10 steps); per run, the wall time and steps it took to get there, its variant,
+    and whether it diverged (a non-finite value, or the smoothed metric moving away from its best
+    for the last third of the run by DIVERGED_MARGIN of its progress)."""
     c = _curves_table(store, sel)
+    v = _variants_table(store, sel)
+    user = (
+        " UNION ALL ".join(
+            f"SELECT {sql_literal(m)} AS metric, {float(t)!r}::DOUBLE AS target" for m, t in sel.targets
+        )
+        or "SELECT NULL::VARCHAR AS metric, NULL::DOUBLE AS target WHERE false"
+    )
+    worse = (
+        "CASE WHEN direction = 'lower' THEN final_smoothed - best_value ELSE best_value - final_smoothed END"
+    )
     return store.query(
         f"""
         WITH d AS (
@@ -105,28 +174,64 @@ def time_to_metric(store: Store, sel: Selection) -> pa.Table:
             FROM (SELECT *, min(step) OVER (PARTITION BY run_id, metric) AS first_s,
                             max(step) OVER (PARTITION BY run_id, metric) AS last_s FROM {c})
             GROUP BY experiment, metric
-        ), best AS (
+        ), per_run AS (
             SELECT c.run_id, c.experiment, c.metric, d.direction,
-                   CASE WHEN d.direction = 'lower' THEN min(smoothed) ELSE max(smoothed) END AS best_value,
-                   arg_max(value, step) AS final_value
+                   CASE WHEN d.direction = 'lower' THEN min(smoothed) FILTER (WHERE isfinite(smoothed))
+                        ELSE max(smoothed) FILTER (WHERE isfinite(smoothed)) END AS best_value,
+                   CASE WHEN d.direction = 'lower'
+                        THEN arg_min(step, smoothed) FILTER (WHERE isfinite(smoothed))
+                        ELSE arg_max(step, smoothed) FILTER (WHERE isfinite(smoothed)) END AS best_step,
+                   arg_min(smoothed, step) AS first_smoothed, arg_max(smoothed, step) AS final_smoothed,
+                   arg_max(value, step) AS final_value, min(step) AS first_s, max(step) AS last_s,
+                   count(*) FILTER (WHERE NOT isfinite(value)) AS non_finite
             FROM {c} c JOIN d USING (experiment, metric)
             GROUP BY c.run_id, c.experiment, c.metric, d.direction
-        ), tgt AS (
+        ), best AS (
+            SELECT *,
+                   CASE WHEN non_finite > 0 THEN 'non-finite values'
+                        WHEN best_step <= first_s + (last_s - first_s) * 2 / 3
+                             AND NOT isfinite(final_smoothed) THEN 'non-finite values'
+                        WHEN best_step <= first_s + (last_s - first_s) * 2 / 3
+                             AND {worse} > greatest({DIVERGED_MARGIN} * abs(first_smoothed - best_value),
+                                                    {DIVERGED_FLOOR} * abs(best_value))
+                             THEN 'moving away from its best' END AS diverged_reason
+            FROM per_run
+        ), dflt AS (
+            -- the best value most runs reach, among those that did not diverge (all if every one did)
             SELECT experiment, metric,
-                   CASE WHEN any_value(direction) = 'lower' THEN max(best_value) ELSE min(best_value) END
-                       AS target
-            FROM best GROUP BY experiment, metric
+                   CASE WHEN any_value(direction) = 'lower'
+                        THEN quantile_disc(best_value, {DEFAULT_TARGET_SHARE})
+                        ELSE quantile_disc(best_value, 1 - {DEFAULT_TARGET_SHARE}) END AS target
+            FROM best
+            WHERE diverged_reason IS NULL
+               OR NOT EXISTS (SELECT 1 FROM best b2 WHERE b2.experiment = best.experiment
+                              AND b2.metric = best.metric AND b2.diverged_reason IS NULL)
+            GROUP BY experiment, metric
+        ), tagged AS (
+            SELECT b.experiment, t.metric, mode(t.target) AS target
+            FROM ({_tag_targets_sql(v)}) t JOIN best b ON b.run_id = t.run_id AND b.metric = t.metric
+            GROUP BY b.experiment, t.metric
+        ), tgt AS (
+            SELECT dflt.experiment, dflt.metric,
+                   coalesce(u.target, tagged.target, dflt.target) AS target,
+                   CASE WHEN u.target IS NOT NULL THEN 'user'
+                        WHEN tagged.target IS NOT NULL THEN 'tag' ELSE 'default' END AS target_source
+            FROM dflt LEFT JOIN ({user}) u USING (metric) LEFT JOIN tagged USING (experiment, metric)
         ), hit AS (
             SELECT c.run_id, c.metric, min(c.elapsed_s) AS time_to_target_s, min(c.step) AS steps_to_target
             FROM {c} c JOIN d USING (experiment, metric) JOIN tgt USING (experiment, metric)
-            WHERE (d.direction = 'lower' AND c.smoothed <= tgt.target)
-               OR (d.direction = 'higher' AND c.smoothed >= tgt.target)
+            WHERE isfinite(c.smoothed)
+              AND ((d.direction = 'lower' AND c.smoothed <= tgt.target)
+                   OR (d.direction = 'higher' AND c.smoothed >= tgt.target))
             GROUP BY c.run_id, c.metric
         ), r AS (SELECT DISTINCT run_id, source, world_size, batch_size_per_rank, global_batch_size FROM {c})
-        SELECT b.experiment, b.metric, b.direction, t.target, b.run_id, r.source, r.world_size,
+        SELECT b.experiment, coalesce(v.variant, '') AS variant, b.metric, b.direction, t.target,
+               t.target_source, b.run_id, r.source, r.world_size,
                r.batch_size_per_rank, r.global_batch_size, h.time_to_target_s IS NOT NULL AS reached,
-               h.time_to_target_s, h.steps_to_target, b.best_value, b.final_value
+               h.time_to_target_s, h.steps_to_target, b.best_value, b.final_value,
+               b.diverged_reason IS NOT NULL AS diverged, b.diverged_reason
         FROM best b JOIN tgt t USING (experiment, metric) JOIN r USING (run_id)
+        LEFT JOIN {v} v USING (run_id)
         LEFT JOIN hit h USING (run_id, metric)
         ORDER BY b.experiment, b.metric, h.time_to_target_s NULLS LAST, b.run_id
         """

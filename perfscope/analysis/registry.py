@@ -51,6 +51,11 @@ DEFINITIONS: dict[str, str] = {
     "are known.",
     "batch-sweep": "Batch-size sweep: steady-state step time, samples/s and epoch time "
     "(dataset_samples / global batch · T) against batch size; time-to-metric from the user metrics.",
+    "time-to-target": "Time to target: wall time until a metric, smoothed over 10 steps, first reaches "
+    "the target: the user's (--target loss=0.5, or profile(target='loss=0.5')), else the best value "
+    "75% of the runs that did not diverge reached. A run diverged when a value is NaN/inf or its "
+    "metric moves away from its best for the last third of the run. Runs whose tags differ (the "
+    "learning-rate rule, say) are variants, compared side by side, never pooled as repeats.",
     "data-quality": "Data quality: missing ranks, phases or baselines, too few steps or points, high "
     "variance, superlinear speedup, throttling.",
     "placement": "Placement: ranks per host against the host's logical CPUs and GPUs.",

@@ -25,7 +25,7 @@ class Selection:
     """Which runs an analysis reads. Empty tuples mean "all"; filters combine with AND.
 
     `warmup_steps` overrides the steady-state rule (drop the first max(10, 5%) steps of a run);
-    0 keeps every step.
+    0 keeps every step. `targets` ((metric, value) pairs) are the user's time-to-metric targets.
     """
 
     experiments: tuple[str, ...] = ()
@@ -34,6 +34,7 @@ class Selection:
     backends: tuple[str, ...] = ()
     source: str | None = None
     warmup_steps: int | None = None
+    targets: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Accept a single string or any iterable; store tuples so a Selection is hashable (a cache key).
@@ -43,6 +44,7 @@ class Selection:
             raise ValueError(f"source must be one of {SOURCES} or None, not {self.source!r}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ValueError("warmup_steps must be >= 0")
+        object.__setattr__(self, "targets", tuple((str(m), float(v)) for m, v in self.targets))
 
     def runs_where(self, alias: str = "r") -> str:
         """A SQL condition over the `runs` view (aliased `alias`) that keeps the selected runs."""
@@ -67,4 +69,5 @@ class Selection:
             "backends": list(self.backends),
             "source": self.source,
             "warmup_steps": self.warmup_steps,
+            "targets": {m: v for m, v in self.targets},
         }

@@ -20,7 +20,11 @@ from ..store import Store, open_store
 from ..terminal import format_rows, heading, style, use_colour
 
 #: Bump only when a key is renamed or removed or changes meaning; adding keys keeps the version.
-JSON_FORMAT_VERSION = 1
+#: 2: step_ns is elapsed time per step (was the median); mfu, batch_sweep, time_to_metric and
+#: evidence (every analysis a finding cites) added.
+JSON_FORMAT_VERSION = 2
+#: Analyses shown as their own sections and JSON keys, besides runs and scaling.
+SECTIONS = ("mfu", "batch_sweep", "time_to_metric")
 
 SEVERITY_STYLE = {"alarm": "1;31", "warning": "1;33", "info": "1;34"}
 
@@ -44,13 +48,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="STEPS",
         help="warm-up steps to drop per run (default: max(10, 5%% of the run))",
     )
+    p.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="time-to-metric target, e.g. loss=0.5 or accuracy=0.8 (repeatable; default: the best "
+        "value most runs that did not diverge reached)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (format in docs/analysis.md)")
+
+
+def parse_targets(values: list[str]) -> tuple[tuple[str, float], ...]:
+    """'loss=0.5' -> (('loss', 0.5),); a malformed one is a one-line error."""
+    out = []
+    for v in values:
+        name, sep, number = v.partition("=")
+        try:
+            value = float(number)
+        except ValueError:
+            value = math.nan
+        if not sep or not name.strip() or not math.isfinite(value):
+            raise PerfscopeError(f"--target {v!r}: expected METRIC=NUMBER, e.g. loss=0.5 or accuracy=0.8")
+        out.append((name.strip(), value))
+    return tuple(out)
 
 
 def selection_from(args: argparse.Namespace) -> Selection:
     if args.warmup is not None and args.warmup < 0:
         raise PerfscopeError("--warmup must be 0 or more steps")
     return Selection(
+        targets=parse_targets(getattr(args, "target", [])),
         experiments=tuple(args.experiment),
         run_ids=tuple(args.run),
         clusters=tuple(args.cluster),
@@ -68,10 +96,14 @@ def report(store: Store, sel: Selection) -> dict[str, Any]:
             f"no runs in {store.root} match the selection {_describe(sel)}; "
             "`perfscope info STORE` lists the experiments and runs it holds."
         )
+    findings = explain(store, sel)
+    cited = sorted({a for f in findings for a in f.evidence.analyses} - {"run_summary", "scaling", *SECTIONS})
     return {
         "runs": runs,
         "scaling": run_analysis("scaling", store, sel),
-        "findings": explain(store, sel),
+        **{name: run_analysis(name, store, sel) for name in SECTIONS},
+        "findings": findings,
+        "evidence": {name: run_analysis(name, store, sel) for name in cited},
     }
 
 
@@ -84,7 +116,9 @@ def to_json(store: Store, sel: Selection, rep: dict[str, Any]) -> dict[str, Any]
         "selection": sel.as_dict(),
         "runs": _rows(rep["runs"]),
         "scaling": _rows(rep["scaling"]),
+        **{name: _rows(rep[name]) for name in SECTIONS},
         "findings": [f.to_dict() for f in rep["findings"]],
+        "evidence": {name: _rows(table) for name, table in rep["evidence"].items()},
         "definitions": DEFINITIONS,
     }
 
@@ -211,6 +245,39 @@ def render_scaling(scaling: pa.Table, colour: bool) -> str:
     return "\n".join(out)
 
 
+def render_mfu(mfu: pa.Table, colour: bool) -> str:
+    rows = [
+        [r["run_id"], r["world_size"], r["device_model"], r["flops_per_step"], r["achieved_flops_per_s"],
+         r["device_peak_flops"], r["mfu"]]
+        for r in mfu.to_pylist()
+    ]  # fmt: skip
+    header = ["run", "N", "device", "FLOPs/step", "achieved FLOP/s", "peak FLOP/s", "MFU"]
+    return format_rows(header, rows, colour=colour) if rows else "(no run recorded its FLOPs per step)"
+
+
+def render_batch_sweep(sweep: pa.Table, colour: bool) -> str:
+    rows = [
+        [r["experiment"], r["world_size"], r["batch_size_per_rank"], r["run_id"], _ms(r["step_ns"]),
+         r["throughput_samples_per_s"], r["throughput_vs_smallest"], r["epoch_s"]]
+        for r in sweep.to_pylist()
+    ]  # fmt: skip
+    header = ["experiment", "N", "batch/rank", "run", "step ms", "samples/s", "vs smallest batch", "epoch s"]
+    return format_rows(header, rows, colour=colour) if rows else "(no runs differ only in batch size)"
+
+
+def render_time_to_metric(ttm: pa.Table, colour: bool) -> str:
+    rows = [
+        [r["experiment"], r["variant"], r["metric"], f"{r['target']:.4g} ({r['target_source']})",
+         r["run_id"], r["world_size"], r["batch_size_per_rank"],
+         "diverged" if r["diverged"] else ("yes" if r["reached"] else "no"), r["time_to_target_s"],
+         r["steps_to_target"], r["best_value"]]
+        for r in ttm.to_pylist()
+    ]  # fmt: skip
+    header = ["experiment", "variant", "metric", "target", "run", "N", "batch/rank", "reached", "time s",
+              "steps", "best"]  # fmt: skip
+    return format_rows(header, rows, colour=colour) if rows else "(no run logged a metric)"
+
+
 def _explained(f: Finding) -> str:
     return f"explains {f.explained_loss:.0%} of the lost time" if f.explained_loss is not None else ""
 
@@ -262,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(
             heading(
-                "Runs (steady state: warm-up dropped, medians; step = slowest rank per step)", colour=colour
+                "Runs (steady state, warm-up dropped; step = slowest rank's, elapsed per step)",
+                colour=colour,
             )
         )
         print(render_runs(rep["runs"], colour))
@@ -275,6 +343,16 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         print(render_scaling(rep["scaling"], colour))
+        sections = (
+            ("MFU (achieved FLOP/s per device / peak)", render_mfu, "mfu"),
+            ("Batch-size sweep (one world size, several batches)", render_batch_sweep, "batch_sweep"),
+            ("Time to metric target (smoothed over 10 steps; variants side by side)", render_time_to_metric,
+             "time_to_metric"),
+        )  # fmt: skip
+        for title, render, key in sections:
+            print(heading(title, colour=colour))
+            print(render(rep[key], colour))
+            print()
         print(
             heading(f"Findings ({len(rep['findings'])}), most lost efficiency explained first", colour=colour)
         )

@@ -19,6 +19,12 @@ LOW_COMPUTATION_SCALING = 0.9
 LOW_UTILISATION_PCT = 50.0
 BATCH_GAIN = 1.4
 
+TARGET_SOURCES = {
+    "user": "your target",
+    "tag": "the target the runs were tagged with",
+    "default": "reached by most runs that did not diverge",
+}
+
 LR_CAVEATS = (
     "A larger batch changes the optimisation, not only the speed: scale the learning rate with the "
     "batch (linearly, Goyal et al., or by √k for k times the batch, Krizhevsky), warm it up over the "
@@ -279,12 +285,16 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
             continue
         b = top["batch_size_per_rank"]
         text = f"In {gid} (batch {b} per GPU), " + "; ".join(reasons) + "." + headroom
-        ttm_runs = [t for t in ttm if t["experiment"] == top["experiment"] and t["reached"]]
+        ttm_runs = [
+            t for t in ttm if t["experiment"] == top["experiment"] and t["reached"] and not t["diverged"]
+        ]
         if ttm_runs:
             first = min(ttm_runs, key=lambda t: t["time_to_target_s"])
+            variant = f", variant {first['variant']}" if first["variant"] else ""
             text += (
-                f" Time to the common {first['metric']} target ({num(first['target'], 4)}) is shortest at "
-                f"batch {first['batch_size_per_rank']} per GPU and N={first['world_size']} "
+                f" Time to the {first['metric']} target ({num(first['target'], 4)}, "
+                f"{TARGET_SOURCES[first['target_source']]}) is shortest at batch "
+                f"{first['batch_size_per_rank']} per GPU and N={first['world_size']}{variant} "
                 f"({first['time_to_target_s']:.1f} s)."
             )
         explained = (
@@ -309,6 +319,48 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
                 explained_loss=explained,
                 numbers=numbers,
                 group_id=gid,
+            )
+        )
+    return out
+
+
+@rule("diverged", None, "Training diverged")
+def diverged(ctx: Context) -> list[Finding]:
+    """Runs whose metric went NaN/inf or moved away from its best for the last third of the run:
+    their time to target means nothing, and they are left out of the default target."""
+    by_exp: dict[str, list[Row]] = defaultdict(list)
+    for t in ctx.rows("time_to_metric"):
+        if t["diverged"]:
+            by_exp[t["experiment"]].append(t)
+    out = []
+    for exp, rows in by_exp.items():
+        parts = [
+            f"{r['run_id']} ({r['metric']} {r['diverged_reason']}: best {num(r['best_value'], 4)}, final "
+            f"{num(r['final_value'], 4)}; batch {r['batch_size_per_rank']} per GPU, N={r['world_size']}"
+            + (f", {r['variant']}" if r["variant"] else "")
+            + ")"
+            for r in rows
+        ]
+        out.append(
+            make_finding(
+                ctx,
+                "diverged",
+                exp,
+                severity="warning",
+                category="data-quality",
+                title=f"{len(rows)} run(s) of {exp} diverged",
+                text=(
+                    f"In {exp}, training diverged in {listing(parts)}. Their time to target is not "
+                    "comparable, and they do not set the default target."
+                ),
+                run_ids=sorted({r["run_id"] for r in rows}),
+                analyses=("time_to_metric", "metric_curves"),
+                recommendation=(
+                    "Lower the learning rate for the large batch (√k rather than linear scaling), warm "
+                    "it up, or clip gradients; compare variants by time to a target they all reach."
+                ),
+                confidence=0.85,
+                numbers={"diverged_runs": len({r["run_id"] for r in rows})},
             )
         )
     return out
