@@ -16,7 +16,7 @@ ImportFn = Callable[[Sequence[Path], ImportOptions], ImportResult]
 
 #: format -> (module under perfscope.importers, one-line help). A format is listed once it works.
 IMPORTERS: dict[str, tuple[str, str]] = {
-    # "kineto": added with its module
+    "kineto": ("kineto", "torch.profiler (Kineto) JSON traces, one file per rank, plain or .gz"),
     "nsys": ("nsys", "an Nsight Systems SQLite export (nsys export --type sqlite), one per rank"),
     "horovod": ("horovod", "a Horovod timeline (HOROVOD_TIMELINE), open-ended or cut files included"),
     "nccl-tests": (

@@ -1,0 +1,554 @@
+"""Kineto (torch.profiler) JSON traces, one file per rank, plain or gzip, into a measured run.
+
+The file is streamed (ijson over the `traceEvents` array): only the few fields of the events that
+matter are kept, in flat arrays, so memory stays far below the file's size. A truncated file is read
+up to its last complete event, with a warning.
+
+Per `ProfilerStep#N` range (DESIGN.md, "Imported traces"):
+
+- compute = the union of the step's compute intervals: on a GPU trace its GPU kernels other than
+  communication kernels (a kernel belongs to the step whose range holds its launch on the CPU); on a
+  CPU-only trace (gloo) the busy time of the thread that ran the step, less data loading and
+  communication calls. It is split into forward, backward (from the first autograd
+  `evaluate_function` range of the step on) and optimizer (`Optimizer.step#`/`zero_grad#` ranges).
+- comm = one row per communication kernel (`nccl*Kernel*`, `rccl*`) or, without GPU kernels, per
+  gloo/nccl collective range (`gloo:all_reduce` ...): op, bytes where the trace says, duration;
+  exposed = the part not overlapped by compute. `sync_exposed_ns` is the union of exposed parts.
+- data = dataloader ranges (`enumerate(DataLoader)#...`); other = the rest of the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import math
+import re
+import zlib
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, cast
+
+import numpy as np
+
+from ..errors import PerfscopeError
+from .common import ImportOptions, ImportResult, RunImport, StepTimes, default_run_id
+from .intervals import clip, length, merge, subtract
+
+ORIGIN = "kineto"
+
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_COMM_KERNEL_RE = re.compile(r"^[nr]ccl\w*Kernel", re.IGNORECASE)
+_COMM_CPU_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:")
+_COMM_RANGE_PREFIXES = ("gloo:", "mpi:", "ucc:")  # the transfer itself, on the backend's thread
+_DATA_PREFIXES = ("enumerate(DataLoader)", "DataLoader.__next__")
+_OPT_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#")
+_BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
+_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
+_CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 4 * 2,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+    "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+_OPS = (
+    ("allreduce", "allreduce"), ("reducescatter", "reduce_scatter"), ("allgather", "allgather"),
+    ("alltoall", "alltoall"), ("broadcast", "broadcast"), ("sendrecv", "sendrecv"), ("barrier", "barrier"),
+    ("send", "send"), ("recv", "recv"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
+)  # fmt: skip
+_HEAD_BYTES = 1 << 20
+_TAIL_BYTES = 1 << 16
+
+
+def op_name(raw: str) -> str:
+    """'ncclDevKernel_AllReduce_Sum_f32_RING_LL', 'gloo:all_reduce', '_allgather_base' -> 'allreduce' ..."""
+    key = raw.split("(")[0].lower().replace("_", "").replace(":", "")
+    for prefix in ("ncclkernel", "ncclDevKernel".lower(), "rcclkernel", "nccl", "gloo", "c10d", "mpi", "ucc"):
+        if key.startswith(prefix):
+            key = key[len(prefix) :]
+    for needle, op in _OPS:
+        if needle in key:
+            return op
+    return key or "unknown"
+
+
+def _nbytes(args: dict[str, Any]) -> int | None:
+    """Payload bytes of a collective from the args Kineto records, None where it does not say."""
+    dtype = str(args.get("dtype") or "").lower()
+    nelems = args.get("In msg nelems")
+    if isinstance(nelems, (int, float)) and dtype in _DTYPE_BYTES:
+        return int(nelems) * _DTYPE_BYTES[dtype]
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if isinstance(dims, list) and isinstance(types, list) and dims and types:
+        total = 0
+        for d, t in zip(dims, types, strict=False):
+            size = _DTYPE_BYTES.get(str(t).lower())
+            if size and isinstance(d, list) and all(isinstance(x, (int, float)) for x in d):
+                total += math.prod(int(x) for x in d) * size
+        return total or None
+    return None
+
+
+class _Tail:
+    """A binary reader that remembers the first and the last bytes it handed out."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.read_bytes = 0
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.raw.read(n)
+        self.read_bytes += len(b)
+        if len(self.head) < _HEAD_BYTES:
+            self.head += b[: _HEAD_BYTES - len(self.head)]
+        self.tail += b
+        if len(self.tail) > 2 * _TAIL_BYTES:
+            del self.tail[:-_TAIL_BYTES]
+        return b
+
+
+@dataclass
+class _Step:
+    index: int
+    start: float  # µs on the trace's clock
+    end: float
+    tid: Any
+
+
+@dataclass
+class _Comm:
+    op: str
+    nbytes: int | None
+    start: float
+    end: float
+    anchor: float  # CPU time that places it in a step
+    group_size: int | None = None
+
+
+@dataclass
+class RankTrace:
+    """What one file holds, reduced to what the import needs. Times in µs of the trace's clock."""
+
+    path: Path
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str = ""
+    hostname: str = ""
+    device_model: str = ""
+    base_ns: int | None = None
+    truncated: str | None = None
+    events: int = 0
+    steps: list[_Step] = field(default_factory=list)
+    data: list[tuple[float, float]] = field(default_factory=list)
+    optimizer: list[tuple[float, float]] = field(default_factory=list)
+    backward_start: array = field(default_factory=lambda: array("d"))
+    # GPU compute kernels: start, end, correlation id
+    k_start: array = field(default_factory=lambda: array("d"))
+    k_end: array = field(default_factory=lambda: array("d"))
+    k_corr: array = field(default_factory=lambda: array("q"))
+    comm_kernels: list[tuple[_Comm, int]] = field(default_factory=list)  # with correlation id
+    comm_ranges: list[_Comm] = field(default_factory=list)  # CPU-side transfers (gloo ...)
+    comm_calls: list[tuple[Any, float, float]] = field(default_factory=list)  # thread, c10d::/nccl: ... call
+    # CPU launches: correlation id -> CPU time
+    launches: dict[int, float] = field(default_factory=dict)
+    # CPU ops: thread, start, end (for CPU-only traces)
+    cpu_tid: list[Any] = field(default_factory=list)
+    cpu_start: array = field(default_factory=lambda: array("d"))
+    cpu_end: array = field(default_factory=lambda: array("d"))
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.k_start) > 0 or bool(self.comm_kernels)
+
+    def to_ns(self, ts_us: float) -> int:
+        return round(ts_us * 1000.0) + (self.base_ns or 0)
+
+
+def _open(path: Path) -> IO[bytes]:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return cast(IO[bytes], gzip.GzipFile(path, "rb"))
+    return open(path, "rb")
+
+
+def _events(path: Path, trace: RankTrace, reader: _Tail) -> Iterator[dict[str, Any]]:
+    import ijson
+
+    try:
+        for ev in ijson.items(reader, "traceEvents.item", use_float=True):
+            if isinstance(ev, dict):
+                yield ev
+    except ijson.IncompleteJSONError as exc:
+        trace.truncated = f"the JSON stops or breaks after byte {reader.read_bytes:,} ({_short(exc)})"
+    except ijson.JSONError as exc:
+        trace.truncated = f"malformed JSON near byte {reader.read_bytes:,} ({_short(exc)})"
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        trace.truncated = f"the gzip stream ends early or is corrupt ({_short(exc)})"
+    except UnicodeDecodeError:
+        trace.truncated = "the file is not UTF-8 text"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:120]
+
+
+def _metadata(trace: RankTrace, head: bytes, tail: bytes) -> None:
+    """distributedInfo, host and device from the JSON before `traceEvents`; baseTimeNanoseconds
+    (written after the events) from the end."""
+    meta: dict[str, Any] = {}
+    text = head.decode("utf-8", "replace")
+    cut = text.find('"traceEvents"')
+    if cut > 0:
+        prefix = text[:cut].rstrip().rstrip(",")
+        try:
+            loaded = json.loads(prefix + "}")
+            meta = loaded if isinstance(loaded, dict) else {}
+        except ValueError:
+            meta = {}
+    tail_text = tail.decode("utf-8", "replace")
+    if "distributedInfo" not in meta:
+        i = tail_text.find('"distributedInfo"')
+        if i >= 0:
+            j = tail_text.find("{", i)
+            with contextlib.suppress(ValueError):
+                meta["distributedInfo"] = json.JSONDecoder().raw_decode(tail_text[j:])[0]
+    m = re.search(r'"baseTimeNanoseconds"\s*:\s*(\d{1,20})', tail_text) or re.search(
+        r'"baseTimeNanoseconds"\s*:\s*(\d{1,20})', text[: cut if cut > 0 else len(text)]
+    )
+    if m:
+        trace.base_ns = int(m.group(1))
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict):
+        rank, world = info.get("rank"), info.get("world_size")
+        trace.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        trace.world_size = world if isinstance(world, int) and not isinstance(world, bool) else None
+        trace.backend = str(info.get("backend") or "")[:40]
+    host = meta.get("host_name") or meta.get("hostname")
+    trace.hostname = str(host)[:200] if host else ""
+    props = meta.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        trace.device_model = str(props[0].get("name") or "")[:200]
+
+
+def read_trace(path: Path) -> RankTrace:
+    """Stream one Kineto file into a RankTrace."""
+    trace = RankTrace(path)
+    try:
+        raw = _open(path)
+    except OSError as exc:
+        raise PerfscopeError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    reader = _Tail(raw)
+    with raw:
+        for ev in _events(path, trace, reader):
+            trace.events += 1
+            _take(trace, ev)
+    _metadata(trace, bytes(reader.head), bytes(reader.tail))
+    return trace
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _take(t: RankTrace, ev: dict[str, Any]) -> None:
+    if ev.get("ph") != "X":
+        return
+    ts, dur = _num(ev.get("ts")), _num(ev.get("dur"))
+    if ts is None or dur is None or dur < 0:
+        return
+    cat = ev.get("cat")
+    name = ev.get("name")
+    if not isinstance(name, str):
+        return
+    args = ev.get("args")
+    args = args if isinstance(args, dict) else {}
+    end = ts + dur
+    if cat in _GPU_CATS:
+        if cat != "kernel":
+            return  # memcpy/memset are neither compute nor communication (as in HTA)
+        corr = args.get("correlation")
+        corr = int(corr) if isinstance(corr, (int, float)) and not isinstance(corr, bool) else -1
+        if _COMM_KERNEL_RE.match(name):
+            raw_op = str(args.get("Collective name") or name)
+            group = args.get("Group size")
+            group = group if isinstance(group, int) and 0 < group < 1 << 24 else None
+            t.comm_kernels.append((_Comm(op_name(raw_op), _nbytes(args), ts, end, math.nan, group), corr))
+        else:
+            t.k_start.append(ts)
+            t.k_end.append(end)
+            t.k_corr.append(corr)
+        return
+    if cat in _LAUNCH_CATS:
+        corr = args.get("correlation")
+        if isinstance(corr, (int, float)) and not isinstance(corr, bool):
+            t.launches[int(corr)] = ts
+        return
+    if cat not in _CPU_CATS:
+        return
+    m = _STEP_RE.match(name)
+    if m:
+        t.steps.append(_Step(int(m.group(1)), ts, end, ev.get("tid")))
+        return
+    if name.startswith(_COMM_CPU_PREFIXES):
+        if name.startswith(_COMM_RANGE_PREFIXES):
+            t.comm_ranges.append(_Comm(op_name(name), _nbytes(args), ts, end, ts))
+        t.comm_calls.append((ev.get("tid"), ts, end))
+        return
+    if name.startswith(_DATA_PREFIXES):
+        t.data.append((ts, end))
+    elif name.startswith(_OPT_PREFIXES):
+        t.optimizer.append((ts, end))
+    elif name.startswith(_BACKWARD_PREFIX):
+        t.backward_start.append(ts)
+    t.cpu_tid.append(ev.get("tid"))
+    t.cpu_start.append(ts)
+    t.cpu_end.append(end)
+
+
+# ---- per-step arithmetic ---------------------------------------------------------------------------
+
+
+def _step_of(anchors: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index of the step whose [start, end) holds each anchor, -1 for none (steps are disjoint)."""
+    if not len(starts):
+        return np.full(len(anchors), -1)
+    i = np.searchsorted(starts, anchors, side="right") - 1
+    ok = (i >= 0) & (anchors < ends[np.clip(i, 0, None)])
+    return np.where(ok, i, -1)
+
+
+@dataclass
+class StepResult:
+    """One step of one rank as imported: the steps row and its comm rows (start, dur, exposed in µs)."""
+
+    index: int
+    start_us: float
+    step_us: float
+    data_us: float
+    forward_us: float
+    backward_us: float
+    optimizer_us: float
+    compute_us: float
+    sync_exposed_us: float
+    comm: list[tuple[_Comm, float]]  # (collective, exposed µs)
+
+
+def analyse(t: RankTrace) -> list[StepResult]:
+    """Per-step compute, phases and collectives of one rank (pure: tests check it directly)."""
+    steps = sorted(t.steps, key=lambda s: s.start)
+    # nested or overlapping ProfilerStep ranges cannot both be steps: keep the earlier
+    kept: list[_Step] = []
+    for s in steps:
+        if not kept or s.start >= kept[-1].end:
+            kept.append(s)
+    steps = kept
+    s_start = np.array([s.start for s in steps])
+    s_end = np.array([s.end for s in steps])
+    main_tids = {s.tid for s in steps}
+    bwd = np.sort(np.frombuffer(t.backward_start, dtype=np.float64)) if t.backward_start else np.empty(0)
+    data_all = merge(np.array(t.data).reshape(-1, 2))
+    opt_all = merge(np.array(t.optimizer).reshape(-1, 2))
+
+    gpu = t.has_gpu
+    if gpu:
+        k_s = np.frombuffer(t.k_start, dtype=np.float64)
+        k_e = np.frombuffer(t.k_end, dtype=np.float64)
+        corr = np.frombuffer(t.k_corr, dtype=np.int64)
+        anchors = np.array([t.launches.get(int(c), np.nan) for c in corr]) if len(corr) else np.empty(0)
+        anchors = np.where(np.isnan(anchors), k_s, anchors)
+        k_step = _step_of(anchors, s_start, s_end)
+        all_compute = merge(np.stack([k_s, k_e], axis=1)) if len(k_s) else np.empty((0, 2))
+        comms = []
+        for c, cid in t.comm_kernels:
+            c.anchor = t.launches.get(cid, c.start)
+            comms.append(c)
+    else:
+        cpu_s = np.frombuffer(t.cpu_start, dtype=np.float64)
+        cpu_e = np.frombuffer(t.cpu_end, dtype=np.float64)
+        on_main = np.array([tid in main_tids for tid in t.cpu_tid], dtype=bool)
+        busy = merge(np.stack([cpu_s[on_main], cpu_e[on_main]], axis=1))
+        calls = merge(np.array([(a, b) for tid, a, b in t.comm_calls if tid in main_tids]).reshape(-1, 2))
+        all_compute = subtract(subtract(busy, data_all), calls)
+        comms = list(t.comm_ranges)
+    c_anchor = np.array([c.anchor for c in comms])
+    c_step = _step_of(c_anchor, s_start, s_end) if comms else np.empty(0, dtype=int)
+
+    out = []
+    for i, s in enumerate(steps):
+        window = np.array([[s.start, s.end]])
+        data_us = length(clip(data_all, s.start, s.end))
+        b_in = bwd[(bwd >= s.start) & (bwd < s.end)]
+        bwd_start = float(b_in[0]) if len(b_in) else math.inf
+        opt = clip(opt_all, s.start, s.end)
+        if gpu:
+            mine = k_step == i
+            ks, ke, ka = k_s[mine], k_e[mine], anchors[mine]
+            compute = merge(np.stack([ks, ke], axis=1))
+            compute_us = length(compute)
+            durs = ke - ks
+            in_opt = _inside(ka, opt)
+            in_bwd = (ka >= bwd_start) & ~in_opt
+            total = float(durs.sum())
+            scale = compute_us / total if total > 0 else 0.0  # kernels on several streams overlap
+            optimizer_us = float(durs[in_opt].sum()) * scale
+            backward_us = float(durs[in_bwd].sum()) * scale
+            forward_us = compute_us - optimizer_us - backward_us
+        else:
+            compute = clip(all_compute, s.start, s.end)
+            compute_us = length(compute)
+            optimizer_us = length(_intersect(compute, opt))
+            rest = subtract(compute, opt)
+            backward_us = length(clip(rest, bwd_start, s.end)) if bwd_start < s.end else 0.0
+            forward_us = compute_us - optimizer_us - backward_us
+        step_comms = [comms[j] for j in np.flatnonzero(c_step == i)]
+        step_comms.sort(key=lambda c: c.start)
+        rows = []
+        exposed_parts = []
+        for c in step_comms:
+            iv = np.array([[c.start, c.end]])
+            exposed = subtract(iv, all_compute)
+            rows.append((c, length(exposed)))
+            exposed_parts.append(exposed)
+        sync_us = length(merge(np.concatenate(exposed_parts))) if exposed_parts else 0.0
+        out.append(
+            StepResult(
+                s.index, s.start, s.end - s.start, data_us, max(0.0, forward_us), backward_us,
+                optimizer_us, compute_us, sync_us, rows,
+            )
+        )  # fmt: skip
+        del window
+    return out
+
+
+def _inside(points: np.ndarray, intervals: np.ndarray) -> np.ndarray:
+    if not len(intervals) or not len(points):
+        return np.zeros(len(points), dtype=bool)
+    i = np.searchsorted(intervals[:, 0], points, side="right") - 1
+    return (i >= 0) & (points < intervals[np.clip(i, 0, None), 1])
+
+
+def _intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return subtract(a, subtract(a, b))
+
+
+# ---- the import ---------------------------------------------------------------------------------------
+
+
+def _ns(us: float) -> int:
+    return round(us * 1000.0)
+
+
+def _assign_ranks(traces: list[RankTrace], opts: ImportOptions) -> int:
+    """Fill in missing ranks from the flags; returns the world size."""
+    missing = [t for t in traces if t.rank is None]
+    if missing:
+        if opts.rank is None or len(traces) != 1:
+            names = ", ".join(t.path.name for t in missing[:3])
+            raise PerfscopeError(
+                f"{names}: no distributedInfo.rank in the trace; give --rank N --world-size N "
+                "(one file at a time)"
+            )
+        missing[0].rank = opts.rank
+    worlds = {t.world_size for t in traces if t.world_size is not None}
+    if opts.world_size is not None:
+        world = opts.world_size
+    elif len(worlds) == 1:
+        world = worlds.pop()
+    elif worlds:
+        raise PerfscopeError(
+            f"the traces disagree on the world size ({sorted(worlds)}): they are not one job"
+        )
+    elif len(traces) == 1 and traces[0].rank == 0:
+        world = 1
+    else:
+        raise PerfscopeError("no distributedInfo.world_size in the traces; give --world-size N")
+    ranks = [t.rank for t in traces]
+    if len(set(ranks)) != len(ranks):
+        raise PerfscopeError(f"two files are the same rank ({ranks}); give one file per rank")
+    bad = [r for r in ranks if r is None or not 0 <= r < world]
+    if bad:
+        raise PerfscopeError(f"rank {bad[0]} is outside a world of size {world}")
+    return world
+
+
+def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
+    traces = []
+    warnings = []
+    for p in paths:
+        t = read_trace(p)
+        if t.truncated:
+            if not t.events:
+                raise PerfscopeError(f"{p}: not a Kineto JSON trace: {t.truncated}")
+            warnings.append(f"{p}: {t.truncated}; imported the {t.events:,} events before it")
+        if not t.steps:
+            raise PerfscopeError(
+                f"{p}: no ProfilerStep#N ranges, so no steps to import; record with "
+                "torch.profiler.profile(schedule=...) and call prof.step() once per step"
+            )
+        traces.append(t)
+    world = _assign_ranks(traces, opts)
+    traces.sort(key=lambda t: t.rank or 0)
+    run_id = opts.run_id or default_run_id(ORIGIN, opts.experiment, paths)
+    gpu = any(t.has_gpu for t in traces)
+    clock = "cuda" if gpu else "host"
+    started = ended = None
+    with RunImport(opts, ORIGIN, run_id) as run:
+        for t in traces:
+            rank = t.rank or 0
+            results = analyse(t)
+            first = t.to_ns(min(s.start for s in t.steps))
+            run.rank(rank, hostname=t.hostname, device_name=t.device_model or ("cuda" if gpu else "cpu"),
+                     device_index=None, started_ns=first)  # fmt: skip
+            for r in results:
+                _write_step(run, rank, t, r, clock, world)
+            last = t.to_ns(max(s.end for s in t.steps))
+            started = first if started is None else min(started, first)
+            ended = last if ended is None else max(ended, last)
+        for w in warnings:
+            run.warn(w)
+        t0 = traces[0]
+        backends = {t.backend for t in traces if t.backend}
+        return run.finish(
+            world_size=world,
+            backend=backends.pop() if len(backends) == 1 else ("mixed" if backends else ""),
+            device_model=t0.device_model or ("" if gpu else "cpu"),
+            hostname=t0.hostname,
+            started_ns=started,
+            ended_ns=ended,
+            tags={"imported_files": [str(p.name) for p in paths], "ranks_imported": len(traces)},
+        )
+
+
+def _write_step(run: RunImport, rank: int, t: RankTrace, r: StepResult, clock: str, world: int) -> None:
+    comm_total = 0
+    for seq, (c, exposed_us) in enumerate(r.comm):
+        dur = _ns(c.end - c.start)
+        comm_total += dur
+        extra = {"exposed_ns": _ns(exposed_us), "group_size": c.group_size or world, "phase": "sync"}
+        run.comm(rank, r.index, seq, c.op, c.nbytes, t.to_ns(c.start), dur, clock=clock, extra=extra)
+    run.step(
+        rank,
+        r.index,
+        StepTimes(
+            start_ns=t.to_ns(r.start_us),
+            step_ns=_ns(r.step_us),
+            data_ns=_ns(r.data_us),
+            forward_ns=_ns(r.forward_us),
+            backward_ns=_ns(r.backward_us),
+            sync_exposed_ns=_ns(r.sync_exposed_us),
+            optimizer_ns=_ns(r.optimizer_us),
+            comm_total_ns=comm_total,
+            comm_count=len(r.comm),
+        ),
+        clock=clock,
+    )
+    run.span(rank, r.index, "step", t.to_ns(r.start_us), _ns(r.step_us), clock="host")
