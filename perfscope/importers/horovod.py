@@ -21,6 +21,7 @@ rank is the time from that rank's last ready tick to the end of the last collect
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import math
 import re
@@ -43,6 +44,7 @@ _BACKENDS = (("NCCL_", "horovod-nccl"), ("MPI_", "horovod-mpi"), ("GLOO_", "horo
              ("CCL_", "horovod-ccl"), ("DDL_", "horovod-ddl"))  # fmt: skip
 _NEGOTIATE = "NEGOTIATE_"
 MAX_RANKS = 1 << 20
+MAX_DEPTH = 64
 #: Horovod's response types: the top-level range of a tensor's collective
 OPS = frozenset(
     {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "ADASUM", "BARRIER", "JOIN"}
@@ -153,15 +155,16 @@ def _nbytes(args: Any) -> int | None:
     return size * math.prod(int(d) for d in dims)
 
 
-def parse(path: Path) -> Timeline:
-    """The finished collectives of a timeline; refuses a file that is not one."""
-    tl = Timeline()
+def collectives(path: Path, tl: Timeline) -> Iterator[Collective]:
+    """The finished collectives of a timeline in the order they end, one at a time; `tl` gets the
+    file's start time, event count and whether it was cut. Refuses a file that is not a timeline."""
     names: dict[int, str] = {}
     # per tensor (pid): the open ranges, outermost first, and the collective being built
     stack: dict[int, list[tuple[str, float]]] = defaultdict(list)
     current: dict[int, Collective] = {}
     pending_ready: dict[int, tuple[float, dict[int, float]]] = {}
     what = "a Horovod timeline"
+    found = False
     try:
         for ev in json_array(path, what):
             tl.events += 1
@@ -174,7 +177,7 @@ def parse(path: Path) -> Timeline:
                 meta = ev.get("args")
                 args: dict[str, Any] = meta if isinstance(meta, dict) else {}
                 if ev.get("name") == "process_name" and "name" in args:
-                    names[pid] = str(args["name"])
+                    names[pid] = str(args["name"])[:1000]
                 if "start_time_since_epoch_in_micros" in args:
                     tl.start_epoch_us = float(args["start_time_since_epoch_in_micros"])
                 continue
@@ -183,6 +186,8 @@ def parse(path: Path) -> Timeline:
             name = str(ev.get("name", ""))
             open_ = stack[pid]
             if ph == "B":
+                if len(open_) >= MAX_DEPTH:
+                    raise PerfscopeError(f"{path}: ranges nested {MAX_DEPTH} deep for one tensor; not {what}")
                 if not open_ and name in OPS:
                     neg = pending_ready.pop(pid, None)
                     c = Collective(names.get(pid, f"tensor-{pid}"), name, float(ts))
@@ -207,16 +212,23 @@ def parse(path: Path) -> Timeline:
                 else:
                     done.end_us = float(ts)
                     done.nbytes = _nbytes(ev.get("args"))
-                    tl.collectives.append(done)
                     del current[pid]
+                    found = True
+                    yield done
     except Truncated:
         tl.truncated = True
     if tl.events == 0:
         raise PerfscopeError(f"{path}: an empty JSON array; not {what} with events")
-    if not tl.collectives:
+    if not found:
         raise PerfscopeError(
             f"{path}: no finished collective (NEGOTIATE_* / ALLREDUCE ... ranges per tensor); not {what}"
         )
+
+
+def parse(path: Path) -> Timeline:
+    """The whole timeline in memory (for a look at a small one; the import streams)."""
+    tl = Timeline()
+    tl.collectives = list(collectives(path, tl))
     return tl
 
 
@@ -232,81 +244,132 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
+class _Steps:
+    """Collectives grouped into steps as they end; a step is complete once a collective two steps
+    later has ended (a step's collectives all end before the next step's begin), so at most a few
+    steps are held in memory."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = defaultdict(int)
+        self.open: dict[int, list[Collective]] = defaultdict(list)
+
+    def add(self, c: Collective) -> list[tuple[int, list[Collective]]]:
+        k = self.count[c.tensor]
+        self.count[c.tensor] += 1
+        self.open[k].append(c)
+        return self.flush(below=k - 1)
+
+    def flush(self, below: int | None = None) -> list[tuple[int, list[Collective]]]:
+        done = sorted(k for k in self.open if below is None or k < below)
+        return [(k, self.open.pop(k)) for k in done]
+
+
 def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     if len(paths) != 1:
         raise PerfscopeError("a Horovod timeline is one file (rank 0 writes it for every rank); give one")
     (path,) = paths
-    tl = parse(path)
+    tl = Timeline()
+    stream = collectives(path, tl)
+    first = next(stream)  # a file that is no timeline is refused before the store is touched
     run_id = opts.run_id or default_run_id("horovod", opts.experiment, paths)
-    epoch_ns = round(tl.start_epoch_us * 1000) if tl.start_epoch_us is not None else None
-    if epoch_ns is None:  # older Horovod: anchor the run at the file's last write
-        last = max(c.end_us or 0.0 for c in tl.collectives)
-        epoch_ns = path.stat().st_mtime_ns - round(last * 1000)
-
-    def ns(us: float) -> int:
-        return epoch_ns + round(us * 1000)
-
-    seen_ranks = {r for c in tl.collectives for r in c.ready_us}
-    if seen_ranks and max(seen_ranks) >= MAX_RANKS:
-        raise PerfscopeError(f"{path}: a negotiation tick names rank {max(seen_ranks)}; not a plausible rank")
-    world = opts.world_size or (max(seen_ranks) + 1 if seen_ranks else None)
-    if world is None:
-        raise PerfscopeError(
-            f"{path}: the timeline has no negotiation ticks to count the ranks from; give --world-size"
-        )
-    if seen_ranks and max(seen_ranks) >= world:
-        raise PerfscopeError(f"{path}: ticks name rank {max(seen_ranks)}, beyond --world-size {world}")
-    steps: dict[int, list[Collective]] = defaultdict(list)
-    count: dict[str, int] = defaultdict(int)
-    for c in sorted(tl.collectives, key=lambda c: c.start_us):
-        steps[count[c.tensor]].append(c)
-        count[c.tensor] += 1
-    backend = next((b for prefix, b in _BACKENDS for c in tl.collectives for a, _, _ in c.activities
-                    if a.startswith(prefix)), "horovod")  # fmt: skip
     with RunImport(opts, "horovod", run_id) as run:
+        writer = _RunWriter(run, path, tl, opts.world_size)
+        grouper = _Steps()
+        for c in itertools.chain([first], stream):
+            for k, ops in grouper.add(c):
+                writer.step(k, ops)
+        for k, ops in grouper.flush():
+            writer.step(k, ops)
         if tl.truncated:
             run.warn(f"{path.name}: the timeline ends inside an event (job still running or killed); "
                      "read up to the last whole event")  # fmt: skip
-        if not seen_ranks:
+        if not writer.ticks:
             run.warn(f"{path.name}: no negotiation recorded (Horovod's response cache skips it): no "
                      "per-rank wait; set HOROVOD_CACHE_CAPACITY=0 to record it")  # fmt: skip
-        for r in range(world):
-            run.rank(r, node_rank=None, started_ns=epoch_ns)
-        prev_end: int | None = None
-        for k in sorted(steps):
-            ops = sorted(steps[k], key=lambda c: c.start_us)
-            ends = [ns(c.end_us or c.start_us) for c in ops]
-            first = min(
-                ns(c.negotiate_start_us if c.negotiate_start_us is not None else c.start_us) for c in ops
-            )
-            start = prev_end if prev_end is not None else first
-            end = max(ends)
-            prev_end = end
-            for r in range(world):
-                ready, busy = [], []
-                for seq, (c, done) in enumerate(zip(ops, ends, strict=True)):
-                    enter = ns(c.ready_us[r]) if r in c.ready_us else ns(c.start_us)
-                    ready.append(enter - start)
-                    busy.append((enter, done))
-                    run.comm(r, k, seq, c.op.lower(), c.nbytes, enter, max(0, done - enter), clock="host")
-                exposed = exposed_sync_ns(ready, [e - start for e in ends], 0, end - start)
-                times = StepTimes(start_ns=start, step_ns=end - start, sync_exposed_ns=exposed,
-                                  comm_total_ns=_union_ns(busy), comm_count=len(ops))  # fmt: skip
-                run.step(r, k, times, clock="host")
-            for c in ops:
-                run.span(
-                    0, k, c.op, ns(c.start_us), ns(c.end_us or c.start_us) - ns(c.start_us), clock="host"
-                )
-                if c.negotiate_start_us is not None:
-                    neg_end = max(c.ready_us.values(), default=c.start_us)
-                    run.span(0, k, f"{_NEGOTIATE}{c.op}", ns(c.negotiate_start_us),
-                             ns(neg_end) - ns(c.negotiate_start_us), clock="host")  # fmt: skip
-                for name, a, b in c.activities:
-                    run.span(0, k, name, ns(a), ns(b) - ns(a), clock="host", parent=c.op, depth=1)
         return run.finish(
-            started_ns=epoch_ns,
-            ended_ns=prev_end,
-            world_size=world,
-            backend=backend,
-            tags={"source_file": path.name, "tensors": len(count)},
+            started_ns=writer.epoch_ns,
+            ended_ns=writer.prev_end,
+            world_size=writer.world,
+            backend=writer.backend,
+            tags={"source_file": path.name, "tensors": len(grouper.count)},
         )
+
+
+class _RunWriter:
+    """Writes one step's rows at a time (see the module's docstring for how they are made)."""
+
+    def __init__(self, run: RunImport, path: Path, tl: Timeline, world_size: int | None) -> None:
+        self.run, self.path, self.tl = run, path, tl
+        self.world = world_size
+        self.ticks = False
+        self.prev_end: int | None = None
+        self.backend = "horovod"
+        self._epoch: int | None = None
+
+    @property
+    def epoch_ns(self) -> int:
+        if self._epoch is None:
+            if self.tl.start_epoch_us is not None:
+                self._epoch = round(self.tl.start_epoch_us * 1000)
+            else:  # older Horovod: anchor the run at the file's last write
+                self._epoch = self.path.stat().st_mtime_ns
+                self.run.warn(f"{self.path.name}: no start time in the timeline; times anchored at the "
+                              "file's last write")  # fmt: skip
+        return self._epoch
+
+    def ns(self, us: float) -> int:
+        return self.epoch_ns + round(us * 1000)
+
+    def _ranks(self, ops: list[Collective]) -> int:
+        seen = {r for c in ops for r in c.ready_us}
+        self.ticks = self.ticks or bool(seen)
+        top = max(seen, default=-1)
+        if top >= MAX_RANKS:
+            raise PerfscopeError(f"{self.path}: a negotiation tick names rank {top}; not a plausible rank")
+        if self.world is None:
+            if top < 0:
+                raise PerfscopeError(
+                    f"{self.path}: the timeline has no negotiation ticks to count the ranks from; "
+                    "give --world-size"
+                )
+            self.world = top + 1
+            for r in range(self.world):
+                self.run.rank(r, started_ns=self.epoch_ns)
+        elif self.prev_end is None:
+            for r in range(self.world):
+                self.run.rank(r, started_ns=self.epoch_ns)
+        if top >= self.world:
+            raise PerfscopeError(f"{self.path}: a tick names rank {top}, beyond the world size {self.world}")
+        return self.world
+
+    def step(self, k: int, ops: list[Collective]) -> None:
+        run, ns = self.run, self.ns
+        world = self._ranks(ops)
+        ops.sort(key=lambda c: c.start_us)
+        if self.backend == "horovod":
+            self.backend = next((b for prefix, b in _BACKENDS for c in ops for a, _, _ in c.activities
+                                 if a.startswith(prefix)), "horovod")  # fmt: skip
+        ends = [ns(c.end_us if c.end_us is not None else c.start_us) for c in ops]
+        neg = [ns(c.negotiate_start_us if c.negotiate_start_us is not None else c.start_us) for c in ops]
+        start = self.prev_end if self.prev_end is not None else min(neg)
+        end = max(ends)
+        self.prev_end = end
+        for r in range(world):
+            ready, busy = [], []
+            for seq, (c, done) in enumerate(zip(ops, ends, strict=True)):
+                enter = ns(c.ready_us[r]) if r in c.ready_us else ns(c.start_us)
+                ready.append(enter - start)
+                busy.append((enter, done))
+                run.comm(r, k, seq, c.op.lower(), c.nbytes, enter, max(0, done - enter), clock="host")
+            exposed = exposed_sync_ns(ready, [e - start for e in ends], 0, end - start)
+            times = StepTimes(start_ns=start, step_ns=end - start, sync_exposed_ns=exposed,
+                              comm_total_ns=_union_ns(busy), comm_count=len(ops))  # fmt: skip
+            run.step(r, k, times, clock="host")
+        for c, done in zip(ops, ends, strict=True):
+            run.span(0, k, c.op, ns(c.start_us), done - ns(c.start_us), clock="host")
+            if c.negotiate_start_us is not None:
+                neg_end = max(c.ready_us.values(), default=c.start_us)
+                run.span(0, k, f"{_NEGOTIATE}{c.op}", ns(c.negotiate_start_us),
+                         ns(neg_end) - ns(c.negotiate_start_us), clock="host")  # fmt: skip
+            for name, a, b in c.activities:
+                run.span(0, k, name, ns(a), ns(b) - ns(a), clock="host", parent=c.op, depth=1)
