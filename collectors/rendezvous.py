@@ -44,8 +44,10 @@ class Peer:
         ints = ("rank", "pid", "cpu_count")
         if not ok or not all(type(d[k]) is int for k in ints):
             raise ValueError("not a peer")
-        if not (isinstance(d["hostname"], str) and isinstance(d["run_id"], str) and d["run_id"]):
+        if not (isinstance(d["hostname"], str) and isinstance(d["run_id"], str)):
             raise ValueError("not a peer")
+        if not d["run_id"] or ids.safe_run_id(d["run_id"]) != d["run_id"] or d["run_id"].startswith("."):
+            raise ValueError("not a run id")  # it names a folder of the store
         if d["env_local_rank"] is not None and type(d["env_local_rank"]) is not int:
             raise ValueError("not a peer")
         return cls(**d)
@@ -142,7 +144,7 @@ class StoreExchange:
     def all_gather(self, obj: Any) -> list[Any]:
         if self.store is None:
             raise ExchangeIncomplete({}, "torch.distributed offers no key-value store to meet in")
-        what = f"the start exchange (waited {self.timeout_s:.0f} s)"
+        what = f"the start exchange (waited {self.timeout_s:g} s)"
         key = self._next()
         peer = isinstance(obj, Peer)
         self.store.set(key + str(self.rank), json.dumps(asdict(obj) if peer else obj))
