@@ -144,6 +144,15 @@ class StoreExchange:
     def all_gather(self, obj: Any) -> list[Any]:
         if self.store is None:
             raise ExchangeIncomplete({}, "torch.distributed offers no key-value store to meet in")
+        try:
+            return self._all_gather(obj)
+        except ExchangeIncomplete:
+            raise
+        except Exception as exc:  # the store itself failed (its server gone, a torch of other ways)
+            first_line = (str(exc).splitlines() or [""])[0]  # torch appends a C++ stack
+            raise ExchangeIncomplete({}, f"the start exchange ({type(exc).__name__}: {first_line})") from None
+
+    def _all_gather(self, obj: Any) -> list[Any]:
         what = f"the start exchange (waited {self.timeout_s:g} s)"
         key = self._next()
         peer = isinstance(obj, Peer)

@@ -4,6 +4,7 @@ real c10d key-value store, between 'hosts' with skewed clocks and with garbage u
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -186,3 +187,13 @@ def test_garbage_under_a_key_is_a_rank_not_heard(garbage: bytes) -> None:
         placement = rendezvous._without_all(ex0, Peer(0, "a", 1, 1, None, "run-a"), caught.value, faults)
     assert (placement.run_id, placement.world_size, placement.exchanged) == ("run-a", 2, False)
     assert faults.kinds == ["rendezvous_incomplete"]
+
+
+def test_a_store_whose_server_is_gone_ends_the_exchange() -> None:
+    stores = _tcp_stores(2)
+    ex1 = StoreExchange(_Group(1, 2), stores[1], timeout_s=30)
+    del stores[0]  # the server (rank 0's process) is gone
+    gc.collect()
+    with pytest.raises(ExchangeIncomplete) as caught:
+        ex1.all_gather(Peer(1, "b", 2, 1, None, "run-b"))
+    assert caught.value.present == {} and "\n" not in caught.value.what
