@@ -205,8 +205,7 @@ def store_target(path: str | os.PathLike[str], *, what: str = "store", create: b
             ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise PerfscopeError(
-            f"{p} is {_kind(st.st_mode)}, not a store; "
-            "give a new or empty folder, or an existing store"
+            f"{p} is {_kind(st.st_mode)}, not a store; give a new or empty folder, or an existing store"
         )
     try:
         if is_store_folder(p) or not any(p.iterdir()):
