@@ -746,6 +746,7 @@ ANALYSES_USED: tuple[str, ...] = (
     "pop",
     "sync",
     "allreduce_fit",
+    "reference_busbw",
     "backend_compare",
     "utilisation",
     "mfu",
