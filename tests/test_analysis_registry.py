@@ -90,7 +90,8 @@ def test_analysis_runs_names_its_definition_and_matches_its_doc(rich, name):
     meta = table.schema.metadata
     assert meta[META_ANALYSIS] == name.encode()
     assert meta[META_DEFINITION].decode() == " ".join(DEFINITIONS[k] for k in ANALYSES[name].definition)
-    if name != "quality":  # a clean store has nothing to report
+    # a clean store has nothing to report; the patterns are checked on real jobs (test_comm_patterns.py)
+    if name not in ("quality", "pipeline_stages", "parameter_server", "periodic_sync"):
         assert table.num_rows > 0, f"{name} returned nothing on a store that has its data"
     missing = [c for c in _documented_columns()[name] if c not in table.column_names]
     assert not missing, f"{name} lacks documented columns {missing}"

@@ -32,6 +32,7 @@ from . import (  # noqa: F401  isort: skip
     models,
     placement,
     quality,
+    comm_patterns,
 )
 
 __all__ = [

@@ -60,6 +60,17 @@ DEFINITIONS: dict[str, str] = {
     "variance, superlinear speedup, throttling.",
     "placement": "Placement: ranks per host against the host's logical CPUs and GPUs.",
     "raw": "Recorded values, aggregated only to fit a chart (no derived definition).",
+    "comm-patterns": "Communication beyond DDP: every torch.distributed call is a comm row with its "
+    "total (issue to completion) and exposed time (what the caller waited); exposed time in a phase "
+    "is charged to communication, not to that phase's compute. Point-to-point transfers never enter "
+    "the ring model or busbw.",
+    "pipeline": "Pipeline (p stages, m micro-batches): measured bubble fraction = a stage's wait in "
+    "point-to-point / its step time; ideal GPipe bubble (p−1)/(m+p−1). A stage waiting for its "
+    "neighbour is a victim: the slowest stage (most compute) is named.",
+    "pserver": "Parameter server: per worker push and pull time per step, the server's busy share "
+    "(1 − its wait to receive / its active time), worker skew = max / median worker step time.",
+    "periodic-sync": "Periodic synchronisation every k steps: the sync step's exposed cost, its "
+    "amortised share cost/k over the mean step, and the k that keeps it under 10%.",
 }
 
 

@@ -65,7 +65,7 @@ def stragglers(store: Store, sel: Selection) -> pa.Table:
                    sum(i.last_entry_ns - c.start_ns)::DOUBLE AS wait_sum,
                    NULL::BIGINT AS steps, 'comm.start_ns' AS wait_source
             FROM comm c JOIN {inst} i USING (run_id, step, seq)
-            WHERE i.ranks > 1
+            WHERE i.ranks > 1 AND c.peer IS NULL
             GROUP BY c.run_id, c.rank
         ), comm_last AS (
             SELECT run_id, last_rank AS rank, count(*) AS last_count
@@ -116,7 +116,7 @@ def collective_wait(store: Store, sel: Selection) -> pa.Table:
         WITH waits AS (
             SELECT c.run_id, c.rank, c.step, sum(i.last_entry_ns - c.start_ns)::DOUBLE AS wait_ns
             FROM comm c JOIN {inst} i USING (run_id, step, seq)
-            WHERE i.ranks > 1
+            WHERE i.ranks > 1 AND c.peer IS NULL
             GROUP BY c.run_id, c.rank, c.step
             UNION ALL
             SELECT s.run_id, s.rank, s.step, (s.sync_exposed_ns - a.sync_min_ns)::DOUBLE

@@ -22,7 +22,9 @@ def instances_table(store: Store, sel: Selection) -> str:
     """Per collective instance (run, step, seq) of the steady steps: bytes and transfer time.
 
     transfer_ns runs from the last rank's entry to the last rank's exit, so the wait for late
-    ranks is not counted as transfer (that wait is the straggler analysis's business).
+    ranks is not counted as transfer (that wait is the straggler analysis's business). Only
+    collectives: point-to-point rows (a peer) are no instance, and ranks whose calls at one
+    (step, seq) differ in op or group size made different collectives, not one.
     """
     thr = thresholds_table(store, sel)
     return temp_table(
@@ -38,7 +40,9 @@ def instances_table(store: Store, sel: Selection) -> str:
                -- the last rank counts only when nobody entered at the same instant
                count(*) > 1 AND list_count(list_distinct(max(c.start_ns, 2))) = 2 AS last_unique
         FROM comm c JOIN {thr} t ON c.run_id = t.run_id AND c.step >= t.first_steady_step
+        WHERE c.peer IS NULL
         GROUP BY c.run_id, c.step, c.seq
+        HAVING count(DISTINCT c.op) = 1 AND count(DISTINCT coalesce(c.group_size, 0)) = 1
         """,
     )
 
@@ -53,7 +57,7 @@ def sync_table(store: Store, sel: Selection) -> str:
         f"""
         WITH i AS (
             SELECT inst.*, g.world_size FROM {inst} inst JOIN {gs} g USING (run_id)
-            WHERE transfer_ns > 0
+            WHERE transfer_ns > 0 AND op = 'allreduce'  -- the ring model and busbw are an allreduce's
         ), bw AS (
             SELECT run_id, count(*) AS instances, sum(bytes) AS bytes_sum, sum(transfer_ns) AS transfer_sum,
                    median(bytes / (transfer_ns / 1e9) / 1e9) AS algbw,
@@ -113,8 +117,8 @@ def collectives(store: Store, sel: Selection) -> pa.Table:
                CASE WHEN g.world_size <= 1 THEN 'single' WHEN g.nodes <= 1 THEN 'intra-node'
                     ELSE 'inter-node' END AS scope,
                i.op, i.bytes, count(*) AS instances, median(i.transfer_ns) AS transfer_ns,
-               CASE WHEN g.world_size > 1 THEN median(i.bytes / (i.transfer_ns / 1e9)) / 1e9
-                    * 2 * (g.world_size - 1) / g.world_size END AS busbw_gb_per_s
+               CASE WHEN g.world_size > 1 AND i.op = 'allreduce' THEN median(i.bytes / (i.transfer_ns / 1e9))
+                    / 1e9 * 2 * (g.world_size - 1) / g.world_size END AS busbw_gb_per_s
         FROM {inst} i JOIN {gs} g USING (run_id)
         WHERE i.transfer_ns > 0
         GROUP BY i.run_id, g.source, g.world_size, g.nodes, i.op, i.bytes
@@ -133,7 +137,7 @@ def _fit_points(store: Store, sel: Selection) -> list[dict[str, Any]]:
         SELECT g.cluster, g.backend, {SCOPE_SQL} AS scope, g.run_id, g.world_size AS p,
                i.bytes::DOUBLE AS n, 1.0 AS k, median(i.transfer_ns) / 1e9 AS t, 'comm' AS data_source
         FROM {inst} i JOIN {gs} g USING (run_id)
-        WHERE i.transfer_ns > 0 AND g.world_size > 1
+        WHERE i.transfer_ns > 0 AND g.world_size > 1 AND i.op = 'allreduce'
         GROUP BY g.cluster, g.backend, scope, g.run_id, g.world_size, i.bytes
         UNION ALL
         SELECT s.cluster, s.backend, s.scope, s.run_id, s.world_size, g.grad_bytes::DOUBLE,

@@ -8,6 +8,7 @@ from collections import defaultdict
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .rulebook import cause_severity, make_finding, rule
+from .rules_patterns import pattern_runs
 from .rules_placement import crowded_hosts
 from .words import dur, listing, num, pct, times
 
@@ -46,10 +47,11 @@ def straggler(ctx: Context) -> list[Finding]:
         ranks[r["run_id"]].append(r)
     groups = ctx.scaling_groups()
     singles = [[r] for r in ctx.rows("scaling") if r["group_id"] not in groups]
+    victims = pattern_runs(ctx)  # pipelines, parameter servers: their rules name who is slow
     for rows in [*groups.values(), *singles]:
         hits = []
         for r in rows:
-            if r["world_size"] < 2:
+            if r["world_size"] < 2 or r["run_id"] in victims:
                 continue
             p = pop.get(r["run_id"], {})
             lb = p.get("load_balance")

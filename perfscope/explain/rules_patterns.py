@@ -1,0 +1,255 @@
+"""Rules for communication beyond DDP (DESIGN.md): a pipeline's bubble and its slowest stage, a
+parameter server's load, the cost of periodic synchronisation, and sharded-data-parallel
+collectives exposed in forward and backward. A rank waiting for a peer is a victim: these rules
+name the stage, server or rank that is slow, and the straggler rule leaves such runs to them."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .context import Context, Row
+from .finding import Finding
+from .rulebook import make_finding, rule
+from .words import dur, pct
+
+#: measured bubble this far above the ideal GPipe bubble is worth a finding
+BUBBLE_EXCESS = 0.10
+#: a server busy this share of its active time is the bottleneck
+SERVER_BUSY = 0.8
+#: workers waiting on push and pull this share of their step
+PS_WAIT_SHARE = 0.25
+WORKER_SKEW = 1.25
+#: collectives of sharded data parallelism exposed in forward/backward above this share of the step
+SHARDED_EXPOSED_SHARE = 0.15
+SHARDED_OPS = ("all_gather", "reduce_scatter")
+
+
+def pattern_runs(ctx: Context) -> set[str]:
+    """Runs with pipeline stages or a parameter server: their waits belong to these rules."""
+    return {
+        r["run_id"] for r in ctx.rows("comm_roles") if r["role"] == "server" or r["role"].startswith("stage:")
+    }
+
+
+def _by_run(rows: list[Row]) -> dict[str, list[Row]]:
+    out: dict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        out[r["run_id"]].append(r)
+    return out
+
+
+@rule("pipeline-bubble", None, "Pipeline bubble: stages wait for the slowest stage")
+def pipeline_bubble(ctx: Context) -> list[Finding]:
+    out = []
+    for run_id, stages in _by_run(ctx.rows("pipeline_stages")).items():
+        bubble = sum(s["bubble_fraction"] or 0.0 for s in stages) / len(stages)
+        ideal = stages[0]["ideal_bubble_fraction"] or 0.0
+        if bubble < ideal + BUBBLE_EXCESS:
+            continue
+        p, m = stages[0]["stages"], stages[0]["micro_batches"]
+        slow = next(s for s in stages if s["stage"] == stages[0]["slowest_stage"])
+        others = [s for s in stages if s is not slow]
+        balance = min((s["compute_vs_slowest"] or 0.0 for s in others), default=1.0)
+        text = (
+            f"The {p} pipeline stages wait in send/recv for {pct(bubble)} of each step on average "
+            f"(measured bubble), against an ideal GPipe bubble of {pct(ideal)} for {m} micro-batches "
+            f"((p−1)/(m+p−1)). Stage {slow['stage']} (rank {slow['rank']}) computes the most, "
+            f"{dur(slow['compute_ns'])} per step; the other stage(s) do as little as {pct(balance)} of that "
+            f"and wait for it. This wait is the pipeline bubble, not gradient synchronisation: stage "
+            f"{slow['stage']} is slow, the others are its victims."
+        )
+        more_m = max(4 * p, 2 * (m or 1))
+        out.append(
+            make_finding(
+                ctx,
+                "pipeline-bubble",
+                run_id,
+                severity="alarm" if bubble >= 0.25 else "warning",
+                category="cause",
+                title=f"Pipeline bubble: {pct(bubble)} of the step waiting; stage {slow['stage']} is slowest",
+                text=text,
+                run_ids=[run_id],
+                analyses=("pipeline_stages", "comm_by_role", "comm_ops"),
+                recommendation=(
+                    f"Balance the stages: move layers off stage {slow['stage']} until their compute matches. "
+                    f"Use more micro-batches (m={more_m} gives an ideal bubble of "
+                    f"{pct((p - 1) / (more_m + p - 1))}), a 1F1B schedule (ScheduleOneFOneB) to keep "
+                    "activation memory bounded at that m, and an interleaved schedule "
+                    "(ScheduleInterleaved1F1B) with several virtual stages per rank to divide the bubble. "
+                    "DDP bucket sizes do not matter here."
+                ),
+                confidence=0.8 if slow["role_source"] == "recorded" else 0.65,
+                explained_loss=bubble,
+                numbers={
+                    "bubble_fraction": bubble,
+                    "ideal_bubble_fraction": ideal,
+                    "stages": p,
+                    "micro_batches": m,
+                    "slowest_stage": slow["stage"],
+                    "slowest_rank": slow["rank"],
+                    "stage_balance": balance,
+                },
+            )
+        )
+    return out
+
+
+@rule("parameter-server", None, "Parameter server: the server or a worker holds the others back")
+def parameter_server(ctx: Context) -> list[Finding]:
+    out = []
+    for run_id, ranks in _by_run(ctx.rows("parameter_server")).items():
+        servers = [r for r in ranks if r["role"] == "server"]
+        workers = [r for r in ranks if r["role"] != "server" and r["step_ns"]]
+        if not servers or not workers:
+            continue
+        busy = max((s["server_busy_share"] or 0.0) for s in servers)
+        busiest = max(servers, key=lambda s: s["server_busy_share"] or 0.0)
+        wait = sum(((w["push_ns"] or 0) + (w["pull_ns"] or 0)) / w["step_ns"] for w in workers) / len(workers)
+        push = sum(w["push_ns"] or 0 for w in workers) / len(workers)
+        pull = sum(w["pull_ns"] or 0 for w in workers) / len(workers)
+        skew = workers[0]["worker_skew"] or 1.0
+        slow_worker = workers[0]["slowest_worker"]
+        numbers = {
+            "server_busy_share": busy,
+            "worker_wait_share": wait,
+            "push_ns": push,
+            "pull_ns": pull,
+            "worker_skew": skew,
+            "server_rank": busiest["rank"],
+        }
+        head = (
+            f"{len(workers)} worker(s) spend {pct(wait)} of each step pushing gradients ({dur(push)}) and "
+            f"pulling parameters ({dur(pull)}) to and from {len(servers)} server(s)."
+        )
+        if busy >= SERVER_BUSY:
+            title = f"Parameter server overloaded: rank {busiest['rank']} busy {pct(busy)} of the time"
+            text = (
+                f"{head} Server rank {busiest['rank']} is busy {pct(busy)} of its active time, so workers "
+                "queue behind it: the server is the bottleneck, not the workers' imbalance."
+            )
+            advice = (
+                "Shard the parameters over more servers (each serves a slice), make the update cheaper, "
+                "or push less often (larger batches per push, local steps between pushes)."
+            )
+        elif wait >= PS_WAIT_SHARE:
+            title = f"Workers wait {pct(wait)} of the step on push and pull"
+            text = (
+                f"{head} The server is busy only {pct(busy)} of its active time: the transfers themselves "
+                "cost the time, not the server's work."
+            )
+            advice = (
+                "Send less or less often: compress or quantise the gradients, push every few steps "
+                "(local SGD), overlap the pull of the next parameters with compute, or use a faster link."
+            )
+        elif skew >= WORKER_SKEW:
+            title = f"Worker rank {slow_worker} is slow: {skew:.2f}× the median worker step"
+            text = f"{head} Worker rank {slow_worker}'s steps take {skew:.2f}× the median worker's."
+            advice = "Check that worker's host (other load, slower device) and its share of the data."
+        else:
+            continue
+        out.append(
+            make_finding(
+                ctx,
+                "parameter-server",
+                run_id,
+                severity="alarm" if max(busy, wait) >= 0.5 else "warning",
+                category="cause",
+                title=title,
+                text=text,
+                run_ids=[run_id],
+                analyses=("parameter_server", "comm_by_role"),
+                recommendation=advice,
+                confidence=0.75,
+                explained_loss=wait,
+                numbers=numbers,
+            )
+        )
+    return out
+
+
+@rule("periodic-sync", None, "Periodic synchronisation costs more than 10% amortised")
+def periodic_sync(ctx: Context) -> list[Finding]:
+    out = []
+    for r in ctx.rows("periodic_sync"):
+        share = r["amortised_share"]
+        if share is None or share < r["target_share"]:
+            continue
+        k, k_target = r["every_k"], r["k_for_target"]
+        keep = (
+            f" Synchronising every {k_target} steps keeps it under {pct(r['target_share'])}."
+            if k_target
+            else ""
+        )
+        out.append(
+            make_finding(
+                ctx,
+                "periodic-sync",
+                r["run_id"],
+                severity="warning",
+                category="cause",
+                title=f"Parameter averaging every {k:.0f} steps costs {pct(share)} of the time",
+                text=(
+                    f"The collectives come every {k:.0f} steps and the step that makes them waits "
+                    f"{dur(r['sync_cost_ns'])} for them; spread over {k:.0f} steps that is {pct(share)} of "
+                    f"the mean step ({dur(r['plain_step_ns'])} without a sync).{keep}"
+                ),
+                run_ids=[r["run_id"]],
+                analyses=("periodic_sync", "comm_ops"),
+                recommendation=(
+                    "Average less often (larger k), average in the background (async all_reduce "
+                    "overlapped with the next steps), or average fewer bytes (low precision)."
+                    + (f" k = {k_target} meets the 10% target." if k_target else "")
+                ),
+                confidence=0.75,
+                explained_loss=share,
+                numbers={
+                    "every_k": k,
+                    "sync_cost_ns": r["sync_cost_ns"],
+                    "amortised_share": share,
+                    "k_for_target": k_target,
+                },
+            )
+        )
+    return out
+
+
+@rule("sharded-exposed", None, "Sharded data parallel: gathers and scatters exposed in compute")
+def sharded_exposed(ctx: Context) -> list[Finding]:
+    out = []
+    for run_id, ops in _by_run(ctx.rows("comm_ops")).items():
+        rows = [o for o in ops if o["phase"] in ("forward", "backward") and o["op"].startswith(SHARDED_OPS)]
+        share = sum(o["exposed_share_of_step"] or 0.0 for o in rows)
+        if share < SHARDED_EXPOSED_SHARE:
+            continue
+        parts = ", ".join(
+            f"{o['op']} in {o['phase']} {pct(o['exposed_share_of_step'] or 0)} "
+            f"({o['calls_per_step']:.0f} per step, median {o['bytes_median'] / 1024:.0f} KiB)"
+            for o in rows
+        )
+        out.append(
+            make_finding(
+                ctx,
+                "sharded-exposed",
+                run_id,
+                severity="alarm" if share >= 0.25 else "warning",
+                category="cause",
+                title=f"Parameter gathers and gradient scatters are exposed: {pct(share)} of the step",
+                text=(
+                    f"Sharded data parallelism (FSDP, ZeRO) gathers parameters before each layer and "
+                    f"scatters gradients after it; here the step waits for them: {parts}. That time is "
+                    "communication, not forward or backward compute."
+                ),
+                run_ids=[run_id],
+                analyses=("comm_ops",),
+                recommendation=(
+                    "Overlap them: prefetch the next layer's all-gather (FSDP2 "
+                    "set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), shard coarser "
+                    "units (fewer, larger collectives), keep parameters gathered after forward "
+                    "(reshard_after_forward=False) when memory allows, or shard within a node only (HSDP)."
+                ),
+                confidence=0.7,
+                explained_loss=share,
+                numbers={"exposed_share": share},
+            )
+        )
+    return out
