@@ -67,8 +67,7 @@ def roles_table(store: Store, sel: Selection) -> str:
             FROM rk LEFT JOIN recorded rec USING (run_id, rank) LEFT JOIN st USING (run_id, rank)
             LEFT JOIN c USING (run_id, rank)
         ), srv AS (
-            SELECT *, recorded_role = 'server' OR (recorded_role IS NULL AND steps = 0 AND p2p > 0)
-                   AS is_server
+            SELECT *, coalesce(recorded_role = 'server', steps = 0 AND p2p > 0) AS is_server
             FROM f
         ), run_has_server AS (
             SELECT run_id, bool_or(is_server) AS has_server FROM srv GROUP BY run_id
