@@ -521,7 +521,7 @@ class Profiler:
         self._write_runs_row(ended_ns=None)
 
     def _write_runs_row(self, *, ended_ns: int | None) -> None:
-        if self.rank != 0 or self._writer is None or self.placement is None:
+        if self._writer is None or self.placement is None or not self.placement.writes_runs_row:
             return
         row = runs_row(
             self.placement,

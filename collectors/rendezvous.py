@@ -70,6 +70,8 @@ class Placement:
     exchanged: bool
     #: False when the offset could not be measured (0 is then a guess, and the ranks row says NULL)
     clock_offset_known: bool = True
+    #: this rank writes the run's `runs` row: rank 0, or the lowest rank heard when rank 0 was not
+    writes_runs_row: bool = True
 
 
 class ExchangeIncomplete(Exception):
@@ -294,6 +296,7 @@ def _placement(
         backend=exchange.backend,
         exchanged=exchanged,
         clock_offset_known=clock_offset_ns is not None,
+        writes_runs_row=ordered[0].rank == me.rank,
     )
 
 
@@ -335,6 +338,7 @@ def alone(identity: Identity, run_id: str) -> Placement:
         clock_offset_ns=0,
         backend="none",
         exchanged=False,
+        writes_runs_row=identity.rank == 0,
     )
 
 
