@@ -21,6 +21,7 @@ import perfscope
 from perfscope import PerfscopeWarning, open_store
 from perfscope.compact import compact
 from perfscope.leftovers import clean_leftovers
+from perfscope.schema import PARTITION_KEY, TABLES
 from perfscope.writer import StoreWriter, segment_dir
 
 #: the child sets up for this long between profile() and its first step (a model, a loader)
@@ -105,6 +106,14 @@ def test_a_folder_deleted_mid_run_is_made_again(tmp_path: Path, deleted: str) ->
     assert steps == list(range(10, 20)) and ended == 1
 
 
+def _row(table: str, **values: object) -> tuple[object, ...]:
+    """A row of `table` in schema order (without the partition key), NULL where not given."""
+    return tuple(values.get(c) for c in TABLES[table].column_names if c != PARTITION_KEY)
+
+
+STEP_ROW = _row("steps", rank=0, step=0, start_ns=1, step_ns=2, samples=1, clock="host")
+
+
 def _age(path: Path, seconds: float) -> None:
     t = time.time() - seconds
     os.utime(path, (t, t), follow_symlinks=False)
@@ -120,7 +129,7 @@ def _leftovers_store(tmp_path: Path) -> tuple[Path, dict[str, Path], dict[str, P
     """A store with real segments, our leftovers (old and fresh) and things that only look alike."""
     root = tmp_path / "store"
     with StoreWriter(root, "r1") as w:
-        w.append("steps", (0, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1, "host"))
+        w.append("steps", STEP_ROW)
     part = segment_dir(root, "steps", "r1")
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -198,7 +207,7 @@ def test_compact_and_a_starting_writer_clean_leftovers(tmp_path: Path) -> None:
     stale.write_bytes(b"partial")
     _age(stale, 7200)
     with StoreWriter(root, "r2", clean_leftovers=True) as w:
-        w.append("steps", (0, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1, "host"))
+        w.append("steps", STEP_ROW)
     assert not stale.exists() and paths["fresh_compaction"].exists()
 
 
@@ -251,3 +260,28 @@ def test_ranks_of_one_run_that_start_alone_still_share_its_id(tmp_path: Path) ->
     with open_store(tmp_path) as store:
         got = store.query("SELECT run_id, list(DISTINCT rank ORDER BY rank) AS r FROM steps GROUP BY ALL")
     assert sorted(map(tuple, (d.values() for d in got.to_pylist()))) == [("exp-1", [0, 1]), ("exp-1-2", [1])]
+
+
+def _identity_rows(root: Path, run_id: str, *, rank: int, world_size: int, started_ns: int) -> None:
+    with StoreWriter(root, run_id) as w:
+        w.append("ranks", _row("ranks", rank=rank, started_ns=started_ns))
+        w.append("runs", _row("runs", experiment="x", world_size=world_size, started_ns=started_ns))
+
+
+def test_what_counts_as_another_run_holding_the_id(tmp_path: Path) -> None:
+    from perfscope.collectors.identity import run_id_taken
+
+    now = time.time_ns()
+    _identity_rows(tmp_path, "fresh", rank=0, world_size=2, started_ns=now - 5 * 10**9)
+    _identity_rows(tmp_path, "old", rank=0, world_size=2, started_ns=now - 3600 * 10**9)
+    assert not run_id_taken(tmp_path, "absent", rank=0, world_size=1)
+    assert not run_id_taken(tmp_path, "fresh", rank=1, world_size=2)  # the same run's other rank
+    assert run_id_taken(tmp_path, "fresh", rank=0, world_size=2)  # this rank already recorded it
+    assert run_id_taken(tmp_path, "fresh", rank=1, world_size=3)  # another world size
+    assert run_id_taken(tmp_path, "old", rank=1, world_size=2)  # started an hour ago
+    # rows of the id without its identity rows, or an unreadable segment: another run's, to be safe
+    with StoreWriter(tmp_path, "steps-only") as w:
+        w.append("steps", STEP_ROW)
+    assert run_id_taken(tmp_path, "steps-only", rank=1, world_size=2)
+    (segment_dir(tmp_path, "ranks", "fresh") / "garbage.parquet").write_bytes(b"PAR1 not parquet")
+    assert run_id_taken(tmp_path, "fresh", rank=1, world_size=2)
