@@ -56,7 +56,7 @@ class Gpu:
 @dataclass
 class Host:
     proc_cpu_pct: float = 100.0
-    sys_cpu_pct: float = 50.0
+    sys_cpu_pct: float | None = None  # None: the job's processes only (proc_cpu_pct / cpu_count)
     interval_ns: int = 200 * MS
 
 
@@ -247,7 +247,9 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
                         hostname=f"node{node}",
                         node_rank=node,
                         proc_cpu_pct=spec.host.proc_cpu_pct,
-                        sys_cpu_pct=spec.host.sys_cpu_pct,
+                        sys_cpu_pct=spec.host.proc_cpu_pct / spec.cpu_count
+                        if spec.host.sys_cpu_pct is None
+                        else spec.host.sys_cpu_pct,
                         rss_bytes=2**30,
                         sys_mem_used_bytes=2**34,
                         load1=1.0,

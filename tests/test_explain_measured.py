@@ -37,7 +37,8 @@ def test_measured_gloo_store_is_explained(measured):
     assert placement[4]["cpu_count"] == cores
     over = [f for f in findings if f.rule == "oversubscription"]
     if cores < 4:
-        assert findings[0].rule == "oversubscription"
+        # first after the contention confound, which this shared machine may well show
+        assert next(f for f in findings if f.rule != "contention").rule == "oversubscription"
         assert over[0].evidence.run_ids == (scaling[4]["run_id"],)
         assert f"4 ranks share {cores} logical CPUs" in over[0].text
         assert over[0].numbers[f"cap_{scaling[4]['run_id']}"] == pytest.approx(cores / 4)

@@ -356,4 +356,5 @@ def test_simulated_runs_are_marked_in_findings(tmp_path):
 
 def test_host_samples_do_not_matter_for_healthy(tmp_path):
     make_run(tmp_path, "h1", world_size=1, host=Host(sys_cpu_pct=100.0))
-    assert _findings(tmp_path) == []
+    # a busy host is a measurement confound (other processes took 63 of 64 cores), never a cause
+    assert [f.id for f in _findings(tmp_path)] == ["contention:other-processes"]

@@ -32,6 +32,7 @@ from . import (  # noqa: F401  isort: skip
     models,
     placement,
     quality,
+    contention,
     comm_patterns,
 )
 

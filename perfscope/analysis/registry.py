@@ -59,6 +59,10 @@ DEFINITIONS: dict[str, str] = {
     "data-quality": "Data quality: missing ranks, phases or baselines, too few steps or points, high "
     "variance, superlinear speedup, throttling.",
     "placement": "Placement: ranks per host against the host's logical CPUs and GPUs.",
+    "contention": "Contention: other processes' CPU on a host during the steady window = system CPU "
+    "(sys_cpu_pct · cpu_count) minus the job's ranks' (proc_cpu_pct, collector threads included); above "
+    "0.2 of a core per rank, timing findings are uncertain. A host whose system CPU is ≥ 90% had no "
+    "idle core.",
     "raw": "Recorded values, aggregated only to fit a chart (no derived definition).",
     "comm-patterns": "Communication beyond DDP: every torch.distributed call is a comm row with its "
     "total (issue to completion) and exposed time (what the caller waited); exposed time in a phase "

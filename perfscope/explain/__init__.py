@@ -16,6 +16,7 @@ from .context import Context
 from .finding import CATEGORIES, SEVERITIES, Evidence, Finding, rank_findings
 from .rulebook import RULES, Rule
 from .rules_placement import annotate_confounded
+from .rules_quality import annotate_contended
 
 __all__ = ["CATEGORIES", "RULES", "SEVERITIES", "Evidence", "Finding", "Rule", "explain", "rank_findings"]
 
@@ -37,4 +38,4 @@ def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
                 PerfscopeWarning,
                 stacklevel=2,
             )
-    return rank_findings(annotate_confounded(findings))
+    return annotate_contended(rank_findings(annotate_confounded(findings)))

@@ -1,13 +1,22 @@
 """Rule 11: confounds and data quality (mixed modes, variance, few points, superlinear speedup,
-throttling, missing ranks, phases or baselines), one finding per kind of problem."""
+throttling, missing ranks, phases or baselines), one finding per kind of problem; and the
+contention confound (other processes' CPU on the job's hosts), stated before any timing verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from .context import Context, Row
 from .finding import Finding
 from .rulebook import make_finding, rule
+from .rules_placement import crowded_hosts
+from .words import listing, num
+
+#: Timing findings resting on contended runs keep this share of their confidence.
+CONTENDED_CONFIDENCE = 0.5
+#: Findings that are verdicts about timing (and so can be produced by contention alone).
+TIMING_CATEGORIES = ("cause", "comparison")
 
 TITLES = {
     "runs_without_metadata": "Runs without metadata are left out",
@@ -80,3 +89,97 @@ def data_quality(ctx: Context) -> list[Finding]:
             )
         )
     return out
+
+
+@rule("contention", 11, "Confound: other processes took CPU from the job")
+def contention(ctx: Context) -> list[Finding]:
+    """Runs during which other processes on a host took more than 0.2 of a core per rank, and hosts
+    the job itself (with perfscope's collector threads) kept fully busy."""
+    rows = ctx.rows("contention")
+    contended = [r for r in rows if r["contended"]]
+    crowded = crowded_hosts(ctx)  # more ranks than cores: the oversubscription rule says it
+    saturated = [r for r in rows if r["saturated"] and not r["contended"] and r["run_id"] not in crowded]
+    out = []
+    if contended:
+        parts = [
+            f"{r['run_id']} on {r['hostname']}: {num(r['other_cores'])} of {r['cpu_count']} cores "
+            f"({num(r['other_cores_per_rank'])} per rank) went to other processes, the job's "
+            f"{r['ranks_on_host']} rank(s) used {num(r['job_cores'])}"
+            for r in contended
+        ]
+        out.append(
+            make_finding(
+                ctx,
+                "contention",
+                "other-processes",
+                severity="warning",
+                category="measurement",
+                title=f"Other processes took CPU from the job in {len(set(map(_run, contended)))} run(s)",
+                text=(
+                    "Read this before any timing verdict: system CPU minus the job's ranks' CPU shows other "
+                    f"processes busy on the job's hosts ({listing(parts, limit=4)}). Slow steps, stragglers, "
+                    "latency and small per-GPU work can all come from that contention rather than from the "
+                    "job, so the findings that rest on these runs are less certain."
+                ),
+                run_ids=sorted({r["run_id"] for r in contended}),
+                analyses=("contention",),
+                recommendation=(
+                    "Rerun on an otherwise idle host (or with the ranks pinned to reserved cores) before "
+                    "acting on the timing findings of these runs."
+                ),
+                confidence=0.9,
+                numbers={"max_other_cores_per_rank": max(r["other_cores_per_rank"] for r in contended)},
+            )
+        )
+    if saturated:
+        rids = sorted({r["run_id"] for r in saturated})
+        out.append(
+            make_finding(
+                ctx,
+                "contention",
+                "saturated",
+                severity="info",
+                category="measurement",
+                title=f"No idle core during {len(rids)} run(s): the job and perfscope filled the host",
+                text=(
+                    f"During {listing(rids, limit=4)} the hosts' CPUs were at least 90% busy, nearly all of "
+                    "it the job's own processes, which include perfscope's collector threads (poller, "
+                    "writer, host sampler). With no core to spare those threads compete with the "
+                    "ranks: part of the slowdown is the host's oversubscription by the job plus "
+                    "perfscope, not the job's scaling."
+                ),
+                run_ids=rids,
+                analyses=("contention",),
+                recommendation=(
+                    "Leave a core per host free for the collector (or lower poll_hz) when every core "
+                    "runs a rank; see BENCHMARKS.md for the collector's CPU per rank."
+                ),
+                confidence=0.7,
+            )
+        )
+    return out
+
+
+def _run(r: Row) -> str:
+    return str(r["run_id"])
+
+
+def annotate_contended(findings: list[Finding]) -> list[Finding]:
+    """State the contention confound first, and add a caveat to every timing finding resting on
+    contended runs, halving its confidence."""
+    contended: set[str] = set()
+    for f in findings:
+        if f.id == "contention:other-processes":
+            contended |= set(f.evidence.run_ids)
+    out = []
+    for f in findings:
+        hit = sorted(contended & set(f.evidence.run_ids))
+        if hit and f.category in TIMING_CATEGORIES:
+            f = dataclasses.replace(
+                f,
+                text=f.text + f" Caveat: other processes took CPU from run(s) {listing(hit)}; contention "
+                "alone can produce this pattern.",
+                confidence=round(f.confidence * CONTENDED_CONFIDENCE, 2),
+            )
+        out.append(f)
+    return sorted(out, key=lambda f: f.rule != "contention")  # stable: the ranking stays otherwise
