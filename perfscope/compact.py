@@ -46,6 +46,8 @@ class CompactResult:
     skipped: list[SkippedFile] = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
+    #: temporary files of killed writers and compactions, DuckDB spill folders (perfscope.leftovers)
+    leftovers_removed: list[Path] = field(default_factory=list)
 
 
 class _Changed(Exception):
@@ -117,7 +119,7 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
         except BlockingIOError:
             raise StoreError(f"another `perfscope compact` is running on {root_path}; wait for it.") from None
         if not dry_run:  # temporary files of killed compactions and writers, DuckDB spill folders
-            clean_leftovers(root_path)
+            result.leftovers_removed = clean_leftovers(root_path)
         listing = list_store(root_path)
         result.skipped = listing.skipped
         # Finish what an interrupted compaction left: segments already replaced by a merged file,

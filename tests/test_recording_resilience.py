@@ -200,7 +200,8 @@ def test_leftovers_older_than_the_grace_are_cleaned_and_nothing_else(tmp_path: P
 def test_compact_and_a_starting_writer_clean_leftovers(tmp_path: Path) -> None:
     root, paths, _ = _leftovers_store(tmp_path)
     (root / "spans").unlink()  # links inside a store are another test's subject
-    compact(root, grace_s=0)
+    result = compact(root, grace_s=0)
+    assert sorted(result.leftovers_removed) == sorted([paths["old_compaction"], paths["old_writer"]])
     assert not paths["old_compaction"].exists() and not paths["old_writer"].exists()
     assert paths["fresh_compaction"].exists() and paths["foreign"].exists()
     stale = segment_dir(root, "steps", "r1") / ".c-00000000aaaa.parquet.tmp"

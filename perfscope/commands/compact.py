@@ -33,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {r.files_written} files, removed {r.files_removed}; "
             f"{r.bytes_before / 1e6:.2f} MB -> {r.bytes_after / 1e6:.2f} MB"
         )
+    for path in r.leftovers_removed:
+        print(f"removed leftover {path} (a killed writer's, compaction's or query's)")
     for s in r.skipped:
         print(f"left alone {s.path}: {s.reason}")
     return 0
