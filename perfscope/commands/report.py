@@ -48,9 +48,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="csv",
         help="format of --tables files (default csv)",
     )
+    p.add_argument(
+        "--to",
+        choices=["mlflow", "wandb", "tensorboard"],
+        help="send per-step phase times, the scaling summary and the findings to a tracker instead "
+        "(-o: MLflow tracking URI or folder, W&B folder (offline unless WANDB_MODE), TensorBoard log dir)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.to:
+        from ..exporters.trackers import export_command
+
+        return export_command(args)
     try:
         from ..report import default_output, infer_format, write_report
     except ImportError as exc:  # altair / vl-convert are the dashboard extra

@@ -1,0 +1,1 @@
+"""Exporters: what perfscope measured, written for other tools (trace viewers, experiment trackers)."""
