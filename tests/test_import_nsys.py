@@ -121,10 +121,19 @@ def test_parse_reads_ranges_kernels_and_metrics(tmp_path):
     )
     (proc,) = ex.processes.values()
     assert proc.pid == 77
-    assert {r.domain for r in proc.ranges} == {"perfscope", ""}
-    assert len(proc.nccl) == STEPS and proc.nccl[0][0] == "allreduce"
-    assert len(ex.gpu_samples) == 20 and ex.gpu_samples[0]["util_gpu_pct"] == 90.0
-    assert "DRAM" not in json.dumps(ex.gpu_samples)
+    # only ranges that can be steps or phases are kept: not the default domain's cudaMemcpy
+    assert {r.domain for r in proc.ranges} == {"perfscope"}
+    assert {r.name for r in proc.ranges} == {"step", "forward", "backward", "optimizer"}
+    ks = list(nsys.kernels(ex, 77))
+    assert len(ks) == 3 * STEPS and [k[0] for k in ks] == sorted(k[0] for k in ks)
+    nccl = [k for k in ks if k[2] is not None]
+    assert len(nccl) == STEPS and {k[2] for k in nccl} == {"allreduce"} and ks[0][3] == 0
+    assert list(nsys.kernels(ex, 78)) == []  # another process's kernels are not this one's
+    samples = list(nsys.gpu_samples(ex))
+    assert (
+        len(samples) == 20 and samples[0]["util_gpu_pct"] == 90.0 and samples[0]["gpm_sm_active_pct"] == 60.0
+    )
+    assert "DRAM" not in json.dumps(samples)
 
 
 def test_rows_of_the_run(two_ranks):

@@ -13,6 +13,9 @@ Steps are the `step` ranges of domain `perfscope` (what perfscope's collector em
 `ProfilerStep#N` ranges. Every process with steps is one rank (files in the order given, processes by
 pid). A step's own phase times follow the collector's rules; its exposed sync is the `sync` phase plus
 the NCCL kernel time that no compute kernel overlaps (taken out of the phase it fell in).
+
+Only the ranges that can be steps or phases are held in memory; kernels and GPU metrics are streamed
+from SQLite in time order, one step's worth at a time.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,7 @@ _NCCL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 #: nsys metric name prefix -> gpu_samples column
 _METRICS = {"GPU Active": "util_gpu_pct", "GR Active": "util_gpu_pct", "SMs Active": "gpm_sm_active_pct",
             "Tensor Active": "gpm_tensor_active_pct"}  # fmt: skip
+_PID = "((({col}) >> 24) & 16777215)"  # Nsight serialises ids as (.. << 48) | (pid << 24) | tid
 
 Interval = tuple[int, int]
 
@@ -53,13 +58,10 @@ class Range:
 
 @dataclass
 class Process:
-    """One profiled process: its NVTX ranges and kernels (ns since the session start)."""
+    """One profiled process: its NVTX ranges that may be steps or phases (ns since the session start)."""
 
     pid: int
     ranges: list[Range] = field(default_factory=list)
-    nccl: list[tuple[str, int, int]] = field(default_factory=list)  # op, start, end
-    compute: list[Interval] = field(default_factory=list)
-    device_id: int | None = None
 
 
 @dataclass
@@ -69,36 +71,24 @@ class Export:
     hostname: str
     device_model: str
     processes: dict[int, Process]
-    gpu_samples: list[dict[str, Any]]
+    kernel_name_column: str | None  # None: no kernels with names in the export
+    has_gpu_metrics: bool
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    with open(path, "rb") as f:
-        head = f.read(len(_SQLITE_MAGIC))
-    if head != _SQLITE_MAGIC:
-        raise PerfscopeError(
-            f"{path}: not an SQLite file; export the report with `nsys export --type sqlite`"
-        )
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    con.execute("PRAGMA query_only = ON")
-    return con
-
-
-def _tables(con: sqlite3.Connection) -> set[str]:
-    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-
-def _pid(global_id: int | None) -> int:
-    # Nsight serialises ids as (.. << 48) | (pid << 24) | tid
-    return ((global_id or 0) >> 24) & 0xFFFFFF
-
-
-def parse(path: Path) -> Export:
-    """What the export holds of each process; refuses a file that is no Nsight Systems export."""
+@contextmanager
+def _opened(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection whose errors, and those of values of the wrong type, become one line."""
     try:
-        con = _connect(path)
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+        if head != _SQLITE_MAGIC:
+            raise PerfscopeError(
+                f"{path}: not an SQLite file; export the report with `nsys export --type sqlite`"
+            )
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            return _read(path, con)
+            con.execute("PRAGMA query_only = ON")
+            yield con
         finally:
             con.close()
     except sqlite3.OperationalError as exc:  # a table or column the documented schema has is missing
@@ -109,87 +99,115 @@ def parse(path: Path) -> Export:
         raise PerfscopeError(f"{path}: a value of the wrong type in the export ({exc})") from None
 
 
-def _read(path: Path, con: sqlite3.Connection) -> Export:
-    tables = _tables(con)
-    if "NVTX_EVENTS" not in tables:
-        raise PerfscopeError(
-            f"{path}: no NVTX_EVENTS table; not an Nsight Systems export with NVTX ranges "
-            "(profile with `nsys profile --trace=cuda,nvtx`)"
-        )
-    strings = "StringIds" in tables
-    text = "coalesce(e.text, s.value)" if strings else "e.text"
-    join = "LEFT JOIN StringIds s ON s.id = e.textId" if strings else ""
-    domains: dict[tuple[int, int], str] = {}
-    for dom, name, gtid in con.execute(
-        f"SELECT domainId, text, globalTid FROM NVTX_EVENTS WHERE eventType = {_DOMAIN_CREATE}"
-    ):
-        domains[(_pid(gtid), dom or 0)] = str(name or "")
-    procs: dict[int, Process] = {}
-    kinds = ", ".join(map(str, _RANGE_TYPES))
-    for start, end, name, gtid, dom in con.execute(
-        f"SELECT e.start, e.end, {text}, e.globalTid, e.domainId FROM NVTX_EVENTS e {join} "
-        f"WHERE e.eventType IN ({kinds}) AND e.end IS NOT NULL AND e.end >= e.start ORDER BY e.start"
-    ):
-        pid = _pid(gtid)
-        proc = procs.setdefault(pid, Process(pid))
-        proc.ranges.append(Range(str(name or ""), int(start), int(end), domains.get((pid, dom or 0), "")))
-    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
-        cols = {r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
-        name_col = (
-            "shortName" if "shortName" in cols else "demangledName" if "demangledName" in cols else None
-        )
-        if name_col is not None and strings:
-            for start, end, kname, gpid, dev in con.execute(
-                f"SELECT k.start, k.end, s.value, k.globalPid, k.deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                f"LEFT JOIN StringIds s ON s.id = k.{name_col} ORDER BY k.start"
-            ):
-                proc = procs.setdefault(_pid(gpid), Process(_pid(gpid)))
-                proc.device_id = dev if proc.device_id is None else proc.device_id
-                m = _NCCL.match(str(kname or ""))
-                if m:
-                    proc.nccl.append((m.group(1).lower(), int(start), int(end)))
-                else:
-                    proc.compute.append((int(start), int(end)))
-    epoch = None
-    if "TARGET_INFO_SESSION_START_TIME" in tables:
-        row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
-        epoch = int(row[0]) if row and row[0] is not None else None
-    hostname = ""
-    if "TARGET_INFO_SYSTEM_ENV" in tables:
-        row = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()
-        hostname = str(row[0]) if row else ""
-    model = ""
-    if "TARGET_INFO_GPU" in tables:
-        row = con.execute("SELECT name FROM TARGET_INFO_GPU").fetchone()
-        model = str(row[0]) if row else ""
-    samples = _gpu_samples(con, tables)
-    return Export(path, epoch, hostname, model, procs, samples)
+def _pid(global_id: int | None) -> int:
+    return ((global_id or 0) >> 24) & 0xFFFFFF
 
 
-def _gpu_samples(con: sqlite3.Connection, tables: set[str]) -> list[dict[str, Any]]:
-    """GPU metrics (nsys --gpu-metrics-devices) as gpu_samples values by column, one per GPU and time."""
-    if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
-        return []
-    wanted = {}
-    for type_id, metric_id, name in con.execute(
-        "SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"
-    ):
-        col = next((c for prefix, c in _METRICS.items() if str(name).startswith(prefix)), None)
-        if col is not None:
-            wanted[(type_id, metric_id)] = col
-    if not wanted:
-        return []
-    gpus = {t: i for i, t in enumerate(sorted({t for t, _ in wanted}))}
-    out: dict[tuple[int, int], dict[str, Any]] = {}
-    for ts, type_id, metric_id, value in con.execute(
-        "SELECT timestamp, typeId, metricId, value FROM GPU_METRICS ORDER BY timestamp"
-    ):
-        col = wanted.get((type_id, metric_id))
-        if col is None or ts is None:
-            continue
-        row = out.setdefault((int(ts), gpus[type_id]), {"ts": int(ts), "gpu_index": gpus[type_id]})
-        row[col] = float(value)
-    return list(out.values())
+def _one(con: sqlite3.Connection, tables: set[str], table: str, sql: str) -> Any:
+    if table not in tables:
+        return None
+    row = con.execute(sql).fetchone()
+    return row[0] if row else None
+
+
+def parse(path: Path) -> Export:
+    """The export's processes with their step and phase ranges, and what it says about the machine;
+    refuses a file that is no Nsight Systems export."""
+    with _opened(path) as con:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "NVTX_EVENTS" not in tables:
+            raise PerfscopeError(
+                f"{path}: no NVTX_EVENTS table; not an Nsight Systems export with NVTX ranges "
+                "(profile with `nsys profile --trace=cuda,nvtx`)"
+            )
+        strings = "StringIds" in tables
+        perfscope_domains: set[tuple[int, int]] = set()
+        for dom, name, gtid in con.execute(
+            f"SELECT domainId, text, globalTid FROM NVTX_EVENTS WHERE eventType = {_DOMAIN_CREATE}"
+        ):
+            if name == "perfscope":
+                perfscope_domains.add((_pid(gtid), dom or 0))
+        text = "coalesce(e.text, s.value)" if strings else "e.text"
+        join = "LEFT JOIN StringIds s ON s.id = e.textId" if strings else ""
+        kinds = ", ".join(map(str, _RANGE_TYPES))
+        canon = ", ".join(f"'{c}'" for c in CANONICAL)
+        procs: dict[int, Process] = {}
+        # only ranges that can be steps or phases: those of a domain named perfscope, ProfilerStep#N,
+        # and canonical phase names in any domain
+        doms = {d for _, d in perfscope_domains}
+        for start, end, name, gtid, dom in con.execute(
+            f"SELECT e.start, e.end, {text} AS name, e.globalTid, e.domainId FROM NVTX_EVENTS e {join} "
+            f"WHERE e.eventType IN ({kinds}) AND e.end IS NOT NULL AND e.end >= e.start "
+            f"AND (coalesce(e.domainId, 0) IN ({', '.join(map(str, doms)) or 'NULL'}) "
+            f"     OR {text} LIKE 'ProfilerStep#%' OR {text} IN ({canon})) ORDER BY e.start"
+        ):
+            pid = _pid(gtid)
+            domain = "perfscope" if (pid, dom or 0) in perfscope_domains else ""
+            proc = procs.setdefault(pid, Process(pid))
+            proc.ranges.append(Range(str(name or ""), int(start), int(end), domain))
+        name_col = None
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in tables and strings:
+            cols = {r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
+            name_col = next((c for c in ("shortName", "demangledName") if c in cols), None)
+        epoch = _one(con, tables, "TARGET_INFO_SESSION_START_TIME",
+                     "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")  # fmt: skip
+        host = _one(con, tables, "TARGET_INFO_SYSTEM_ENV",
+                    "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")  # fmt: skip
+        model = _one(con, tables, "TARGET_INFO_GPU", "SELECT name FROM TARGET_INFO_GPU")
+        return Export(
+            path,
+            int(epoch) if epoch is not None else None,
+            str(host or ""),
+            str(model or ""),
+            procs,
+            name_col,
+            {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables,
+        )
+
+
+def kernels(ex: Export, pid: int) -> Iterator[tuple[int, int, str | None, int | None]]:
+    """The process's kernels in start order, streamed: (start, end, NCCL op or None, device id)."""
+    if ex.kernel_name_column is None:
+        return
+    with _opened(ex.path) as con:
+        for start, end, kname, dev in con.execute(
+            f"SELECT k.start, k.end, s.value, k.deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+            f"LEFT JOIN StringIds s ON s.id = k.{ex.kernel_name_column} "
+            f"WHERE {_PID.format(col='k.globalPid')} = ? ORDER BY k.start",
+            (pid,),
+        ):
+            m = _NCCL.match(str(kname or ""))
+            yield int(start), int(end), m.group(1).lower() if m else None, dev
+
+
+def gpu_samples(ex: Export) -> Iterator[dict[str, Any]]:
+    """GPU metrics (nsys --gpu-metrics-devices) as gpu_samples values by column, one per GPU and
+    time, streamed in time order."""
+    if not ex.has_gpu_metrics:
+        return
+    with _opened(ex.path) as con:
+        wanted = {}
+        for type_id, metric_id, name in con.execute(
+            "SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"
+        ):
+            col = next((c for prefix, c in _METRICS.items() if str(name).startswith(prefix)), None)
+            if col is not None:
+                wanted[(type_id, metric_id)] = col
+        gpus = {t: i for i, t in enumerate(sorted({t for t, _ in wanted}))}
+        row: dict[str, Any] = {}
+        for ts, type_id, metric_id, value in con.execute(
+            "SELECT timestamp, typeId, metricId, value FROM GPU_METRICS ORDER BY timestamp, typeId"
+        ):
+            col = wanted.get((type_id, metric_id))
+            if col is None or ts is None:
+                continue
+            if row and (row["ts"], row["gpu_index"]) != (int(ts), gpus[type_id]):
+                yield row
+                row = {}
+            row = row or {"ts": int(ts), "gpu_index": gpus[type_id]}
+            row[col] = float(value)
+        if row:
+            yield row
 
 
 def _union(intervals: Iterable[Interval]) -> list[Interval]:
@@ -257,21 +275,27 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
         )
     run_id = opts.run_id or default_run_id("nsys", opts.experiment, paths)
     with RunImport(opts, "nsys", run_id) as run:
-        starts, ends = [], []
+        starts, ends, has_nccl = [], [], False
         for i, (ex, proc, steps) in enumerate(ranked):
             rank = opts.rank if opts.rank is not None else i
             epoch = ex.epoch_ns
             if epoch is None:
                 epoch = 0
                 run.warn(f"{ex.path.name}: no session start time; timestamps are relative to the session")
-            run.rank(rank, hostname=ex.hostname, pid=proc.pid, device_index=proc.device_id,
+            device, nccl = _write_rank(run, rank, epoch, proc, steps, kernels(ex, proc.pid))
+            has_nccl = has_nccl or nccl
+            run.rank(rank, hostname=ex.hostname, pid=proc.pid, device_index=device,
                      device_name=ex.device_model, started_ns=epoch + steps[0].start)  # fmt: skip
-            _write_rank(run, rank, epoch, proc, steps)
             starts.append(epoch + steps[0].start)
             ends.append(epoch + steps[-1].end)
+        names = TABLES["gpu_samples"].column_names
         for ex in exports:
-            _write_gpu(run, ex)
-        has_nccl = any(p.nccl for _, p, _ in ranked)
+            fixed = {"hostname": ex.hostname}
+            run.rows(
+                "gpu_samples",
+                (tuple({**fixed, **s, "ts_ns": (ex.epoch_ns or 0) + s["ts"]}.get(n) for n in names)
+                 for s in gpu_samples(ex)),
+            )  # fmt: skip
         hosts = sorted({ex.hostname for ex, _, _ in ranked})
         return run.finish(
             started_ns=min(starts),
@@ -286,22 +310,53 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
         )
 
 
-def _write_rank(run: RunImport, rank: int, epoch: int, proc: Process, steps: list[Range]) -> None:
+def _write_rank(
+    run: RunImport,
+    rank: int,
+    epoch: int,
+    proc: Process,
+    steps: list[Range],
+    kernel_stream: Iterator[tuple[int, int, str | None, int | None]],
+) -> tuple[int | None, bool]:
+    """One rank's steps, spans and comm rows, reading its kernels once in time order. Returns its
+    device id and whether it ran NCCL kernels."""
     phases = sorted(
         (r for r in proc.ranges if r.name != "step" and not _PROFILER_STEP.match(r.name)
          and (r.domain == "perfscope" or r.name in CANONICAL)),
         key=lambda r: (r.start, -r.end),
     )  # fmt: skip
-    compute = _union(proc.compute)
+    pending = next(kernel_stream, None)
+    device: int | None = pending[3] if pending else None
+    carry: list[Interval] = []  # compute kernels reaching into the next step
+    any_nccl = False
+    next_phase = 0
     prev_end: int | None = None
     for k, st in enumerate(steps):
         lo = prev_end if prev_end is not None and prev_end <= st.start else st.start
         hi = st.end
         prev_end = hi
+        nccl: list[tuple[str, int, int]] = []
+        compute = [iv for iv in carry if iv[1] > lo]
+        while pending is not None and pending[0] < hi:
+            start, end, op, _ = pending
+            if start >= lo and op is not None:
+                nccl.append((op, start, end))
+            elif op is None and end > lo:
+                compute.append((start, end))
+            pending = next(kernel_stream, None)
+        carry = [iv for iv in compute if iv[1] > hi]
+        any_nccl = any_nccl or bool(nccl)
         cols = dict.fromkeys(CANONICAL, 0)
         canon_windows: dict[str, list[Interval]] = defaultdict(list)
         stack: list[Range] = []
-        for r in (r for r in phases if st.start <= r.start and r.end <= hi):
+        while next_phase < len(phases) and phases[next_phase].start < st.start:
+            next_phase += 1
+        i = next_phase
+        while i < len(phases) and phases[i].start < hi:
+            r = phases[i]
+            i += 1
+            if r.end > hi:
+                continue
             while stack and stack[-1].end <= r.start:
                 stack.pop()
             parent = stack[-1] if stack else None
@@ -314,12 +369,12 @@ def _write_rank(run: RunImport, rank: int, epoch: int, proc: Process, steps: lis
                 if outer is not None:
                     cols[outer.name] -= r.end - r.start
             stack.append(r)
-        nccl = [(op, a, b) for op, a, b in proc.nccl if lo <= a < hi]
+        next_phase = i
         for seq, (op, a, b) in enumerate(nccl):
             run.comm(rank, k, seq, op, None, epoch + a, b - a, clock="cuda")
         # NCCL time no compute kernel overlaps is waited for; outside a `sync` phase it is charged
         # to sync and taken out of the phase it fell in
-        exposed = _minus(_union((a, b) for _, a, b in nccl), _clip(compute, lo, hi))
+        exposed = _minus(_union((a, b) for _, a, b in nccl), _clip(_union(compute), lo, hi))
         exposed = _minus(exposed, _union(canon_windows["sync"]))
         for name in ("data", "forward", "backward", "optimizer"):
             inside = _length(_minus(exposed, _minus(exposed, _union(canon_windows[name]))))
@@ -333,15 +388,4 @@ def _write_rank(run: RunImport, rank: int, epoch: int, proc: Process, steps: lis
             comm_count=len(nccl),
         )
         run.step(rank, k, t, clock="host")
-
-
-def _write_gpu(run: RunImport, ex: Export) -> None:
-    if not ex.gpu_samples:
-        return
-    names = TABLES["gpu_samples"].column_names
-    epoch = ex.epoch_ns or 0
-    rows = []
-    for s in ex.gpu_samples:
-        values = {"ts_ns": epoch + s["ts"], "hostname": ex.hostname, "gpu_index": s["gpu_index"], **s}
-        rows.append(tuple(values.get(n) for n in names))
-    run.rows("gpu_samples", rows)
+    return device, any_nccl
