@@ -107,10 +107,11 @@ def pipeline_worker(rank: int, world_size: int, store: str, options: dict[str, A
     opt = torch.optim.SGD(stage.parameters(), lr=0.001)
     timer = _Timer()
     role = f"stage:{rank}" if options.get("role", True) else None
-    extra = {"role": role} if role else {}
+    extra: dict[str, Any] = {"role": role} if role else {}
+    if options.get("global_batch", True):  # else perfscope counts the samples once per global batch
+        extra["global_batch_size"] = micro * micro_batch
     with perfscope.profile(store, experiment="pattern-pipeline", batch_size=micro * micro_batch,
-                           global_batch_size=micro * micro_batch, poll_hz=0, gpu_telemetry=False,
-                           **extra) as prof:  # fmt: skip
+                           poll_hz=0, gpu_telemetry=False, **extra) as prof:  # fmt: skip
         run_id = prof.run_id
         for _ in range(options.get("steps", 8)):
             acts, outs = [], []

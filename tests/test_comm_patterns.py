@@ -18,6 +18,9 @@ from perfscope.explain import explain
 
 SAMPLE_DDP = Path(__file__).resolve().parents[1] / "sample_traces" / "demo-cpu"
 PATTERN_RULES = {"pipeline-bubble", "parameter-server", "periodic-sync", "sharded-exposed"}
+#: this 2-core machine runs 3-rank jobs oversubscribed, and shares it: those confounds are true,
+#: and ranked first; the cause asked about is the first one after them
+CONFOUNDS = {"oversubscription", "contention"}
 
 
 def _record(
@@ -32,7 +35,14 @@ def _record(
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # stage 1 does three times stage 0's work; roles are not given: they are inferred
-    opts = {"steps": 12, "micro_batches": 4, "slow_stage": 1, "slow_factor": 3, "role": False}
+    opts = {
+        "steps": 12,
+        "micro_batches": 4,
+        "slow_stage": 1,
+        "slow_factor": 3,
+        "role": False,
+        "global_batch": False,
+    }
     return _record(tmp_path_factory, "pipeline", patterns.pipeline_worker, 2, opts)
 
 
@@ -58,7 +68,7 @@ def _analysis(store: Path, name: str) -> list[dict[str, Any]]:
 
 def _causes(store: Path) -> list[Any]:
     with open_store(store) as s:
-        return [f for f in explain(s) if f.category == "cause"]
+        return [f for f in explain(s) if f.category == "cause" and f.rule not in CONFOUNDS]
 
 
 def test_pipeline_stages_are_inferred_and_the_slow_stage_is_named(pipeline: Path) -> None:
@@ -98,6 +108,14 @@ def test_parameter_server_is_inferred_and_its_workers_wait_on_it(ps: Path) -> No
     top = _causes(ps)[0]
     assert top.rule == "parameter-server" and top.numbers["server_rank"] == 0
     assert "straggler" not in {f.rule for f in _causes(ps)}
+
+
+def test_samples_are_counted_once_per_global_batch(pipeline: Path, ps: Path) -> None:
+    (run,) = _analysis(pipeline, "run_summary")
+    assert run["samples_per_step"] == pytest.approx(4 * 16)  # one global batch through both stages
+    (run,) = _analysis(ps, "run_summary")
+    assert run["samples_per_step"] == pytest.approx(2 * 32)  # two workers; the server has no samples
+    assert "missing_ranks" not in {q["kind"] for q in _analysis(ps, "quality")}
 
 
 def test_periodic_sync_cost_share_and_the_k_that_keeps_it_under_ten_percent(paramavg: Path) -> None:

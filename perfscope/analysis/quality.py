@@ -100,7 +100,7 @@ def _run_checks(r: dict[str, Any]) -> list[dict[str, Any]]:
     if not r["n_steps"]:
         return [_row("run_without_steps", "warning", f"run {rid} has metadata but no recorded steps.", rid)]
     ws, seen = r["world_size"], r["ranks_seen"] or 0
-    if ws and seen < ws:
+    if ws and seen < ws - (r.get("servers") or 0):  # a parameter server records no steps
         out.append(
             _row(
                 "missing_ranks",

@@ -133,10 +133,13 @@ def run_stats_table(store: Store, sel: Selection) -> str:
     variation describe spread only; `step_period` and `slow_step_share` name a bimodal or periodic
     step-time distribution (see `SLOW_STEP_RATIO`). The breakdown's phases are means over steady
     (rank, step) rows and add up to `step_ns` with `imbalance_ns` (the slowest rank's excess)."""
+    from .comm_patterns import roles_table  # it builds on this module's tables
+
     runs = runs_table(store, sel)
     thr = thresholds_table(store, sel)
     sa = step_agg_table(store, sel)
     ra = rank_agg_table(store, sel)
+    roles = roles_table(store, sel)
     named = [p for p in PHASES if p != "other"]
     # Mean over steady (rank, step) rows of each phase; NULL when the phase was never recorded.
     phase_means = ",\n".join(
@@ -182,9 +185,14 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                    sum(samples_sum / nullif(samples_n, 0)) AS samples_per_step_recorded,
                    sum(samples_sum) AS samples_steady
             FROM {ra} GROUP BY run_id
+        ), rl AS (
+            SELECT run_id, count(*) FILTER (WHERE role = 'server') AS servers,
+                   count(*) FILTER (WHERE role LIKE 'stage:%') AS stages
+            FROM {roles} GROUP BY run_id
         ), j AS (
             SELECT r.*, t.first_step, t.last_step, t.n_steps, t.warmup_steps, t.warmup_fallback,
                    st.* EXCLUDE (run_id), k.* EXCLUDE (run_id),
+                   coalesce(rl.servers, 0) AS servers, coalesce(rl.stages, 0) AS stages,
                    st.step_max_mean_ns AS step_ns,
                    coalesce(shape.slow_steps, 0) / st.steady_steps AS slow_step_share,
                    shape.slow_mean_ns / nullif(st.step_median_ns, 0) AS slow_step_ratio,
@@ -195,11 +203,20 @@ def run_stats_table(store: Store, sel: Selection) -> str:
             LEFT JOIN st USING (run_id)
             LEFT JOIN shape USING (run_id)
             LEFT JOIN k USING (run_id)
+            LEFT JOIN rl USING (run_id)
         ), g AS (
             SELECT j.*,
-                   -- ranks whose rows are missing did the same work as the ones recorded
-                   coalesce(samples_per_step_recorded * greatest(1.0, world_size / ranks_seen),
-                            global_batch_size::DOUBLE, batch_size_per_rank::DOUBLE * world_size)
+                   -- an explicit global batch wins (with stages or servers, per-rank batch x world
+                   -- size is the collector's SPMD guess, not the user's); pipeline stages pass one
+                   -- global batch along (counted once), servers process none; ranks whose rows
+                   -- are missing did the same work as the ones recorded
+                   coalesce(CASE WHEN stages + servers = 0
+                                   OR global_batch_size IS DISTINCT FROM batch_size_per_rank * world_size
+                                 THEN global_batch_size::DOUBLE END,
+                            CASE WHEN stages > 1 THEN samples_per_step_recorded / ranks_seen
+                                 ELSE samples_per_step_recorded
+                                      * greatest(1.0, (world_size - servers) / ranks_seen) END,
+                            batch_size_per_rank::DOUBLE * (world_size - servers))
                        AS samples_per_step
             FROM j
         )
