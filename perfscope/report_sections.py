@@ -598,6 +598,7 @@ def batch(ctx: Context) -> Section | None:
             "batch_sweep",
             "Batch-size sweep",
             _cols(
+                ("experiment", "experiment"),
                 ("cluster", "cluster"),
                 ("world_size", "N"),
                 ("global_batch_size", "global batch"),
@@ -607,7 +608,15 @@ def batch(ctx: Context) -> Section | None:
                 ("epoch_s", "epoch"),
                 ("throughput_vs_smallest", "X / smallest batch"),
             ),
-            sorted(sweep, key=lambda r: (str(r["cluster"]), r["world_size"], r["global_batch_size"] or 0)),
+            sorted(
+                sweep,
+                key=lambda r: (
+                    str(r["experiment"]),
+                    str(r["cluster"]),
+                    r["world_size"],
+                    r["global_batch_size"] or 0,
+                ),
+            ),
         )
     )
     ttm = ctx.rows("time_to_metric")
@@ -615,18 +624,30 @@ def batch(ctx: Context) -> Section | None:
         s.blocks.append(
             _table(
                 "time_to_metric",
-                "Time to a common metric target",
+                "Time to a metric target",
                 _cols(
+                    ("experiment", "experiment"),
+                    ("variant", "variant"),
                     ("metric", "metric"),
                     ("target", "target"),
+                    ("target_source", "target from"),
                     ("world_size", "N"),
                     ("global_batch_size", "global batch"),
                     ("reached", "reached"),
+                    ("diverged", "diverged"),
                     ("time_to_target_s", "time to target"),
                     ("steps_to_target", "steps"),
                     ("final_value", "final value"),
                 ),
-                sorted(ttm, key=lambda r: (r["metric"], r["global_batch_size"] or 0)),
+                sorted(
+                    ttm,
+                    key=lambda r: (
+                        str(r["experiment"]),
+                        str(r["variant"]),
+                        r["metric"],
+                        r["global_batch_size"] or 0,
+                    ),
+                ),
             )
         )
     return s

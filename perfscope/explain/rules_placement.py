@@ -4,7 +4,7 @@ every other cause found in the same runs: contention can produce those patterns 
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from .context import Context, Row
 from .finding import Finding
@@ -81,7 +81,7 @@ def oversubscription(ctx: Context) -> list[Finding]:
                 scope,
                 severity="alarm",
                 category="cause",
-                title="Oversubscribed host: " + listing(_crowding(by_run[r][0]) for r in rids),
+                title="Oversubscribed host: " + _crowding_title([_crowding(by_run[r][0]) for r in rids]),
                 text=text,
                 run_ids=rids,
                 analyses=("placement", "scaling"),
@@ -109,6 +109,11 @@ def _cap(h: Row) -> float:
     if h["oversubscribed_gpu"] and h["gpus_on_host"]:
         caps.append(h["gpus_on_host"] / h["ranks_on_host"])
     return min(caps)
+
+
+def _crowding_title(crowdings: list[str]) -> str:
+    """Each distinct crowding once, with its run count: '3 ranks on 2 cores (2 runs)'."""
+    return listing(f"{c} ({n} runs)" if n > 1 else c for c, n in Counter(crowdings).items())
 
 
 def _crowding(h: Row) -> str:
