@@ -25,6 +25,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "simulate": ("simulate", "write simulated runs: the seed study, a JSON study, or a fit's predictions"),
     "demo": ("demo", "record a real DDP training job at world sizes 1, 2, 4 into a store"),
     "run": ("run", "record a training command with no change to its script: perfscope run -- CMD ARGS..."),
+    "top": ("top", "a live terminal view of a store while a job writes it: per rank, slowest rank, findings"),
     "dashboard": ("dashboard", "open a store in the browser: runs, scaling curves, findings, SQL"),
     "report": ("report", "write the scaling study as one self-contained HTML file (or Markdown with PNGs)"),
     "import": ("import_", "import existing traces (torch.profiler, ...) into a store as a measured run"),
