@@ -171,6 +171,15 @@ def test_analyze_json_end_to_end(imported, capsys):
     assert run["step_ns"] == pytest.approx(STEP_US * 1000, rel=1e-3)
 
 
+@pytest.mark.parametrize("shape", ["[" + "9" * 5000 + "]", "[99999999999, 99999999999]"])
+def test_damaged_shapes_leave_bytes_unknown(tmp_path, shape):
+    text = timeline().replace('"shape": "[1024]"', json.dumps({"shape": shape})[1:-1])
+    bias = [
+        c for c in horovod.parse(_put(tmp_path / "t.json", text)).collectives if c.tensor.endswith("bias")
+    ]
+    assert len(bias) == STEPS and all(c.nbytes is None for c in bias)
+
+
 def test_open_and_cut_timelines_read_to_the_last_event(tmp_path, capsys):
     text = timeline()
     whole = len(horovod.parse(_put(tmp_path / "a.json", text)).collectives)

@@ -149,10 +149,11 @@ def _nbytes(args: Any) -> int | None:
     if not isinstance(args, dict):
         return None
     size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower().removeprefix("horovod_"))
-    dims = re.findall(r"\d+", str(args.get("shape", "")))
-    if size is None or "shape" not in args:
+    dims = re.findall(r"\d+", str(args.get("shape", ""))[:1000])
+    if size is None or "shape" not in args or any(len(d) > 18 for d in dims):
         return None
-    return size * math.prod(int(d) for d in dims)
+    nbytes = size * math.prod(int(d) for d in dims)
+    return nbytes if nbytes < 1 << 62 else None  # no tensor is that large: a damaged shape
 
 
 def collectives(path: Path, tl: Timeline) -> Iterator[Collective]:
