@@ -147,6 +147,27 @@ def test_bad_input_is_one_line(tmp_path, capsys, name, content, says):
     )
 
 
+def test_non_finite_numbers_are_not_measurements(tmp_path, capsys):
+    text = ALL_REDUCE.replace("4200.00   31.96   55.92", "    inf     nan   1e400")
+    store = tmp_path / "s"
+    assert (
+        main(
+            [
+                "import",
+                "nccl-tests",
+                str(_write(tmp_path, "all_reduce_perf.log", text)),
+                "--store",
+                str(store),
+            ]
+        )
+        == 0
+    )
+    with open_store(store) as st:
+        top = st.query("SELECT * FROM reference_bw WHERE bytes = 134217728").to_pylist()[0]
+    assert top["oop_time_ns"] is None and top["oop_busbw_gb_per_s"] is None
+    assert top["ip_busbw_gb_per_s"] == pytest.approx(56.59)
+
+
 def test_unknown_collective_is_refused(tmp_path):
     # no benchmark name anywhere and a count that fits no collective
     text = ALL_REDUCE.replace("       8             2     float", "       8             7     float")

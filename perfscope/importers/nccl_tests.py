@@ -11,6 +11,7 @@ Several tests may follow each other in one file; NCCL INFO lines and other noise
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -94,9 +95,10 @@ def _num(tok: str) -> float | None:
     if tok in ("N/A", "n/a", "-"):
         return None
     try:
-        return float(tok)
+        value = float(tok)
     except ValueError:
         return None
+    return value if math.isfinite(value) and abs(value) < 1e15 else None  # nan, inf: not a measurement
 
 
 def _header_columns(tokens: list[str]) -> tuple[int, int, dict[str, int]] | None:
