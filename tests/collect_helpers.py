@@ -79,6 +79,13 @@ def run_ranks(
     return results
 
 
+def results_ok(results: dict[int, Any]) -> dict[int, Any]:
+    """run_ranks' results when every rank returned; fails the test with the first rank that did not."""
+    for rank, (status, value) in results.items():
+        assert status == "ok", f"rank {rank}: {status}: {value}"
+    return {r: v for r, (_, v) in results.items()}
+
+
 # -- the workload of the DDP tests ------------------------------------------------------------------
 def make_model() -> Any:
     import torch.nn as nn

@@ -23,7 +23,7 @@ from perfscope.collectors.rendezvous import TIMEOUT_ENV, ExchangeIncomplete, Pee
 
 pytest.importorskip("torch")
 import torch
-from collect_helpers import free_port, run_ranks
+from collect_helpers import free_port, results_ok, run_ranks
 
 STEPS = 5
 #: the process group's own timeout: far beyond the test's deadline, so a hang fails the test
@@ -58,15 +58,9 @@ def profile_worker(rank: int, world_size: int, store: str, absent: int | None) -
     return out
 
 
-def _ok(results: dict[int, Any]) -> dict[int, dict[str, Any]]:
-    for rank, (status, value) in results.items():
-        assert status == "ok", f"rank {rank}: {status}: {value}"
-    return {r: v for r, (_, v) in results.items()}
-
-
 @pytest.mark.parametrize("absent", [2, 0])
 def test_a_rank_that_never_opens_profile_does_not_hang_the_others(tmp_path: Path, absent: int) -> None:
-    out = _ok(run_ranks(profile_worker, 3, str(tmp_path), absent, timeout_s=240))
+    out = results_ok(run_ranks(profile_worker, 3, str(tmp_path), absent, timeout_s=240))
     assert not out[absent]["recorded"]
     present = [r for r in range(3) if r != absent]
     # the lowest rank heard gives the run id (rank 1 reads rank 0's, or ranks 1 and 2 take rank 1's)
@@ -92,7 +86,7 @@ def test_a_rank_that_never_opens_profile_does_not_hang_the_others(tmp_path: Path
 
 
 def test_ranks_that_all_open_profile_agree_without_a_warning(tmp_path: Path) -> None:
-    out = _ok(run_ranks(profile_worker, 3, str(tmp_path), None, timeout_s=240))
+    out = results_ok(run_ranks(profile_worker, 3, str(tmp_path), None, timeout_s=240))
     assert len({o["run_id"] for o in out.values()}) == 1
     assert all(o["exchanged"] and o["offset_known"] and o["warnings"] == [] for o in out.values())
     with open_store(tmp_path) as store:
