@@ -6,14 +6,18 @@ profile() cannot hang the others; every wait has a deadline) or Horovod; never a
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
+
+from perfscope.errors import warn_once
 
 from . import identity as ids
 from .faults import Faults
@@ -92,13 +96,24 @@ class Exchange(Protocol):
     def all_gather(self, obj: Any) -> list[Any]: ...
 
 
-def timeout_s(env: dict[str, str] | None = None) -> float:
+def timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """PERFSCOPE_RENDEZVOUS_TIMEOUT_S, else the default; a value that is no positive number of
+    seconds under a day is ignored with a warning."""
     raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
     try:
         value = float(raw)
     except ValueError:
-        return DEFAULT_TIMEOUT_S
-    return value if 0 < value < 86_400 else DEFAULT_TIMEOUT_S
+        value = math.nan
+    if 0 < value < 86_400:
+        return value
+    warn_once(
+        "rendezvous-timeout-env",
+        f"perfscope: {TIMEOUT_ENV}={raw[:40]!r} is not a number of seconds between 0 and 86400; "
+        f"using {DEFAULT_TIMEOUT_S:g}.",
+    )
+    return DEFAULT_TIMEOUT_S
 
 
 _generation = 0

@@ -194,3 +194,11 @@ def test_a_store_whose_server_is_gone_ends_the_exchange() -> None:
     with pytest.raises(ExchangeIncomplete) as caught:
         ex1.all_gather(Peer(1, "b", 2, 1, None, "run-b"))
     assert caught.value.present == {} and "\n" not in caught.value.what
+
+
+@pytest.mark.parametrize("raw", ["soon", "nan", "-1", "0", "inf", "1e9"])
+def test_a_bad_timeout_setting_falls_back_to_the_default(raw: str) -> None:
+    with warnings.catch_warnings():  # said once per process
+        warnings.simplefilter("ignore", PerfscopeWarning)
+        assert rendezvous.timeout_s({TIMEOUT_ENV: raw}) == rendezvous.DEFAULT_TIMEOUT_S
+    assert rendezvous.timeout_s({TIMEOUT_ENV: " 2.5 "}) == 2.5 and rendezvous.timeout_s({}) == 10.0
