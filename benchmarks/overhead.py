@@ -10,6 +10,13 @@ the same round. perfscope's block includes everything it runs: phases, NVTX rang
 writer's thread and the 10 Hz poller (started before the block, stopped after it). Besides wall
 time, each block's process CPU time (all threads) is compared, which other processes on a shared
 machine disturb far less (the CPU ratio column). The result is a Markdown table on stdout.
+
+`--ddp-rounds R` adds the collector's cost on a saturated host: bare and instrumented 1- and
+2-rank DDP jobs on gloo (about 40 ms steps, one thread per rank, so 2 ranks fill a 2-core host),
+interleaved in one run in a rotated order, R rounds; each job's throughput is its samples over the
+elapsed time of its steady steps, the efficiency E(2) = X(2)/(2·X(1)) is computed bare and
+instrumented from the same round, and the CPU of perfscope's own threads (writer, poller with the
+host sampler) is read per rank from /proc (Linux).
 """
 
 from __future__ import annotations
@@ -241,12 +248,149 @@ def poller_cpu(seconds: float) -> tuple[float, int, int]:
     return 100.0 * p.cpu_ns / 1e9 / (time.perf_counter() - t0), p.samples, len(gpus.device_names)
 
 
+DDP_STEPS = 60
+DDP_WARMUP = 10
+DDP_BATCH = 256
+DDP_WIDTH = 1024
+
+
+def _perfscope_threads_cpu_s() -> float:
+    """CPU seconds of this process's perfscope threads (by their Python names), from /proc."""
+    import threading
+
+    total = 0.0
+    for t in threading.enumerate():
+        if not t.name.startswith("perfscope") or t.native_id is None:
+            continue
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def ddp_job(rank: int, world_size: int, port: int, store: str | None, q: Any) -> None:
+    """One rank of a DDP job on gloo: DDP_STEPS steps of an MLP, bare (store None) or under
+    perfscope.profile; puts (rank, steady samples/s, steady elapsed s, perfscope threads' CPU s
+    over the steady steps)."""
+    import contextlib
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.manual_seed(rank)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    model = nn.Sequential(nn.Linear(256, DDP_WIDTH), nn.ReLU(), nn.Linear(DDP_WIDTH, DDP_WIDTH), nn.ReLU(),
+                          nn.Linear(DDP_WIDTH, 10))  # fmt: skip
+    net = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    x, y = torch.randn(DDP_BATCH, 256), torch.randint(0, 10, (DDP_BATCH,))
+    prof = None
+    with contextlib.ExitStack() as stack:
+        if store is not None:
+            prof = stack.enter_context(
+                perfscope.profile(store, experiment="ddp-overhead", batch_size=DDP_BATCH)
+            )
+            prof.watch(net)
+        t0 = cpu0 = 0.0
+        for i in range(DDP_STEPS):
+            if i == DDP_WARMUP:  # the threads' start-up (first segment, clock exchange) is not steady cost
+                t0, cpu0 = time.perf_counter(), _perfscope_threads_cpu_s()
+            if prof is not None:
+                recorded_step(prof, net, opt, x, y)
+                prof.step()
+            else:
+                train_step(net, opt, x, y)
+        elapsed = time.perf_counter() - t0
+        threads_cpu = _perfscope_threads_cpu_s() - cpu0
+    dist.destroy_process_group()
+    q.put((rank, DDP_BATCH * world_size * (DDP_STEPS - DDP_WARMUP) / elapsed, elapsed, threads_cpu))
+
+
+def run_ddp(world_size: int, store: str | None) -> list[tuple[int, float, float, float]]:
+    import multiprocessing as mp
+    import socket
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "perfscope"])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    q = ctx.Queue()
+    procs = [ctx.Process(target=ddp_job, args=(r, world_size, port, store, q)) for r in range(world_size)]
+    for proc in procs:
+        proc.start()
+    out = [q.get(timeout=300) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    return sorted(out)
+
+
+def ddp_overhead(rounds: int, tmp: Path) -> None:
+    """Bare and instrumented 1- and 2-rank jobs interleaved; Markdown on stdout."""
+    kinds = [(1, False), (1, True), (2, False), (2, True)]
+    x: dict[tuple[int, bool], list[float]] = {k: [] for k in kinds}
+    eff: dict[bool, list[float]] = {False: [], True: []}
+    threads_pct: list[float] = []
+    for r in range(rounds):
+        got = {}
+        for n, inst in kinds[r % 4 :] + kinds[: r % 4]:
+            res = run_ddp(n, str(tmp / f"ddp{r}-{n}") if inst else None)
+            got[(n, inst)] = res[0][1]  # every rank reports the job's samples/s; rank 0's clock
+            if inst:
+                threads_pct += [100.0 * cpu / elapsed for _, _, elapsed, cpu in res]
+        for k in kinds:
+            x[k].append(got[k])
+        for inst in (False, True):
+            eff[inst].append(got[(2, inst)] / (2 * got[(1, inst)]))
+    med = statistics.median
+    load = os.getloadavg()[0]
+    print(
+        f"\n## Collector cost on a saturated host ({rounds} rounds, 1- and 2-rank DDP on gloo, MLP width "
+        f"{DDP_WIDTH}, batch {DDP_BATCH} per rank, one thread per rank, {os.cpu_count()} cores, load "
+        f"average {load:.1f} after the run)\n"
+    )
+    print("| job | bare samples/s (median) | instrumented samples/s (median) | instrumented / bare |")
+    print("|---|---|---|---|")
+    for n in (1, 2):
+        ratios = [i / b for b, i in zip(x[(n, False)], x[(n, True)], strict=True)]
+        print(f"| {n} rank(s) | {med(x[(n, False)]):.0f} | {med(x[(n, True)]):.0f} | {med(ratios):.3f}x |")
+    print()
+    print(
+        f"- efficiency E(2) = X(2)/(2·X(1)), per round: bare {med(eff[False]):.3f} "
+        f"(range {min(eff[False]):.3f}-{max(eff[False]):.3f}), instrumented {med(eff[True]):.3f} "
+        f"(range {min(eff[True]):.3f}-{max(eff[True]):.3f})"
+    )
+    print(
+        f"- perfscope's threads (writer, poller + host sampler on rank 0) per rank: median "
+        f"{med(threads_pct):.2f}% of one core, max {max(threads_pct):.2f}% (target under 1%)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--block-s", type=float, default=1.0, help="length of one block of steps")
     ap.add_argument("--poll-s", type=float, default=10.0, help="how long to measure the poller")
+    ap.add_argument(
+        "--ddp-rounds",
+        type=int,
+        default=0,
+        help="rounds of bare/instrumented 1- and 2-rank DDP jobs (0: skip)",
+    )
+    ap.add_argument("--only-ddp", action="store_true", help="run only the DDP comparison")
     args = ap.parse_args()
+    if args.only_ddp:
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
+        ddp_overhead(max(1, args.ddp_rounds), tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # NVML missing on a CPU machine is expected here
 
@@ -301,7 +445,6 @@ def main() -> None:
     paired_cpu_us = statistics.median(c for _, c in paired)
     ours_ns, raw_ns, attached = nvtx_pair_ns()
     cpu_pct, samples, gpus = poller_cpu(args.poll_s)
-    shutil.rmtree(tmp, ignore_errors=True)
     print()
     print(
         f"- recording calls alone (4 phases, a log, the step end): {calls_thread_us:.1f} us per step of the "
@@ -329,6 +472,9 @@ def main() -> None:
         f"- poller at 10 Hz: {cpu_pct:.3f} % of one core ({samples} samples in {args.poll_s:.0f} s, "
         f"{seen}; target under 0.5 %)"
     )
+    if args.ddp_rounds:
+        ddp_overhead(args.ddp_rounds, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
