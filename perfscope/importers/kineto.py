@@ -59,7 +59,7 @@ _OPS = (
     ("alltoall", "alltoall"), ("broadcast", "broadcast"), ("sendrecv", "sendrecv"), ("barrier", "barrier"),
     ("send", "send"), ("recv", "recv"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
 )  # fmt: skip
-_HEAD_BYTES = 1 << 20
+_HEAD_BYTES = 1 << 18
 _TAIL_BYTES = 1 << 16
 
 
@@ -154,12 +154,36 @@ class RankTrace:
     comm_kernels: list[tuple[_Comm, int]] = field(default_factory=list)  # with correlation id
     comm_ranges: list[_Comm] = field(default_factory=list)  # CPU-side transfers (gloo ...)
     comm_calls: list[tuple[Any, float, float]] = field(default_factory=list)  # thread, c10d::/nccl: ... call
-    # CPU launches: correlation id -> CPU time
-    launches: dict[int, float] = field(default_factory=dict)
-    # CPU ops: thread, start, end (for CPU-only traces)
-    cpu_tid: list[Any] = field(default_factory=list)
+    # CPU launches: correlation id and CPU time
+    l_corr: array = field(default_factory=lambda: array("q"))
+    l_ts: array = field(default_factory=lambda: array("d"))
+    # busy intervals of each CPU thread (for CPU-only traces), merged as they stream in: thread
+    # index, start, end; `_open` holds each thread's interval still growing
+    threads: dict[Any, int] = field(default_factory=dict)
+    cpu_tid: array = field(default_factory=lambda: array("i"))
     cpu_start: array = field(default_factory=lambda: array("d"))
     cpu_end: array = field(default_factory=lambda: array("d"))
+    _open: dict[int, list[float]] = field(default_factory=dict)
+
+    def busy(self, tid: Any, start: float, end: float) -> None:
+        i = self.threads.setdefault(tid, len(self.threads))
+        cur = self._open.get(i)
+        if cur is not None and cur[0] <= start <= cur[1]:
+            cur[1] = max(cur[1], end)
+            return
+        if cur is not None:
+            self._close(i, cur)
+        self._open[i] = [start, end]
+
+    def _close(self, i: int, iv: list[float]) -> None:
+        self.cpu_tid.append(i)
+        self.cpu_start.append(iv[0])
+        self.cpu_end.append(iv[1])
+
+    def flush(self) -> None:
+        for i, iv in self._open.items():
+            self._close(i, iv)
+        self._open.clear()
 
     @property
     def has_gpu(self) -> bool:
@@ -203,8 +227,9 @@ def _metadata(trace: RankTrace, head: bytes, tail: bytes) -> None:
     """distributedInfo, host and device from the JSON before `traceEvents`; baseTimeNanoseconds
     (written after the events) from the end."""
     meta: dict[str, Any] = {}
-    text = head.decode("utf-8", "replace")
-    cut = text.find('"traceEvents"')
+    end = head.find(b'"traceEvents"')
+    text = head[: end if end > 0 else len(head)].decode("utf-8", "replace")
+    cut = len(text) if end > 0 else -1
     if cut > 0:
         prefix = text[:cut].rstrip().rstrip(",")
         try:
@@ -249,6 +274,7 @@ def read_trace(path: Path) -> RankTrace:
         for ev in _events(path, trace, reader):
             trace.events += 1
             _take(trace, ev)
+    trace.flush()
     _metadata(trace, bytes(reader.head), bytes(reader.tail))
     return trace
 
@@ -290,7 +316,8 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
     if cat in _LAUNCH_CATS:
         corr = args.get("correlation")
         if isinstance(corr, (int, float)) and not isinstance(corr, bool):
-            t.launches[int(corr)] = ts
+            t.l_corr.append(int(corr))
+            t.l_ts.append(ts)
         return
     if cat not in _CPU_CATS:
         return
@@ -309,9 +336,7 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
         t.optimizer.append((ts, end))
     elif name.startswith(_BACKWARD_PREFIX):
         t.backward_start.append(ts)
-    t.cpu_tid.append(ev.get("tid"))
-    t.cpu_start.append(ts)
-    t.cpu_end.append(end)
+    t.busy(ev.get("tid"), ts, end)
 
 
 # ---- per-step arithmetic ---------------------------------------------------------------------------
@@ -363,18 +388,18 @@ def analyse(t: RankTrace) -> list[StepResult]:
         k_s = np.frombuffer(t.k_start, dtype=np.float64)
         k_e = np.frombuffer(t.k_end, dtype=np.float64)
         corr = np.frombuffer(t.k_corr, dtype=np.int64)
-        anchors = np.array([t.launches.get(int(c), np.nan) for c in corr]) if len(corr) else np.empty(0)
-        anchors = np.where(np.isnan(anchors), k_s, anchors)
+        anchors = _launch_times(t, corr, k_s)
         k_step = _step_of(anchors, s_start, s_end)
         all_compute = merge(np.stack([k_s, k_e], axis=1)) if len(k_s) else np.empty((0, 2))
-        comms = []
-        for c, cid in t.comm_kernels:
-            c.anchor = t.launches.get(cid, c.start)
-            comms.append(c)
+        comms = [c for c, _ in t.comm_kernels]
+        c_corr = np.array([cid for _, cid in t.comm_kernels], dtype=np.int64)
+        for c, a in zip(comms, _launch_times(t, c_corr, np.array([c.start for c in comms])), strict=True):
+            c.anchor = float(a)
     else:
         cpu_s = np.frombuffer(t.cpu_start, dtype=np.float64)
         cpu_e = np.frombuffer(t.cpu_end, dtype=np.float64)
-        on_main = np.array([tid in main_tids for tid in t.cpu_tid], dtype=bool)
+        main_idx = {t.threads[tid] for tid in main_tids if tid in t.threads}
+        on_main = np.isin(np.frombuffer(t.cpu_tid, dtype=np.int32), list(main_idx))
         busy = merge(np.stack([cpu_s[on_main], cpu_e[on_main]], axis=1))
         calls = merge(np.array([(a, b) for tid, a, b in t.comm_calls if tid in main_tids]).reshape(-1, 2))
         all_compute = subtract(subtract(busy, data_all), calls)
@@ -427,6 +452,18 @@ def analyse(t: RankTrace) -> list[StepResult]:
         )  # fmt: skip
         del window
     return out
+
+
+def _launch_times(t: RankTrace, corr: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """CPU time of the launch of each GPU event by correlation id; its own start where none."""
+    if not len(corr):
+        return np.empty(0)
+    lc = np.frombuffer(t.l_corr, dtype=np.int64)
+    order = np.argsort(lc, kind="stable")
+    lc, lt = lc[order], np.frombuffer(t.l_ts, dtype=np.float64)[order]
+    i = np.clip(np.searchsorted(lc, corr), 0, max(len(lc) - 1, 0))
+    found = (len(lc) > 0) & (lc[i] == corr) & (corr >= 0) if len(lc) else np.zeros(len(corr), dtype=bool)
+    return np.where(found, lt[i] if len(lc) else fallback, fallback)
 
 
 def _inside(points: np.ndarray, intervals: np.ndarray) -> np.ndarray:
