@@ -93,11 +93,11 @@ def test_a_user_target_wins(store_path: Path) -> None:
     }
 
 
-def test_a_target_tag_from_profile_is_used(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tag", ["loss=0.7", {"loss": 0.7}])
+def test_a_target_tag_from_profile_is_used(tmp_path: Path, tag: object) -> None:
+    # profile(..., target="loss=0.7") or target={"loss": 0.7} stores it as the run's `target` tag
     for rid, floor in (("a", 0.3), ("b", 0.6)):
-        make_run(
-            tmp_path, rid, steps=STEPS, metrics={"loss": _decay(floor, 0.1)}, tags={"target": "loss=0.7"}
-        )
+        make_run(tmp_path, rid, steps=STEPS, metrics={"loss": _decay(floor, 0.1)}, tags={"target": tag})
     ttm = _ttm(tmp_path)
     assert {(r["target"], r["target_source"]) for r in ttm.values()} == {(0.7, "tag")}
     assert all(r["variant"] == "" for r in ttm.values())  # the target is not a variant

@@ -135,13 +135,21 @@ def _variants_table(store: Store, sel: Selection) -> str:
 
 
 def _tag_targets_sql(variants: str) -> str:
-    """(run_id, metric, target) from `target` tags of the form 'metric=value[,metric=value]'."""
+    """(run_id, metric, target) from `target` tags: 'metric=value[,metric=value]' or an object
+    {"metric": value}; anything else is ignored."""
     return f"""
-        SELECT run_id, trim(split_part(part, '=', 1)) AS metric,
-               TRY_CAST(trim(split_part(part, '=', 2)) AS DOUBLE) AS target
-        FROM (SELECT run_id, unnest(string_split(target_tag, ',')) AS part
-              FROM {variants} WHERE target_tag IS NOT NULL)
-        WHERE TRY_CAST(trim(split_part(part, '=', 2)) AS DOUBLE) IS NOT NULL
+        SELECT run_id, metric, target FROM (
+            SELECT run_id, trim(split_part(part, '=', 1)) AS metric,
+                   TRY_CAST(trim(split_part(part, '=', 2)) AS DOUBLE) AS target
+            FROM (SELECT run_id, unnest(string_split(target_tag, ',')) AS part
+                  FROM {variants} WHERE target_tag IS NOT NULL AND NOT starts_with(target_tag, '{{'))
+            UNION ALL
+            SELECT run_id, k, TRY_CAST(json_extract_string(j, '$."' || k || '"') AS DOUBLE)
+            FROM (SELECT run_id, j, unnest(json_keys(j)) AS k
+                  FROM (SELECT run_id, CASE WHEN json_valid(target_tag) THEN target_tag::JSON END AS j
+                        FROM {variants} WHERE starts_with(target_tag, '{{'))
+                  WHERE json_type(j) = 'OBJECT')
+        ) WHERE target IS NOT NULL AND isfinite(target)
     """
 
 
