@@ -26,7 +26,9 @@ from .identity import Identity
 #: seconds the ranks wait for each other at start before recording on with what they know
 TIMEOUT_ENV = "PERFSCOPE_RENDEZVOUS_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
-_POLL_S = 0.01
+#: the exchange looks for the others' keys this often, backing off: thousands of ranks must not
+#: flood the store's server (rank 0's process), and a blocking wait would log C++ noise on timeout
+_FIRST_POLL_S, _MAX_POLL_S = 0.005, 0.2
 
 
 @dataclass(frozen=True)
@@ -175,11 +177,13 @@ class StoreExchange:
         peer = isinstance(obj, Peer)
         self.store.set(key + str(self.rank), json.dumps(asdict(obj) if peer else obj))
         keys = [key + str(r) for r in range(self.world_size)]
+        pause = _FIRST_POLL_S
         while not self.store.check(keys):
             if time.monotonic() >= self.deadline:
                 present = [r for r in range(self.world_size) if self.store.check([keys[r]])]
                 raise ExchangeIncomplete(self._read(keys, present, peer), what)
-            time.sleep(_POLL_S)
+            time.sleep(min(pause, max(0.0, self.deadline - time.monotonic())))
+            pause = min(_MAX_POLL_S, pause * 1.5)
         got = self._read(keys, range(self.world_size), peer)
         if len(got) < self.world_size:
             raise ExchangeIncomplete(got, what)
