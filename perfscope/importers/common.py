@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PerfscopeError
+from ..output import store_target
 from ..schema import PARTITION_KEY, TABLES
 from ..writer import StoreWriter, segment_dir
 
@@ -113,19 +114,12 @@ def check_run_id(run_id: str) -> str:
 
 def prepare_store(root: Path, run_id: str) -> None:
     """The store folder exists (or is made) and does not yet hold `run_id`."""
-    if root.exists() and not root.is_dir():
-        raise PerfscopeError(f"{root} is a file; give a folder for the store")
-    if root.is_dir() and not any((root / t).is_dir() for t in TABLES) and any(root.iterdir()):
-        raise PerfscopeError(f"{root} is not empty and not a perfscope store; give a new folder or a store")
+    store_target(root, create=True)
     if any(segment_dir(root, t, run_id).exists() for t in TABLES):
         raise PerfscopeError(
             f"{root} already holds run {run_id}: these traces were imported before "
             "(give another --run-id to import them again)"
         )
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PerfscopeError(f"cannot create the store {root}: {exc.strerror or exc}") from None
 
 
 class RunImport:
