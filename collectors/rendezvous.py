@@ -5,6 +5,7 @@ profile() cannot hang the others; every wait has a deadline) or Horovod; never a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -12,7 +13,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +30,11 @@ DEFAULT_TIMEOUT_S = 10.0
 #: the exchange looks for the others' keys this often, backing off: thousands of ranks must not
 #: flood the store's server (rank 0's process), and a blocking wait would log C++ noise on timeout
 _FIRST_POLL_S, _MAX_POLL_S = 0.005, 0.2
+
+
+def _safe_run_id(run_id: str) -> bool:
+    """A run id names a folder of the store: only what identity.safe_run_id keeps, no leading dot."""
+    return bool(run_id) and ids.safe_run_id(run_id) == run_id and not run_id.startswith(".")
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,8 @@ class Peer:
             raise ValueError("not a peer")
         if not (isinstance(d["hostname"], str) and isinstance(d["run_id"], str)):
             raise ValueError("not a peer")
-        if not d["run_id"] or ids.safe_run_id(d["run_id"]) != d["run_id"] or d["run_id"].startswith("."):
-            raise ValueError("not a run id")  # it names a folder of the store
+        if not _safe_run_id(d["run_id"]):
+            raise ValueError("not a run id")
         if d["env_local_rank"] is not None and type(d["env_local_rank"]) is not int:
             raise ValueError("not a peer")
         return cls(**d)
@@ -188,6 +194,24 @@ class StoreExchange:
         if len(got) < self.world_size:
             raise ExchangeIncomplete(got, what)
         return [got[r] for r in range(self.world_size)]
+
+    def decide(self, run_id: str, leader: int) -> None:
+        """Ranks that stopped waiting say what they record as, for a rank that arrives later."""
+        with contextlib.suppress(Exception):
+            self.store.set(self.prefix + "decided", json.dumps([run_id, leader]))
+
+    def decided(self) -> tuple[str, int] | None:
+        """What ranks that stopped waiting recorded as (run id, the rank writing the runs row)."""
+        key = self.prefix + "decided"
+        try:
+            if self.store is None or not self.store.check([key]):
+                return None
+            run_id, leader = json.loads(self.store.get(key))
+        except Exception:
+            return None
+        if type(leader) is not int or not isinstance(run_id, str) or not _safe_run_id(run_id):
+            return None
+        return run_id, leader
 
     def _read(self, keys: list[str], ranks: Any, peer: bool) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -340,7 +364,23 @@ def _without_all(exchange: Exchange, me: Peer, exc: ExchangeIncomplete, faults: 
         + ("" if offset is not None else ", clock offset unknown (0 assumed, NULL in the ranks table)")
         + f". Set {TIMEOUT_ENV} to wait longer.",
     )
+    if isinstance(exchange, StoreExchange):
+        exchange.decide(placement.run_id, min(heard))
     return placement
+
+
+def _late(exchange: Exchange, placement: Placement, faults: Faults) -> Placement:
+    """A rank that met everyone's keys after some had stopped waiting joins the run they record."""
+    decided = exchange.decided() if isinstance(exchange, StoreExchange) else None
+    if decided is None:
+        return placement
+    run_id, leader = decided
+    faults.report(
+        "rendezvous_late",
+        f"perfscope: rank {exchange.rank} opened perfscope.profile after the other ranks had stopped "
+        f"waiting for it; it records into their run {run_id}.",
+    )
+    return replace(placement, run_id=run_id, writes_runs_row=leader == exchange.rank)
 
 
 def alone(identity: Identity, run_id: str) -> Placement:
@@ -386,7 +426,7 @@ def place(
         peer = Peer(exchange.rank, me.hostname, me.pid, os.cpu_count() or 1, local_rank,
                     proposed or ids.generate_run_id())  # fmt: skip
         try:
-            return agree(exchange, peer)
+            return _late(exchange, agree(exchange, peer), faults)
         except ExchangeIncomplete as exc:
             return _without_all(exchange, peer, exc, faults)
     launcher = ids.launcher_run_id()

@@ -31,8 +31,11 @@ PG_TIMEOUT_S = 600
 RDV_TIMEOUT_S = 3
 
 
-def profile_worker(rank: int, world_size: int, store: str, absent: int | None) -> dict[str, Any]:
-    """Every rank but `absent` records STEPS steps; then all meet in the job's own barrier."""
+def profile_worker(
+    rank: int, world_size: int, store: str, absent: int | None, late: int | None = None
+) -> dict[str, Any]:
+    """Every rank but `absent` records STEPS steps (rank `late` opens profile after the others
+    stopped waiting for it); then all meet in the job's own barrier."""
     import torch.distributed as dist
 
     import perfscope
@@ -40,6 +43,8 @@ def profile_worker(rank: int, world_size: int, store: str, absent: int | None) -
     os.environ[TIMEOUT_ENV] = str(RDV_TIMEOUT_S)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=PG_TIMEOUT_S))
     out: dict[str, Any] = {"recorded": rank != absent}
+    if rank == late:
+        time.sleep(RDV_TIMEOUT_S + 2)
     if rank != absent:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -83,6 +88,17 @@ def test_a_rank_that_never_opens_profile_does_not_hang_the_others(tmp_path: Path
         assert run["world_size"] == 3
         events = store.query("SELECT rank, kind FROM events ORDER BY rank").to_pylist()
         assert events == [{"rank": r, "kind": "rendezvous_incomplete"} for r in present]
+
+
+def test_a_rank_that_opens_profile_late_joins_the_run_the_others_record(tmp_path: Path) -> None:
+    out = results_ok(run_ranks(profile_worker, 3, str(tmp_path), None, 0, timeout_s=240))
+    assert len({o["run_id"] for o in out.values()}) == 1  # rank 1's id: the lowest the others heard
+    assert "opened perfscope.profile after the other ranks had stopped waiting" in out[0]["warnings"][0]
+    assert all("rank(s) 0 " in out[r]["warnings"][0] for r in (1, 2))
+    with open_store(tmp_path) as store:
+        ranks = store.query("SELECT DISTINCT rank FROM steps ORDER BY rank").column("rank").to_pylist()
+        runs = store.query("SELECT count(*) FROM runs WHERE ended_ns IS NOT NULL").column(0)[0].as_py()
+    assert ranks == [0, 1, 2] and runs == 1  # one run, one runs row (rank 1's), every rank's steps
 
 
 def test_ranks_that_all_open_profile_agree_without_a_warning(tmp_path: Path) -> None:
