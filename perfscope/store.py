@@ -290,7 +290,24 @@ def _claim_problem(seg: Segment, present: dict[str, Segment]) -> str:
             continue  # removed meanwhile: nothing left to hide
         if not same:
             return f"{r.name} is not the segment it claims to replace (rows, size or hash differ)"
+        if not _contained_cached(other, seg):
+            return f"it does not hold all the rows of {r.name}"
     return ""
+
+
+#: (segment footprint, merged file footprint) -> whether every row of the one is in the other
+_contained_cache: dict[tuple[str, str], bool] = {}
+
+
+def _contained_cached(segment: Segment, merged: Segment) -> bool:
+    key = (segment.footprint, merged.footprint)
+    with _cache_lock:
+        hit = _contained_cache.get(key)
+    if hit is None:
+        hit = rows_contained(segment.path, merged.path)
+        with _cache_lock:
+            _contained_cache[key] = hit
+    return hit
 
 
 def _partition_segments(found: list[Segment], listing: Listing) -> list[Segment]:

@@ -12,7 +12,7 @@ from .fitting import MIN_POINTS
 from .registry import analysis, run_analysis
 from .scaling import scaling_table
 from .selection import Selection, sql_literal
-from .steady import MIN_STEADY_STEPS, PHASES, run_stats_table
+from .steady import MIN_STEADY_STEPS, PHASES, run_stats_table, runs_table
 
 HIGH_CV = 0.25
 #: share of slow steps (steady.SLOW_STEP_RATIO × median) that makes two kinds of step: bimodal
@@ -57,6 +57,7 @@ def quality(store: Store, sel: Selection) -> pa.Table:
     """One row per problem found; an empty table means nothing to warn about."""
     rows: list[dict[str, Any]] = []
     rows += _orphans(store, sel)
+    rows += _identity_and_durations(store, sel)
     stats = store.query(f"SELECT * FROM {run_stats_table(store, sel)} ORDER BY run_id").to_pylist()
     for r in stats:
         rows += _run_checks(r)
@@ -92,6 +93,54 @@ def _orphans(store: Store, sel: Selection) -> list[dict[str, Any]]:
         )
         for i in ids
     ]
+
+
+def _identity_and_durations(store: Store, sel: Selection) -> list[dict[str, Any]]:
+    """Runs whose id two recordings share (their rows are mixed: every number of it is wrong), and
+    step rows with a NULL or negative duration (left out of the statistics)."""
+    runs = runs_table(store, sel)
+    recordings = "count(DISTINCT (rank, pid, started_ns))"
+    shared = store.query(
+        f"""
+        SELECT run_id, {recordings} AS recordings, count(DISTINCT rank) AS ranks
+        FROM ranks WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id
+        HAVING {recordings} > count(DISTINCT rank) ORDER BY run_id
+        """
+    ).to_pylist()
+    out = [
+        _row(
+            "shared_run_id",
+            "warning",
+            f"run {r['run_id']}: {r['recordings']} rank recordings for {r['ranks']} rank(s): two runs "
+            "were recorded under this one id and their rows are mixed, so its numbers are wrong; "
+            "record again with a distinct run id.",
+            r["run_id"],
+            value=r["recordings"],
+        )
+        for r in shared
+    ]
+    negative = " OR ".join(f"{p}_ns < 0" for p in PHASES if p != "other")  # other: a remainder
+    bad = store.query(
+        f"""
+        SELECT run_id, count(*) FILTER (WHERE step_ns IS NULL) AS null_steps,
+               count(*) FILTER (WHERE step_ns < 0 OR {negative}) AS negative
+        FROM steps WHERE run_id IN (SELECT run_id FROM {runs})
+        GROUP BY run_id HAVING null_steps > 0 OR negative > 0 ORDER BY run_id
+        """
+    ).to_pylist()
+    out += [
+        _row(
+            "impossible_durations",
+            "warning",
+            f"run {r['run_id']}: {r['negative']} step rows with a negative duration and "
+            f"{r['null_steps']} without a step time (a clock or collector fault); they are left "
+            "out of the statistics.",
+            r["run_id"],
+            value=r["negative"] + r["null_steps"],
+        )
+        for r in bad
+    ]
+    return out
 
 
 def _run_checks(r: dict[str, Any]) -> list[dict[str, Any]]:

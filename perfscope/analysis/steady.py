@@ -19,6 +19,10 @@ SLOW_STEP_RATIO = 1.5
 MIN_PERIODS = 3
 PERIOD_SHARE = 0.8
 
+#: A step row the statistics may use: a NULL or negative step time is impossible (a clock or
+#: collector fault); quality's `impossible_durations` names those rows, the statistics leave them out.
+VALID_STEP = "s.step_ns >= 0"
+
 #: Canonical phases as stored in `steps`, in display order.
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
 #: The additive breakdown adds the time the slowest rank makes everyone wait.
@@ -95,6 +99,7 @@ def step_agg_table(store: Store, sel: Selection) -> str:
         f"""
         SELECT s.run_id, s.step, max(s.step_ns) AS step_max_ns, count(*)::INTEGER AS n_ranks
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+             AND {VALID_STEP}
         GROUP BY s.run_id, s.step
         """,
     )
@@ -117,6 +122,7 @@ def rank_agg_table(store: Store, sel: Selection) -> str:
                {phase_cols},
                sum(s.samples)::DOUBLE AS samples_sum, count(s.samples) AS samples_n
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+             AND {VALID_STEP}
         GROUP BY s.run_id, s.rank
         """,
     )
@@ -243,6 +249,7 @@ def rank_comm_table(store: Store, sel: Selection) -> str:
         SELECT s.run_id, s.rank,
                avg(s.comm_total_ns) AS comm_total_mean, avg(s.comm_count) AS comm_count_mean
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+             AND {VALID_STEP}
         GROUP BY s.run_id, s.rank
         """,
     )
@@ -272,7 +279,7 @@ def window_table(store: Store, sel: Selection) -> str:
                min(s.start_ns) FILTER (WHERE s.step = t.first_steady_step) AS window_start_ns,
                max(s.start_ns + s.step_ns) FILTER (WHERE s.step = t.last_step) AS window_end_ns
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id
-             AND (s.step = t.first_steady_step OR s.step = t.last_step)
+             AND (s.step = t.first_steady_step OR s.step = t.last_step) AND {VALID_STEP}
         GROUP BY s.run_id
         """,
     )

@@ -41,7 +41,7 @@ def summary(store: Store) -> dict[str, Any]:
         "rows": {name: store.row_count(name) for name in store.listing.segments},
         "files": {name: len(segs) for name, segs in store.listing.segments.items()},
         "first_step_ns": span["first_ns"],
-        "last_step_end_ns": span["last_ns"],
+        "last_step_end_ns": None if span["last_ns"] is None else int(span["last_ns"]),  # a Decimal
         "skipped": [{"path": s.path, "reason": s.reason} for s in store.skipped],
         "doubtful": [{"path": s.path, "reason": s.reason} for s in store.doubtful],
     }

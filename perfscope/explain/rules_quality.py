@@ -33,6 +33,8 @@ TITLES = {
     "superlinear": "Superlinear speedup: check the baseline",
     "throttling": "GPU clocks throttle at larger world sizes",
     "too_few_points": "Too few world sizes for a trusted scaling model",
+    "shared_run_id": "Two runs recorded under one run id",
+    "impossible_durations": "Steps with impossible durations",
 }
 ADVICE = {
     "runs_without_metadata": "Make sure rank 0 runs perfscope.profile(...) to the end "
@@ -57,6 +59,10 @@ ADVICE = {
     "each run does the same work per sample.",
     "throttling": "Check power and cooling (nvidia-smi -q -d PERFORMANCE); compare runs at fixed clocks.",
     "too_few_points": "Measure at least 5 world sizes before trusting a prediction.",
+    "shared_run_id": "Give every run its own id (or let perfscope make one); move one run's files "
+    "to a partition of its own.",
+    "impossible_durations": "Check the clock the collector used (clock column) and the code that "
+    "records steps; those rows are left out of every statistic.",
 }
 
 
