@@ -103,7 +103,9 @@ def make_loader(rank: int, world_size: int, batch_size: int, samples: int = 512)
     x = torch.randn(samples, 32, generator=g)
     y = torch.randint(0, 10, (samples,), generator=g)
     ds = TensorDataset(x, y)
-    sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=False)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        ds, num_replicas=world_size, rank=rank, shuffle=False
+    )
     return DataLoader(ds, batch_size=batch_size, sampler=sampler)
 
 
