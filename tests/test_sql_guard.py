@@ -1,0 +1,132 @@
+"""User SQL is judged by DuckDB's own parse: one plain query runs, everything else is refused in words,
+and nothing a query does reaches the store's files or another session's views."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from perfscope import PerfscopeError, PerfscopeWarning, open_store
+from perfscope.user_sql import UserSql, check_query
+from perfscope.writer import StoreWriter
+
+ACCEPTED = [
+    "SELECT 1",
+    "  select count(*) from steps",
+    "WITH x AS (SELECT 1 AS a) SELECT a FROM x",
+    "FROM steps LIMIT 1",
+    "SELECT 1 UNION ALL SELECT 2",
+    "VALUES (1), (2)",
+    "DESCRIBE steps",
+    "SUMMARIZE steps",
+    "EXPLAIN SELECT * FROM steps",
+    "EXPLAIN (FORMAT json) SELECT 1",
+    "-- a comment\nEXPLAIN SELECT 1",
+    "/* a comment */ SELECT 1;",
+]
+REFUSED = {
+    "": "empty",
+    "   ;  ": "empty",
+    "SELEC 1": "cannot parse",
+    "SELECT 1; SELECT 2": "one query at a time",
+    "SELECT 1; DELETE FROM steps": "only reading queries",
+    "EXPLAIN ANALYZE SELECT 1": "EXPLAIN ANALYZE",
+    "explain analyse select 1": "EXPLAIN ANALYZE",
+    "EXPLAIN (ANALYZE, FORMAT json) SELECT 1": "EXPLAIN ANALYZE",
+    "EXPLAIN (FORMAT json, ANALYZE true) SELECT 1": "EXPLAIN ANALYZE",
+    "EXPLAIN COPY steps TO 'x.csv'": "EXPLAIN of a COPY",
+    "EXPLAIN CREATE TABLE t AS SELECT 1": "EXPLAIN of a CREATE",
+    "COPY steps TO 'x.csv'": "COPY statement",
+    "CREATE OR REPLACE VIEW steps AS SELECT 1": "CREATE statement",
+    "CREATE MACRO m(a) AS a": "CREATE statement",
+    "INSERT INTO steps VALUES (1)": "INSERT statement",
+    "ATTACH 'x.db'": "ATTACH statement",
+    "DETACH x": "DETACH statement",
+    "SET threads = 1": "SET statement",
+    "RESET threads": "SET statement",
+    "PRAGMA enable_profiling": "PRAGMA statement",
+    "INSTALL httpfs": "LOAD statement",
+    "LOAD httpfs": "LOAD statement",
+    "CALL pragma_version()": "CALL statement",
+    "EXPORT DATABASE 'x'": "EXPORT statement",
+    "CHECKPOINT": "statement",
+    "BEGIN TRANSACTION": "TRANSACTION statement",
+    "PREPARE p AS SELECT 1": "PREPARE statement",
+}
+
+
+@pytest.mark.parametrize("sql", ACCEPTED)
+def test_plain_queries_are_accepted(sql: str) -> None:
+    assert check_query(sql)
+
+
+@pytest.mark.parametrize(("sql", "why"), list(REFUSED.items()))
+def test_everything_else_is_refused_in_words(sql: str, why: str) -> None:
+    with pytest.raises(PerfscopeError) as err:
+        check_query(sql)
+    assert why.lower() in err.value.message.lower() and "\n" not in err.value.message
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("guard")
+    with StoreWriter(root, "r") as w:
+        for i in range(50):
+            w.append("steps", (0, i, i * 10, 10, 1, 2, 3, 1, 1, 2, 1, 1, 8, "host"))
+    return root
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+_PREFIXES = ["", "EXPLAIN ", "EXPLAIN ANALYZE ", "EXPLAIN (ANALYZE) ", "WITH x AS (SELECT 1) ", "/* c */ "]
+_BODIES = [
+    "SELECT count(*) FROM steps",
+    "COPY (SELECT 1 AS a) TO '{root}/steps/run_id=r/evil.parquet' (FORMAT parquet)",
+    "COPY steps TO '{root}/x.csv'",
+    "CREATE OR REPLACE VIEW steps AS SELECT 1 AS x",
+    "CREATE TABLE t AS SELECT 1",
+    "ATTACH '{root}/x.db' AS x",
+    "SET enable_external_access = true",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_parquet('{root}/steps/*/*.parquet')",
+    "SELECT * FROM read_text('{root}/../*')",
+    "DROP VIEW steps",
+    "SELECT 1; DROP VIEW steps",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prefix=st.sampled_from(_PREFIXES),
+    body=st.sampled_from(_BODIES),
+    junk=st.text(alphabet=st.sampled_from(list(" ;()'\"-/*\nxSELECT0")), max_size=6),
+)
+def test_no_query_changes_the_store_or_crashes(store: Path, prefix: str, body: str, junk: str) -> None:
+    before = _snapshot(store)
+    sql = prefix + body.format(root=store) + junk
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PerfscopeWarning)
+        with open_store(store) as s, UserSql(s) as mine, UserSql(s) as other:
+            try:
+                mine.fetch(sql, timeout_s=30)
+            except PerfscopeError as exc:
+                assert exc.message and "\n" not in exc.message
+            assert other.fetch("SELECT count(*) AS n FROM steps").table.to_pylist() == [{"n": 50}]
+            assert s.query("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 50}]
+            assert s.skipped == []
+    assert _snapshot(store) == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80))
+def test_any_text_is_a_query_or_a_clear_refusal(sql: str) -> None:
+    try:
+        check_query(sql)
+    except PerfscopeError as exc:
+        assert exc.message and "Traceback" not in exc.message
