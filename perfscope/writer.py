@@ -294,11 +294,16 @@ class StoreWriter:
                     for table, flat in self._take_all():
                         self._write(table, flat)
                     if not first and self._clean_leftovers:
-                        self._remove_leftovers()
+                        self._clean_leftovers = False
+                        # its own thread: a scan of a large store must not hold up the segments
+                        threading.Thread(
+                            target=self._remove_leftovers, name="perfscope-leftovers", daemon=True
+                        ).start()
                 continue
             if item is _STOP:
                 self._drain()
                 if self._clean_leftovers:  # a writer closed before its first roll
+                    self._clean_leftovers = False
                     self._remove_leftovers()
                 return
             if isinstance(item, threading.Event):
@@ -318,8 +323,7 @@ class StoreWriter:
                 item.set()
 
     def _remove_leftovers(self) -> None:
-        """Once, at the first roll after start (or at close): off the path of the first segment."""
-        self._clean_leftovers = False
+        """Once, after the first roll (or at close): off the path of the first segment."""
         # best effort: what is left is removed by the next start or compact
         with contextlib.suppress(Exception):
             leftovers.clean_leftovers(self.root)

@@ -207,9 +207,18 @@ def test_compact_and_a_starting_writer_clean_leftovers(tmp_path: Path) -> None:
     stale = segment_dir(root, "steps", "r1") / ".c-00000000aaaa.parquet.tmp"
     stale.write_bytes(b"partial")
     _age(stale, 7200)
-    with StoreWriter(root, "r2", clean_leftovers=True) as w:
+    with StoreWriter(root, "r2", clean_leftovers=True) as w:  # closed before its first roll
         w.append("steps", STEP_ROW)
     assert not stale.exists() and paths["fresh_compaction"].exists()
+    stale.write_bytes(b"partial")
+    _age(stale, 7200)
+    with StoreWriter(root, "r3", clean_leftovers=True, roll_interval_s=0.1) as w:  # a long run
+        w.append("steps", STEP_ROW)
+        deadline = time.monotonic() + 60
+        while stale.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not stale.exists(), "a running writer cleans up after its first roll"
+    assert paths["fresh_compaction"].exists()
 
 
 SAME_ID_CHILD = textwrap.dedent(
