@@ -29,6 +29,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "dashboard": ("dashboard", "open a store in the browser: runs, scaling curves, findings, SQL"),
     "report": ("report", "write the scaling study as one self-contained HTML file (or Markdown with PNGs)"),
     "import": ("import_", "import existing traces (torch.profiler, ...) into a store as a measured run"),
+    "export": ("export", "export a run for another tool: Perfetto / chrome://tracing JSON"),
 }
 
 
