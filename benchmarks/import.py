@@ -1,0 +1,169 @@
+"""HTA against `perfscope import kineto` + `perfscope analyze --json` on the same N-rank Kineto traces.
+
+    .venv/bin/python benchmarks/import.py                          # sizes 2x1, 2x4, 4x8 under /tmp
+    .venv/bin/python benchmarks/import.py --sizes 2x1,8x4 --hta-max-mb 400 --dir /tmp/bench --keep
+
+A size RxK is R rank files, each the real 2-GPU NCCL trace (tests/data/kineto-w2-allreduce-rank0.json.gz,
+3 steps, about 40k events and 9.8 MB of JSON) repeated K times later and later in time, with its steps,
+correlation ids and `distributedInfo` rank renumbered, written as plain JSON. For each size, each in
+fresh processes: HTA (`TraceAnalysis` + `get_temporal_breakdown` + `get_comm_comp_overlap`) and
+perfscope (`perfscope import kineto` then `perfscope analyze --json`). Wall time is the processes'
+elapsed time; peak memory is the largest sum of RSS over the whole process tree (HTA parses ranks in
+a process pool), sampled every 20 ms with psutil.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REAL = Path(__file__).resolve().parent.parent / "tests" / "data" / "kineto-w2-allreduce-rank0.json.gz"
+STEPS_PER_COPY = 3
+
+HTA_CHILD = """
+import logging, sys
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
+tb = ta.get_temporal_breakdown(visualize=False)
+ov = ta.get_comm_comp_overlap(visualize=False)
+print(tb["compute_time(us)"].sum(), ov["comp_comm_overlap_pctg"].mean())
+"""
+
+
+def write_traces(folder: Path, ranks: int, copies: int) -> int:
+    """R files of K copies of the real trace; returns the bytes written."""
+    doc = json.loads(gzip.decompress(REAL.read_bytes()))
+    events = doc.pop("traceEvents")
+    xs = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(e["ts"] + e.get("dur", 0) for e in xs) - min(e["ts"] for e in xs) + 1000.0
+    first_step = min(
+        int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")
+    )
+    total = 0
+    for rank in range(ranks):
+        head = {**doc, "distributedInfo": {**doc["distributedInfo"], "rank": rank, "world_size": ranks}}
+        path = folder / f"rank{rank}.json"
+        with open(path, "w") as f:
+            f.write(json.dumps(head)[:-1] + ', "traceEvents": [')
+            sep = ""
+            for k in range(copies):
+                for e in events:
+                    e2 = dict(e)
+                    if "ts" in e2:
+                        e2["ts"] = e["ts"] + k * span
+                    name = e.get("name", "")
+                    if name.startswith("ProfilerStep#"):
+                        n = int(name.split("#")[1]) - first_step
+                        e2["name"] = f"ProfilerStep#{first_step + k * STEPS_PER_COPY + n}"
+                    args = e.get("args")
+                    if isinstance(args, dict) and ("correlation" in args or "External id" in args):
+                        a2 = dict(args)
+                        for key in ("correlation", "External id"):
+                            if isinstance(a2.get(key), int):
+                                a2[key] = a2[key] + k * 10_000_000
+                        e2["args"] = a2
+                    if "id" in e2 and isinstance(e2["id"], int):  # flow events
+                        e2["id"] = e2["id"] + k * 10_000_000
+                    f.write(sep + json.dumps(e2))
+                    sep = ","
+            f.write("]}")
+        total += path.stat().st_size
+    return total
+
+
+def measure(cmds: list[list[str]], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """Run `cmds` one after another; (elapsed s, peak RSS of the process tree in MB, last stdout)."""
+    peak = 0
+    out = ""
+    t0 = time.perf_counter()
+    for cmd in cmds:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+        proc = psutil.Process(p.pid)
+        while p.poll() is None:
+            try:
+                rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+                peak = max(peak, rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
+        out = p.stdout.read() if p.stdout else ""
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd[:4])} ... failed with status {p.returncode}")
+    return time.perf_counter() - t0, peak / 1e6, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="2x1,2x4,4x8", help="RANKSxCOPIES,... (default 2x1,2x4,4x8)")
+    ap.add_argument("--hta-max-mb", type=float, default=1e9, help="skip HTA above this many MB of JSON")
+    ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one)")
+    ap.add_argument("--keep", action="store_true", help="keep the traces and stores")
+    args = ap.parse_args(argv)
+    work = args.dir or Path(tempfile.mkdtemp(prefix="perfscope-import-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1", "OMP_NUM_THREADS": "1"}
+    load = os.getloadavg()[0]
+    print(f"# {os.cpu_count()} CPUs, load average {load:.1f} at start; python {sys.version.split()[0]}")
+    print("| ranks x copies | events | JSON MB | HTA s | HTA peak MB | perfscope s | perfscope peak MB |")
+    print("|---|---|---|---|---|---|---|")
+    rows: list[dict[str, Any]] = []
+    try:
+        for size in args.sizes.split(","):
+            ranks, copies = (int(x) for x in size.lower().split("x"))
+            folder = work / f"traces-{ranks}x{copies}"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            nbytes = write_traces(folder, ranks, copies)
+            files = sorted(str(p) for p in folder.glob("rank*.json"))
+            store = work / f"store-{ranks}x{copies}"
+            shutil.rmtree(store, ignore_errors=True)
+            ps = measure(
+                [
+                    [py, "-m", "perfscope", "import", "kineto", *files, "--store", str(store)],
+                    [py, "-m", "perfscope", "analyze", str(store), "--json"],
+                ],
+                env,
+            )
+            mb = nbytes / 1e6
+            hta = measure([[py, "-c", HTA_CHILD, str(folder)]], env) if mb <= args.hta_max_mb else None
+            row = {
+                "size": size,
+                "events": ranks * copies * 40573,
+                "json_mb": round(mb, 1),
+                "hta_s": round(hta[0], 1) if hta else None,
+                "hta_mb": round(hta[1]) if hta else None,
+                "perfscope_s": round(ps[0], 1),
+                "perfscope_mb": round(ps[1]),
+            }
+            rows.append(row)
+            hta_cols = f"{row['hta_s']} | {row['hta_mb']}" if hta else "skipped | skipped"
+            print(
+                f"| {ranks} x {copies} | {row['events']:,} | {row['json_mb']} | {hta_cols} | "
+                f"{row['perfscope_s']} | {row['perfscope_mb']} |",
+                flush=True,
+            )
+            if not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(store, ignore_errors=True)
+    finally:
+        if not args.keep and args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"# load average {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
