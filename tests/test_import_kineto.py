@@ -295,6 +295,11 @@ def test_gloo_ranks_become_one_run(
             "SELECT rank, count(*) n, any_value(clock) c FROM steps GROUP BY rank ORDER BY rank"
         )
         assert per_rank.to_pylist() == [{"rank": 0, "n": 5, "c": "host"}, {"rank": 1, "n": 5, "c": "host"}]
+        # the CPU ranges of each step are spans under it, for timelines
+        names = store.query("SELECT DISTINCT name, depth FROM spans ORDER BY depth, name").to_pylist()
+        assert [(n["name"], n["depth"]) for n in names] == [
+            ("step", 0), ("backward", 1), ("data", 1), ("optimizer", 1)
+        ]  # fmt: skip
         # every step's collectives carry the same sequence on both ranks
         seqs = store.query(
             "SELECT rank, step, list(seq ORDER BY seq) s FROM comm GROUP BY rank, step"

@@ -147,6 +147,7 @@ class RankTrace:
     data: list[tuple[float, float]] = field(default_factory=list)
     optimizer: list[tuple[float, float]] = field(default_factory=list)
     backward_start: array = field(default_factory=lambda: array("d"))
+    backward_end: array = field(default_factory=lambda: array("d"))
     # GPU compute kernels: start, end, correlation id
     k_start: array = field(default_factory=lambda: array("d"))
     k_end: array = field(default_factory=lambda: array("d"))
@@ -336,6 +337,7 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
         t.optimizer.append((ts, end))
     elif name.startswith(_BACKWARD_PREFIX):
         t.backward_start.append(ts)
+        t.backward_end.append(end)
     t.busy(ev.get("tid"), ts, end)
 
 
@@ -365,6 +367,7 @@ class StepResult:
     compute_us: float
     sync_exposed_us: float
     comm: list[tuple[_Comm, float]]  # (collective, exposed µs)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)  # CPU ranges: name, start, end
 
 
 def analyse(t: RankTrace) -> list[StepResult]:
@@ -379,7 +382,10 @@ def analyse(t: RankTrace) -> list[StepResult]:
     s_start = np.array([s.start for s in steps])
     s_end = np.array([s.end for s in steps])
     main_tids = {s.tid for s in steps}
-    bwd = np.sort(np.frombuffer(t.backward_start, dtype=np.float64)) if t.backward_start else np.empty(0)
+    bwd_s = np.frombuffer(t.backward_start, dtype=np.float64) if t.backward_start else np.empty(0)
+    bwd_e = np.frombuffer(t.backward_end, dtype=np.float64) if t.backward_end else np.empty(0)
+    order = np.argsort(bwd_s, kind="stable")
+    bwd, bwd_e = bwd_s[order], bwd_e[order]
     data_all = merge(np.array(t.data).reshape(-1, 2))
     opt_all = merge(np.array(t.optimizer).reshape(-1, 2))
 
@@ -409,11 +415,15 @@ def analyse(t: RankTrace) -> list[StepResult]:
 
     out = []
     for i, s in enumerate(steps):
-        window = np.array([[s.start, s.end]])
         data_us = length(clip(data_all, s.start, s.end))
-        b_in = bwd[(bwd >= s.start) & (bwd < s.end)]
+        in_step = (bwd >= s.start) & (bwd < s.end)
+        b_in = bwd[in_step]
         bwd_start = float(b_in[0]) if len(b_in) else math.inf
         opt = clip(opt_all, s.start, s.end)
+        spans = [("data", float(a), float(b)) for a, b in clip(data_all, s.start, s.end)]
+        if len(b_in):
+            spans.append(("backward", bwd_start, min(s.end, float(bwd_e[in_step].max()))))
+        spans += [("optimizer", float(a), float(b)) for a, b in opt]
         if gpu:
             mine = k_step == i
             ks, ke, ka = k_s[mine], k_e[mine], anchors[mine]
@@ -447,10 +457,9 @@ def analyse(t: RankTrace) -> list[StepResult]:
         out.append(
             StepResult(
                 s.index, s.start, s.end - s.start, data_us, max(0.0, forward_us), backward_us,
-                optimizer_us, compute_us, sync_us, rows,
+                optimizer_us, compute_us, sync_us, rows, sorted(spans, key=lambda x: x[1]),
             )
         )  # fmt: skip
-        del window
     return out
 
 
@@ -589,3 +598,5 @@ def _write_step(run: RunImport, rank: int, t: RankTrace, r: StepResult, clock: s
         clock=clock,
     )
     run.span(rank, r.index, "step", t.to_ns(r.start_us), _ns(r.step_us), clock="host")
+    for name, a, b in r.spans:
+        run.span(rank, r.index, name, t.to_ns(a), _ns(b - a), clock="host", parent="step", depth=1)
