@@ -245,3 +245,59 @@ def async_worker(rank: int, world_size: int, store: str, options: dict[str, Any]
             prof.step()
     dist.destroy_process_group()
     return {"run_id": run_id, "is_work": True}
+
+
+#: pattern -> (worker, world size, options of the full and the quick version)
+PLANS: dict[str, tuple[Any, int, dict[str, Any], dict[str, Any]]] = {
+    "fsdp": (fsdp_worker, 2, {"steps": 40}, {"steps": 12}),
+    "pipeline": (pipeline_worker, 2, {"steps": 40, "micro_batches": 4}, {"steps": 12}),
+    "ps": (ps_worker, 3, {"steps": 40}, {"steps": 12}),
+    "paramavg": (paramavg_worker, 2, {"steps": 40, "every": 4}, {"steps": 16, "every": 4}),
+}
+RUN_TIMEOUT_S = 600.0
+
+
+def _rank_entry(
+    rank: int, pattern: str, world_size: int, port: int, store: str, options: dict[str, Any]
+) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    PLANS[pattern][0](rank, world_size, store, options)
+
+
+def run_pattern(store: str, pattern: str, *, quick: bool = False) -> tuple[int, dict[str, Any]]:
+    """Record one pattern's job into `store` (gloo on the CPU); returns (world size, options)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from .errors import PerfscopeError
+
+    _, world, full, small = PLANS[pattern]
+    options = small if quick else full
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "perfscope", "perfscope.demo_patterns"])
+    job = mp.start_processes(
+        _rank_entry, args=(pattern, world, port, store, options), nprocs=world, join=False,
+        start_method="forkserver",
+    )  # fmt: skip
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while not job.join(timeout=0.2):
+            if time.monotonic() > deadline:
+                raise PerfscopeError(f"demo --pattern {pattern} took over {RUN_TIMEOUT_S:.0f} s")
+    except mp.ProcessRaisedException as exc:
+        raise PerfscopeError(
+            f"demo --pattern {pattern} failed in a rank; its error follows", exit_code=1, detail=str(exc)
+        ) from None
+    except mp.ProcessExitedException as exc:
+        raise PerfscopeError(f"demo --pattern {pattern} failed: {exc}", exit_code=1) from None
+    finally:
+        for p in job.processes:
+            if p.is_alive():
+                p.kill()
+    return world, options

@@ -32,7 +32,7 @@ def _agrees_with_own_timing(store: Path, rank: int, measured_per_step_ns: list[i
     recorded = {
         r["step"]: r["ns"]
         for r in _rows(
-            store, f"SELECT step, sum(exposed_ns) AS ns FROM comm WHERE rank = {rank} GROUP BY step"
+            store, f"SELECT step, sum(exposed_ns)::BIGINT AS ns FROM comm WHERE rank = {rank} GROUP BY step"
         )
     }
     steps = range(WARMUP_STEPS, len(measured_per_step_ns))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from ..errors import PerfscopeError
 from ..output import store_target
@@ -21,6 +22,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a tiny version for tests: world sizes 1 and 2, batch 8 and 32, 12 steps per run",
     )
+    p.add_argument(
+        "--pattern",
+        choices=("ddp", "fsdp", "pipeline", "ps", "paramavg"),
+        default="ddp",
+        help="what to record: DDP at several world sizes (default), or one job of FSDP2, a 2-stage "
+        "send/recv pipeline, a parameter server, or parameter averaging every 4 steps",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from ..demo import plan, progress_bar, run_demo
 
     store = store_target(args.store, create=True)
+    if args.pattern != "ddp":
+        return _run_pattern(store, args.pattern, args.quick)
     the_plan = plan(quick=args.quick)
     started = time.monotonic()
     before = existing_run_ids(store)
@@ -51,6 +61,29 @@ def run(args: argparse.Namespace) -> int:
         f"{time.monotonic() - started:.0f} s: world sizes {worlds} x batch {batches} per rank, "
         f"{the_plan.steps} steps each, {labels['backend']} on {labels['device']}"
     )
+    _next_steps(store)
+    return 0
+
+
+def _run_pattern(store: Path, pattern: str, quick: bool) -> int:
+    from ..demo_patterns import run_pattern
+
+    started = time.monotonic()
+    before = existing_run_ids(store)
+    world, options = run_pattern(str(store), pattern, quick=quick)
+    if not existing_run_ids(store) - before:
+        raise PerfscopeError(
+            f"recorded nothing into {store}; the warnings above say what could not be written", exit_code=1
+        )
+    print(
+        f"recorded a {pattern} job of {world} ranks, {options['steps']} steps, into {store} in "
+        f"{time.monotonic() - started:.0f} s (gloo on the CPU)"
+    )
+    _next_steps(store)
+    return 0
+
+
+def _next_steps(store: Path) -> None:
     print("next:")
     commands = [
         (f"perfscope {verb} {store}", what)
@@ -63,4 +96,3 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(c) for c, _ in commands) + 2
     for command, what in commands:
         print(f"  {command.ljust(width)}{what}")
-    return 0
