@@ -158,7 +158,7 @@ def test_ncclDevKernel_names_count_as_communication(tmp_path: Path) -> None:
 # ---- traces recorded here: 2-rank gloo DDP on CPU -----------------------------------------------------
 
 
-def profiled_ddp_worker(rank: int, world_size: int, outdir: str) -> str:
+def profiled_ddp_worker(rank: int, world_size: int, outdir: str, active: int = 5) -> str:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -169,9 +169,11 @@ def profiled_ddp_worker(rank: int, world_size: int, outdir: str) -> str:
     net = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128))
     model = DDP(net, bucket_cap_mb=0.1)  # several buckets: several allreduces per step
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.utils.data.TensorDataset(torch.randn(256, 128), torch.randn(256, 128))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(32 * (active + 3), 128), torch.randn(32 * (active + 3), 128)
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=32)
-    sched = schedule(wait=1, warmup=1, active=5, repeat=1)
+    sched = schedule(wait=1, warmup=1, active=active, repeat=1)
     with profile(activities=[ProfilerActivity.CPU], schedule=sched, record_shapes=True) as prof:
         for x, y in loader:
             opt.zero_grad()
@@ -309,6 +311,32 @@ def test_gloo_ranks_become_one_run(
     capsys.readouterr()
     rc = _import(tmp_path, *gloo_traces, extra=("--experiment", "ddp-cpu"))
     assert "imported before" in _one_line_error(capsys, rc)
+
+
+def test_traces_of_1_2_and_4_ranks_give_the_scaling_study(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's bar: torch.profiler traces alone, imported, give scaling, findings and a report."""
+    store = tmp_path / "store"
+    for n in (1, 2, 4):
+        out = tmp_path / f"w{n}"
+        out.mkdir()
+        res = run_ranks(profiled_ddp_worker, n, str(out), 12)
+        assert all(status == "ok" for status, _ in res.values()), res
+        files = [res[r][1] for r in range(n)]
+        assert main(["import", "kineto", *files, "--store", str(store), "--experiment", "scale",
+                     "--batch-size", "32"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["analyze", str(store), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    scaling = [r for r in doc["scaling"] if r.get("experiment") == "scale"]
+    assert sorted(r["world_size"] for r in scaling) == [1, 2, 4]
+    for r in scaling:
+        assert r["speedup"] is not None and r["speedup"] > 0 and r["efficiency"] is not None
+    assert doc["findings"], "findings on imported traces"
+    report = tmp_path / "report.html"
+    assert main(["report", str(store), "-o", str(report)]) == 0
+    assert "kineto" in report.read_text() or "scale" in report.read_text()
 
 
 def test_hta_cannot_read_cpu_traces(gloo_traces: list[Path], tmp_path: Path) -> None:

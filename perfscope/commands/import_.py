@@ -27,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", help="run id (default: derived from the files, so a re-import is refused)")
     p.add_argument("--rank", type=int, help="rank of the (single) file when the trace does not say")
     p.add_argument("--world-size", type=int, help="ranks in the job when the trace does not say")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="samples per step on one rank (traces do not say; throughput and speedup need it)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         raise PerfscopeError("--world-size must be 1 or more")
     if args.rank is not None and not (0 <= args.rank < (args.world_size or 1 << 30)):
         raise PerfscopeError("--rank must be 0 or more and less than --world-size")
+    if args.batch_size is not None and not 0 < args.batch_size < 1 << 31:
+        raise PerfscopeError("--batch-size must be a positive number of samples")
     if not args.experiment.strip():
         raise PerfscopeError("--experiment must not be empty")
     opts = ImportOptions(
@@ -42,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         rank=args.rank,
         world_size=args.world_size,
+        batch_size=args.batch_size,
     )
     result = importer(args.format)(check_paths(args.paths), opts)
     for w in result.warnings:

@@ -34,6 +34,8 @@ class ImportOptions:
     run_id: str | None = None
     rank: int | None = None
     world_size: int | None = None
+    #: samples per step on one rank, when the user says (traces rarely do); throughput needs it
+    batch_size: int | None = None
 
 
 @dataclass
@@ -164,10 +166,11 @@ class RunImport:
 
     def step(self, rank: int, step: int, t: StepTimes, *, clock: str) -> None:
         self.result.steps += 1
+        samples = t.samples if t.samples is not None else self.opts.batch_size
         self._writer.append(
             "steps",
             (rank, step, t.start_ns, t.step_ns, t.data_ns, t.forward_ns, t.backward_ns, t.sync_exposed_ns,
-             t.optimizer_ns, t.other_ns, t.comm_total_ns, t.comm_count, t.samples, clock),
+             t.optimizer_ns, t.other_ns, t.comm_total_ns, t.comm_count, samples, clock),
         )  # fmt: skip
 
     def span(
@@ -227,6 +230,11 @@ class RunImport:
         from .. import __version__
 
         fields.setdefault("perfscope_version", __version__)
+        batch = self.opts.batch_size
+        if batch is not None:
+            fields.setdefault("batch_size_per_rank", batch)
+            if fields.get("world_size"):
+                fields.setdefault("global_batch_size", batch * fields["world_size"])
         self._writer.append("runs", _row("runs", fields))
         stats = self._writer.close()
         self._finished = True
