@@ -10,6 +10,7 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -20,6 +21,9 @@ from perfscope.store import Store
 log = logging.getLogger("perfscope.dashboard")
 
 Render = Callable[[state.Context], None]
+
+#: the browser tab's icon: an emoji, which Streamlit draws locally (see main)
+PAGE_ICON = "📈"
 
 #: url path, title, icon, page function
 PAGES: tuple[tuple[str, str, str, Render], ...] = (
@@ -69,9 +73,10 @@ def report_renderer(store: Store, sel: Selection) -> Callable[[], bytes]:
 
 def main(store: str | None = None, page: str = "overview") -> None:
     """Draw the app for the store at `store` (else $PERFSCOPE_DASHBOARD_STORE, else the bundled one);
-    `page` is the url path of the page a new session opens on."""
-    st.set_page_config(page_title="perfscope", page_icon=":material/speed:", layout="wide")
-    path = state.store_path(store)
+    `page` is the url path of the page the root URL opens."""
+    # an emoji favicon is drawn in the browser; a :material/...: one is fetched from fonts.gstatic.com
+    st.set_page_config(page_title="perfscope", page_icon=PAGE_ICON, layout="wide")
+    path = state.store_path(sidebar.chosen_store(store))
     opened, problem = state.open_or_message(path)
     ctx: state.Context | None = None
     with st.sidebar:
@@ -85,17 +90,26 @@ def main(store: str | None = None, page: str = "overview") -> None:
         sidebar.live_controls(path, opened, ctx.token if ctx else "")
     pages = {
         url: st.Page(
-            functools.partial(_show, render, ctx, path, problem),
-            title=title,
-            icon=icon,
-            url_path=url,
-            default=url == page,
+            functools.partial(_show, render, ctx, path, problem), title=title, icon=icon, url_path=url
         )
         for url, title, icon, render in PAGES
     }
     if ctx is not None:
         ctx.pages = pages
-    st.navigation(list(pages.values()), position="top").run()
+    # Streamlit serves its default page at "/" only, never at its url path: a hidden root page that
+    # forwards to `page` lets every page, the first included, open by its own URL (/overview).
+    root = st.Page(
+        functools.partial(_forward, pages.get(page, pages["overview"])),
+        title="perfscope",
+        url_path="home",
+        default=True,
+        visibility="hidden",
+    )
+    st.navigation([root, *pages.values()], position="top").run()
+
+
+def _forward(page: Any) -> None:
+    st.switch_page(page, query_params=st.query_params.to_dict())
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import streamlit as st
 from perfscope.charts.batch import batch_sweep_chart, metric_curve_chart
 
 from .state import Context
-from .widgets import Col, charts, definition_note, show_table, simulated_notice
+from .widgets import Col, chart, charts, definition_note, show_table, simulated_notice
 
 SWEEP_COLUMNS = {
     "experiment": Col("experiment"),
@@ -53,9 +53,19 @@ def render(ctx: Context) -> None:
         )
         return
     simulated_notice(sweep if sweep.num_rows else curves)
-    charts(batch_sweep_chart(sweep), metric_curve_chart(curves))
-    show_table(sweep, SWEEP_COLUMNS)
-    definition_note("batch_sweep")
+    # a store with user metrics but one batch size has curves and no sweep: draw only what there is
+    if sweep.num_rows and curves.num_rows:
+        charts(batch_sweep_chart(sweep), metric_curve_chart(curves))
+    elif sweep.num_rows:
+        chart(batch_sweep_chart(sweep))
+    else:
+        st.caption("No batch-size sweep in this selection (one batch size per experiment and world size).")
+        chart(metric_curve_chart(curves))
+    if sweep.num_rows:
+        show_table(sweep, SWEEP_COLUMNS)
+        definition_note("batch_sweep")
+    if curves.num_rows == 0:
+        return
     st.subheader("Time to a common target")
     st.caption(
         "A larger batch buys throughput but may need more steps to the same accuracy: compare the wall time "

@@ -11,7 +11,7 @@ from perfscope.charts.rows import multi_point_groups, rows
 
 from . import links
 from .state import Context
-from .widgets import Col, definition_note, no_runs, pct, show_table, simulated_notice
+from .widgets import EMPTY_CELL, Col, definition_note, no_runs, pct, show_table, simulated_notice
 
 SEVERITY_ICONS = {"alarm": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 SEVERITY_COLOURS = {"alarm": "red", "warning": "orange", "info": "blue"}
@@ -169,6 +169,7 @@ def _quality(ctx: Context) -> None:
         st.dataframe(
             pa.table({"file": [s.path for s in skipped], "reason": [s.reason for s in skipped]}),
             hide_index=True,
+            placeholder=EMPTY_CELL,
         )
     quality = ctx.table("quality")
     if quality.num_rows:

@@ -17,6 +17,7 @@ from perfscope.charts.timeline import (
     steady_window,
     step_series_chart,
 )
+from perfscope.report_model import format_value
 
 from . import links
 from .state import Context
@@ -104,7 +105,7 @@ def _headline(run: dict[str, Any]) -> None:
     cols[0].metric("World size", run["world_size"], help=f"ranks, on {run['nodes']} node(s)")
     cols[1].metric(
         "Step time",
-        ms(run["step_ns"], 3),
+        format_value("step_ns", run["step_ns"]),  # as the report writes it; a long value is cut off
         help=f"steady window's elapsed time per step; median {ms(run.get('step_median_ns'), 3)}, "
         f"p10 {ms(run['step_p10_ns'], 3)}, p90 {ms(run['step_p90_ns'], 3)}",
     )

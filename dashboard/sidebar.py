@@ -11,6 +11,7 @@ import streamlit as st
 
 from perfscope.analysis import Selection
 from perfscope.charts.rows import rows
+from perfscope.errors import one_line
 from perfscope.store import Store
 
 from . import state
@@ -59,7 +60,7 @@ def selection(ctx_all: state.Context) -> Selection:
         value=None,
         step=1,
         key="sel_warmup",
-        placeholder="DESIGN rule: max(10, 5%)",
+        placeholder="steady-state rule: max(10, 5%)",
         help="Leave empty for the steady-state rule (drop the first 10 steps or 5 %, whichever is larger).",
     )
     return Selection(
@@ -71,9 +72,55 @@ def selection(ctx_all: state.Context) -> Selection:
     )
 
 
+#: session state: the store this browser session switched to, and why the last switch was refused
+_CHOSEN = "store_chosen"
+_SWITCH_INPUT = "store_switch"
+_SWITCH_ERROR = "store_switch_error"
+
+
+def chosen_store(default: str | None) -> str | None:
+    """The store this session switched to in the sidebar, else `default`."""
+    chosen = st.session_state.get(_CHOSEN)
+    return chosen if isinstance(chosen, str) else default
+
+
+def _switch() -> None:
+    """Open the typed path; keep it only when it is a readable store, else say why in one line."""
+    typed = str(st.session_state.get(_SWITCH_INPUT) or "").strip()
+    st.session_state.pop(_SWITCH_ERROR, None)
+    if not typed:
+        return
+    try:
+        path = Path(typed).expanduser().resolve()
+        is_dir, exists = path.is_dir(), path.exists()
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL byte, a loop of links, a name too long
+        st.session_state[_SWITCH_ERROR] = f"not a usable path: {one_line(str(exc))}"
+        return
+    if not is_dir:
+        what = "is not a folder" if exists else "does not exist"
+        st.session_state[_SWITCH_ERROR] = f"{one_line(str(path))} {what}: a store is a folder of runs"
+        return
+    opened, problem = state.open_or_message(path)
+    if opened is None:
+        st.session_state[_SWITCH_ERROR] = one_line(problem)
+        return
+    st.session_state[_CHOSEN] = str(path)
+    st.session_state[_SWITCH_INPUT] = ""
+
+
 def store_info(path: Path, store: Store | None) -> None:
     st.caption("Store")
     st.code(str(path), language=None, wrap_lines=True)
+    st.text_input(
+        "Open another store",
+        key=_SWITCH_INPUT,
+        placeholder="path/to/store, then Enter",
+        on_change=_switch,
+        help="a folder perfscope.profile or perfscope simulate wrote; this browser tab switches to it",
+    )
+    error = st.session_state.get(_SWITCH_ERROR)
+    if error:
+        st.error(error, icon=":material/folder_off:")
     if store is None:
         return
     files = sum(len(s) for s in store.listing.segments.values())

@@ -13,6 +13,7 @@ import streamlit as st
 
 from perfscope.analysis import ANALYSES, DEFINITIONS, META_DEFINITION, META_TITLE
 from perfscope.charts.rows import rows
+from perfscope.report_model import REFERENCE
 
 
 def chart(c: Any, key: str | None = None) -> None:
@@ -52,7 +53,7 @@ def definition_of(table: pa.Table) -> tuple[str, str]:
 
 
 def definition_note(*names: str, popover: bool = False) -> None:
-    """Say which DESIGN.md definitions the numbers above follow, from the analysis registry.
+    """Say which definitions (docs/analysis.md) the numbers above follow, from the analysis registry.
 
     `popover` for places inside an expander, where another expander may not go.
     """
@@ -73,6 +74,7 @@ def definition_note(*names: str, popover: bool = False) -> None:
     with box:
         for k in keys:
             st.markdown(f"**{k}**: {DEFINITIONS[k]}")
+        st.caption(REFERENCE[0].upper() + REFERENCE[1:] + ".")
 
 
 def simulated_notice(summary: pa.Table) -> None:
@@ -128,6 +130,10 @@ def one_row(table: pa.Table, column: str, value: Any) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+#: what a table shows for a missing value (Streamlit's own is the word "None")
+EMPTY_CELL = "—"
+
+
 @dataclass(frozen=True)
 class Col:
     """A column to show: its title, the factor to its display unit and the number format."""
@@ -156,7 +162,13 @@ def show_table(table: pa.Table, columns: Mapping[str, Col], *, height: int | str
             config[spec.title] = st.column_config.NumberColumn(spec.title, format=spec.fmt, help=spec.help)
         elif spec.help is not None:
             config[spec.title] = st.column_config.Column(spec.title, help=spec.help)
-    st.dataframe(pa.table(out), hide_index=True, column_config=config, height=height)  # type: ignore[arg-type]
+    st.dataframe(
+        pa.table(out),
+        hide_index=True,
+        column_config=config,
+        height=height,  # type: ignore[arg-type]
+        placeholder=EMPTY_CELL,
+    )
 
 
 def no_runs() -> None:

@@ -5,12 +5,15 @@ Collect with `perfscope.profile(...)` on every rank, read with `perfscope.open_s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PerfscopeError, PerfscopeWarning, StoreError
 from .schema import SCHEMA_VERSION
 from .store import Store, open_store
 from .writer import StoreWriter
+
+if TYPE_CHECKING:
+    from perfscope.collectors import profile
 
 __version__ = "0.1.0"
 
@@ -27,8 +30,12 @@ __all__ = [
 ]
 
 
-def profile(*args: Any, **kwargs: Any) -> Any:
-    """Instrument a training loop on this rank; see perfscope.collectors.profile."""
-    from perfscope.collectors import profile as _profile
+def __getattr__(name: str) -> Any:
+    """`perfscope.profile` is the collector's own function (its signature and docstring in help()),
+    imported on first use: the analysis side and the CLI never pay for the collectors' imports."""
+    if name == "profile":
+        from perfscope.collectors import profile
 
-    return _profile(*args, **kwargs)
+        globals()["profile"] = profile
+        return profile
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,6 +33,10 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
+#: other spellings a verb answers to (the help's own British "analyse" included)
+ALIASES: dict[str, str] = {"analyse": "analyze"}
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage errors are one line that says where the usage is (subparsers inherit it)."""
 
@@ -51,9 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb, (module, help_text) in VERBS.items():
         mod = importlib.import_module(f"perfscope.commands.{module}")
-        sp = sub.add_parser(verb, help=help_text, description=mod.__doc__)
+        aliases = [a for a, v in ALIASES.items() if v == verb]
+        sp = sub.add_parser(verb, aliases=aliases, help=help_text, description=mod.__doc__)
         mod.add_arguments(sp)
     return p
+
+
+def _verb_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each verb's own parser, by verb and alias."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -67,10 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"perfscope: error: argument {i} ({one_line(arg)}) contains a NUL byte", file=sys.stderr)
             return 2
     parser = _parser()
+    if not args_list:
+        # a newcomer's first try: show what perfscope does (exit 0, like pip or docker), not an error
+        parser.print_help()
+        return 0
     try:
-        args = parser.parse_args(args_list)
+        args, unknown = parser.parse_known_args(args_list)
+        if unknown:  # said by the verb's own parser, so the usage it points to is the verb's
+            _verb_parsers(parser)[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exc:  # argparse already printed what was wrong
         return int(exc.code or 0)
+    args.verb = ALIASES.get(args.verb, args.verb)
     module = importlib.import_module(f"perfscope.commands.{VERBS[args.verb][0]}")
     with warnings.catch_warnings():
         warnings.simplefilter("always", PerfscopeWarning)

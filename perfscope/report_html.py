@@ -15,7 +15,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .charts import to_svg
-from .report_model import ChartBlock, FindingsBlock, Num, Ref, Report, Section, TableBlock, format_value
+from .report_model import (
+    REFERENCE,
+    ChartBlock,
+    FindingsBlock,
+    Num,
+    Ref,
+    Report,
+    Section,
+    TableBlock,
+    format_value,
+)
 
 StepFn = Callable[[str], None]
 
@@ -285,7 +295,7 @@ class _Html:
             f"<body><main><header><h1>{_e(self.r.title)}</h1>{meta}</header>{banner}"
             f'<nav class="toc">{toc}</nav>{body}'
             f'<section id="definitions"><h2>Definitions</h2>'
-            "<p>Every number above follows one of these (perfscope's DESIGN.md).</p>"
+            f"<p>Every number above follows one of these; {_e(REFERENCE)}.</p>"
             f'<div class="defs"><dl>{defs}</dl></div>'
             "</section></main></body></html>\n"
         )

@@ -8,7 +8,17 @@ from collections.abc import Callable
 from typing import Any
 
 from .charts import to_png
-from .report_model import ChartBlock, FindingsBlock, Num, Ref, Report, Section, TableBlock, format_value
+from .report_model import (
+    REFERENCE,
+    ChartBlock,
+    FindingsBlock,
+    Num,
+    Ref,
+    Report,
+    Section,
+    TableBlock,
+    format_value,
+)
 
 StepFn = Callable[[str], None]
 
@@ -145,7 +155,11 @@ class _Markdown:
         toc = " · ".join(f"[{_md(s.heading)}](#{_anchor(s.id)})" for s in self.r.sections)
         head.append(toc + " · [Definitions](#definitions)\n")
         body = [self.section(s) for s in self.r.sections]
-        defs = ['<a id="definitions"></a>\n## Definitions', "", "Every number above follows one of these."]
+        defs = [
+            '<a id="definitions"></a>\n## Definitions',
+            "",
+            f"Every number above follows one of these; {REFERENCE}.",
+        ]
         defs += [
             f'- <a id="def-{_anchor(k)}"></a>**{_md(k)}**: {_inline(v)}'
             for k, v in self.r.definitions.items()

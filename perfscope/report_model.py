@@ -9,6 +9,9 @@ from typing import Any
 
 from .charts import ChartLike
 
+#: where a reader finds every analysis, definition and finding in words (it ships in the repository)
+REFERENCE = "docs/analysis.md in the perfscope repository describes every analysis, definition and finding"
+
 
 @dataclass(frozen=True)
 class Num:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .analysis.selection import SOURCES
 from .charts import CHARTS
 from .charts.rows import group_label_map, multi_point_groups, natural_key, rows
 from .report_model import ChartBlock, Column, Finding, FindingsBlock, Num, Ref, Section, TableBlock
@@ -37,10 +38,44 @@ class Context:
         tables = {k: v for k, v in self.tables.items() if k not in without}
         chart = spec.build(tables, **options)
         used = tuple(a for a in spec.analyses if a not in without)
-        return ChartBlock(name, spec.title, chart, used, caption)
+        origin = source_words(self.sources_of(used, options.get("run_id")))
+        return ChartBlock(name, spec.title, chart, used, ", ".join(c for c in (origin, caption) if c))
+
+    def sources_of(self, analyses: Iterable[str], run_id: str | None = None) -> set[str]:
+        """Where the runs behind these analyses' rows come from (measured, simulated), read from a row's
+        own source, else from its run or group; only `run_id`'s rows when one is given."""
+        by_run = {r["run_id"]: r["source"] for r in self.rows("run_summary", ("run_id", "source"))}
+        by_group: dict[str, set[str]] = {}
+        for r in self.rows("scaling", ("group_id", "source")):
+            by_group.setdefault(r["group_id"], set()).add(r["source"])
+        out: set[str] = set()
+        for name in analyses:
+            if name == "scaling_prediction":  # a model's output, named by the caption itself
+                continue
+            for r in self.rows(name, ("source", "run_id", "group_id")):
+                if run_id is not None and r["run_id"] not in (None, run_id):
+                    continue
+                if r["source"] in SOURCES:
+                    out.add(r["source"])
+                elif r["run_id"] in by_run:
+                    out.add(by_run[r["run_id"]])
+                else:
+                    out |= by_group.get(r["group_id"], set())
+        return out & set(SOURCES)
 
     def label(self, group_id: str | None) -> str:
         return self.labels.get(group_id or "", group_id or "")
+
+
+def source_words(sources: set[str]) -> str:
+    """A figure's origin in words: never "measured" for a figure of simulated runs only."""
+    if sources == {"measured"}:
+        return "measured"
+    if sources == {"simulated"}:
+        return "simulated"
+    if sources:
+        return "measured and simulated runs (simulated ones hollow)"
+    return ""
 
 
 def _cols(*pairs: tuple[str, str]) -> list[Column]:
@@ -274,8 +309,8 @@ def speedup(ctx: Context) -> Section:
                 + "; ".join(sorted({r["mode_note"] for r in mixed if r["mode_note"]}))
             ]
         )
-    s.blocks.append(ctx.chart("speedup", "measured", without=("scaling_prediction",)))
-    s.blocks.append(ctx.chart("efficiency", "measured", without=("scaling_prediction",)))
+    s.blocks.append(ctx.chart("speedup", without=("scaling_prediction",)))
+    s.blocks.append(ctx.chart("efficiency", without=("scaling_prediction",)))
     s.blocks.append(ctx.chart("per_gpu_speedup"))
     curve_rows = [r for rs in _curve_groups(scaling).values() for r in rs]
     s.blocks.append(
@@ -578,6 +613,31 @@ def stragglers(ctx: Context) -> Section:
     return s
 
 
+def communication(ctx: Context) -> Section | None:
+    """Communication beyond DDP: by op type and phase, and per rank and role (pipelines, servers)."""
+    ops = ctx.rows("comm_ops")
+    if not any(r["exposed_ns_per_step"] is not None for r in ops):
+        return None  # DDP buckets and Horovod only: the sync section says it all
+    s = Section(
+        "communication", "Communication by op and role", definitions=("comm-patterns", "pipeline", "pserver")
+    )
+    waits = sorted(ops, key=lambda r: -(r["exposed_ns_per_step"] or 0))
+    run_id = waits[0]["run_id"]
+    s.blocks.append(
+        [
+            "Every torch.distributed call made inside the profile is recorded: its total time (issue to "
+            "completion) and the time the rank waited for it. A wait in forward or backward is "
+            "communication, not compute; a pipeline stage's wait in send/recv is its bubble, and a "
+            "worker's push and pull wait on a parameter server."
+        ]
+    )
+    s.blocks.append(ctx.chart("comm_ops", run_id=run_id))
+    roles = [r for r in ctx.rows("comm_by_role") if r["run_id"] == run_id]
+    if any(r["role"] != "worker" for r in roles):
+        s.blocks.append(ctx.chart("comm_roles", run_id=run_id))
+    return s
+
+
 def batch(ctx: Context) -> Section | None:
     sweep = ctx.rows("batch_sweep")
     curves = ctx.tables.get("metric_curves")
@@ -591,34 +651,39 @@ def batch(ctx: Context) -> Section | None:
             "or use LARS/LAMB)."
         ]
     )
-    s.blocks.append(ctx.chart("batch_sweep"))
-    s.blocks.append(ctx.chart("metric_curves"))
-    s.blocks.append(
-        _table(
-            "batch_sweep",
-            "Batch-size sweep",
-            _cols(
-                ("experiment", "experiment"),
-                ("cluster", "cluster"),
-                ("world_size", "N"),
-                ("global_batch_size", "global batch"),
-                ("step_ns", "step time T"),
-                ("per_sample_ns", "time/sample"),
-                ("throughput_samples_per_s", "throughput X"),
-                ("epoch_s", "epoch"),
-                ("throughput_vs_smallest", "X / smallest batch"),
-            ),
-            sorted(
-                sweep,
-                key=lambda r: (
-                    str(r["experiment"]),
-                    str(r["cluster"]),
-                    r["world_size"],
-                    r["global_batch_size"] or 0,
+    if sweep:
+        s.blocks.append(ctx.chart("batch_sweep"))
+    else:
+        s.blocks.append(["No batch-size sweep: one batch size per experiment and world size."])
+    if curves is not None and curves.num_rows:
+        s.blocks.append(ctx.chart("metric_curves"))
+    if sweep:
+        s.blocks.append(
+            _table(
+                "batch_sweep",
+                "Batch-size sweep",
+                _cols(
+                    ("experiment", "experiment"),
+                    ("cluster", "cluster"),
+                    ("world_size", "N"),
+                    ("global_batch_size", "global batch"),
+                    ("step_ns", "step time T"),
+                    ("per_sample_ns", "time/sample"),
+                    ("throughput_samples_per_s", "throughput X"),
+                    ("epoch_s", "epoch"),
+                    ("throughput_vs_smallest", "X / smallest batch"),
                 ),
-            ),
+                sorted(
+                    sweep,
+                    key=lambda r: (
+                        str(r["experiment"]),
+                        str(r["cluster"]),
+                        r["world_size"],
+                        r["global_batch_size"] or 0,
+                    ),
+                ),
+            )
         )
-    )
     ttm = ctx.rows("time_to_metric")
     if ttm:
         s.blocks.append(
@@ -663,8 +728,13 @@ def prediction(ctx: Context) -> Section:
             "model from fewer than 5 world sizes is not trusted."
         ]
     )
-    s.blocks.append(ctx.chart("speedup", caption="with the model's predictions"))
-    s.blocks.append(ctx.chart("efficiency", caption="with the model's predictions"))
+    preds = _with_group(ctx, [r for r in ctx.rows("scaling_prediction") if r["kind"] == "prediction"])
+    if preds:
+        s.blocks.append(ctx.chart("speedup", caption="with the model's predictions"))
+        s.blocks.append(ctx.chart("efficiency", caption="with the model's predictions"))
+    else:
+        # the same figures without predictions would repeat the speedup section's
+        s.blocks.append(["No group has a model that predicts a world size beyond its measured ones."])
     s.blocks.append(
         _table(
             "scaling_model",
@@ -682,7 +752,6 @@ def prediction(ctx: Context) -> Section:
             key="group_id",
         )
     )
-    preds = _with_group(ctx, [r for r in ctx.rows("scaling_prediction") if r["kind"] == "prediction"])
     if preds:
         s.blocks.append(
             _table(
@@ -751,6 +820,7 @@ SECTIONS: tuple[Callable[[Context], Section | None], ...] = (
     backends,
     utilisation,
     stragglers,
+    communication,
     batch,
     prediction,
     findings,
@@ -773,6 +843,8 @@ ANALYSES_USED: tuple[str, ...] = (
     "mfu",
     "stragglers",
     "collective_wait",
+    "comm_ops",
+    "comm_by_role",
     "batch_sweep",
     "metric_curves",
     "time_to_metric",

@@ -29,6 +29,9 @@ DEFAULT_MEMORY_LIMIT = "2GB"
 SPILL_LIMIT = "8GB"
 #: rows read from DuckDB at a time
 BATCH_ROWS = 65_536
+#: exit status of every refused query (a write, several statements, a file outside the store):
+#: PerfscopeError's default, the status of a usage error; a query that fails while it runs exits 1
+REFUSED_EXIT = 2
 #: a query meeting files that vanish (a compaction) or turn out corrupt is tried this often
 _ATTEMPTS = 4
 
@@ -242,6 +245,10 @@ class Rows:
                 f"the query was stopped after its time limit of {self._timeout_s:g} s; narrow it "
                 "(WHERE, LIMIT, fewer columns) or allow more time",
                 exit_code=1,
+            )
+        if isinstance(exc, duckdb.PermissionException):  # a file outside the store: refused, not failed
+            return PerfscopeError(
+                f"only the store's tables may be read: {_first_line(exc)}", exit_code=REFUSED_EXIT
             )
         return PerfscopeError(f"query failed: {_first_line(exc)}", exit_code=1)
 

@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 from perfscope.analysis import Selection, run_analysis
 from perfscope.dashboard.links import PLACES, Place
 from perfscope.explain import explain
+from perfscope.report_model import format_value
 from perfscope.simulate import write_study
 from perfscope.simulate_presets import parse_config, seed_study_config
 from perfscope.store import open_store
@@ -227,11 +228,11 @@ def test_run_page_numbers_follow_the_picked_run(seed: Path) -> None:
         summary = {r["run_id"]: r for r in run_analysis("run_summary", store, Selection()).to_pylist()}
     run_id = "sim-seed-scaling-gpu2-horovod-nccl-n008-b75-s2022"
     at = clean(open_page(seed, "run", run=run_id))
-    assert metric(at, "Step time") == f"{summary[run_id]['step_ns'] / 1e6:,.3f} ms"
+    assert metric(at, "Step time") == format_value("step_ns", summary[run_id]["step_ns"])
     assert metric(at, "World size") == "8"
     other = "sim-seed-scaling-alpha-horovod-mpi-n002-b75-s2022"
     at.selectbox(key="run").set_value(other).run()
-    assert metric(clean(at), "Step time") == f"{summary[other]['step_ns'] / 1e6:,.3f} ms"
+    assert metric(clean(at), "Step time") == format_value("step_ns", summary[other]["step_ns"])
 
 
 @pytest.mark.parametrize("tab", ["Steps", "Phases", "Stragglers", "Telemetry"])

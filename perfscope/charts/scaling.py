@@ -62,6 +62,14 @@ def _predictions(prediction: pa.Table | None, groups: set[str], field: str) -> l
     return out
 
 
+def _group_colour() -> alt.Color:
+    """Colour by group with an explicit legend: without one, the browser's Vega-Lite (Streamlit's)
+    drops the group legend of these layers, whose legend-less stroke shares the colour's field."""
+    return alt.Color(
+        "series:N", title="group", scale=alt.Scale(scheme=SERIES_SCHEME), legend=alt.Legend(title="group")
+    )
+
+
 def _label(values: list[Row], labels: dict[str, str]) -> None:
     for r in values:
         r["series"] = labels.get(r["group_id"], r["group_id"])
@@ -76,7 +84,7 @@ def _curve(
     extra_tooltip: tuple[str, ...] = (),
 ) -> list[Any]:
     """The curve's layers (a list: alt.layer() lifts shared data out of its layers)."""
-    colour = alt.Color("series:N", title="group", scale=alt.Scale(scheme=SERIES_SCHEME))
+    colour = _group_colour()
     # filled point marks take no stroke from `color`; hollow (simulated, predicted) ones need it
     stroke = alt.Stroke("series:N", legend=None, scale=alt.Scale(scheme=SERIES_SCHEME))
     tooltip = [
@@ -100,7 +108,7 @@ def _curve(
         pbase = alt.Chart(data(prediction)).encode(
             world_size_x(ticks),
             alt.Y("value:Q"),
-            alt.Color("series:N", scale=alt.Scale(scheme=SERIES_SCHEME)),
+            _group_colour(),
         )
         layers.append(pbase.mark_line(strokeDash=[6, 4], strokeWidth=1.5).encode(detail="series:N"))
         if pred_points:
@@ -110,7 +118,7 @@ def _curve(
                 .encode(
                     world_size_x(ticks),
                     alt.Y("value:Q"),
-                    alt.Color("series:N", scale=alt.Scale(scheme=SERIES_SCHEME)),
+                    _group_colour(),
                     stroke,
                     source_shape(present),
                     source_fill_opacity(),
@@ -228,7 +236,7 @@ def per_gpu_speedup_chart(scaling: pa.Table | None) -> ChartLike:
         .encode(
             world_size_x(ticks),
             alt.Y("per_gpu_speedup:Q"),
-            alt.Color("series:N", scale=alt.Scale(scheme=SERIES_SCHEME)),
+            _group_colour(),
             text=alt.Text("per_gpu_speedup:Q", format=".2f"),
         )
     )

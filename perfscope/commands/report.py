@@ -35,8 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="only these experiments (repeatable)",
     )
     p.add_argument(
-        "--runs", action="extend", nargs="+", default=[], metavar="ID", help="only these runs (repeatable)"
+        "--run", action="append", dest="runs", default=[], metavar="RUN_ID", help="only this run (repeatable)"
     )
+    # the old spelling, kept working: --runs A B C
+    p.add_argument("--runs", action="extend", nargs="+", dest="runs", help=argparse.SUPPRESS)
     p.add_argument("--source", choices=["measured", "simulated"], help="only measured or only simulated runs")
     p.add_argument(
         "--title", metavar="TEXT", help="the report's title (default: 'Scaling study: EXPERIMENTS')"
