@@ -43,7 +43,8 @@ if __name__ == "__main__":
     data = TensorDataset(torch.randn(64, 16), torch.randint(0, 2, (64,)))
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, accumulate_grad_batches=2,
-        callbacks=[PerfscopeCallback(sys.argv[1], experiment="lit", poll_hz=0)],
+        callbacks=[PerfscopeCallback(sys.argv[1], experiment="lit", poll_hz=0, export_to="tensorboard",
+                                     export_destination=sys.argv[2])],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(Model(), DataLoader(data, batch_size=4))
@@ -57,7 +58,7 @@ def test_lightning_ddp_two_ranks_with_accumulation(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERFSCOPE_")}
     env.update(OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")
     out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "S")],
+        [sys.executable, str(script), str(tmp_path / "S"), str(tmp_path / "tb")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -86,3 +87,11 @@ def test_lightning_ddp_two_ranks_with_accumulation(tmp_path: Path) -> None:
         ).to_pylist()
         assert {f["n"] for f in fwd if f["step"] < 4} == {2}  # two micro-batches in every step
     assert main(["analyze", str(tmp_path / "S")]) == 0
+    # rank 0 sent the run to TensorBoard once every rank had finished: both ranks' steps are in it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = list((tmp_path / "tb").iterdir())
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("perfscope/forward_ms")] == [0, 1, 2, 3]
+    assert acc.Scalars("perfscope/summary/world_size")[0].value == 2

@@ -39,7 +39,8 @@ def test_trainer_on_cpu_with_accumulation(tmp_path: Path, monkeypatch: pytest.Mo
     store = tmp_path / "S"
     trainer = Trainer(
         model=model, args=args, train_dataset=data, eval_dataset=data[:8],
-        callbacks=[PerfscopeCallback(store, experiment="hf", poll_hz=0)],
+        callbacks=[PerfscopeCallback(store, experiment="hf", poll_hz=0, export_to="tensorboard",
+                                     export_destination=str(tmp_path / "tb"))],
     )  # fmt: skip
     trainer.train()
     with perfscope.open_store(store) as st:
@@ -60,4 +61,12 @@ def test_trainer_on_cpu_with_accumulation(tmp_path: Path, monkeypatch: pytest.Mo
         losses = st.query("SELECT count(*) AS n FROM metrics WHERE name = 'loss'").to_pylist()[0]["n"]
         assert losses >= 3  # Trainer's logs become metrics
     assert main(["analyze", str(store)]) == 0
+    # sent to TensorBoard when training ended, read back with its own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = list((tmp_path / "tb").iterdir())
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("perfscope/forward_ms")] == [0, 1, 2]
+    assert acc.Scalars("perfscope/step_ms")[0].value > 0
     assert not model._forward_hooks and not model._forward_pre_hooks  # nothing left behind after train()

@@ -98,3 +98,22 @@ class PhaseCursor:
             if prof is not None:
                 with contextlib.suppress(Exception):
                     prof.close()
+
+
+def export_run(
+    store: str | os.PathLike[str], run_id: str | None, tracker: str, destination: str | None
+) -> None:
+    """Send the finished run to a tracker (`perfscope report --to` for one run), from rank 0 once
+    every rank has closed its profile. A failure is one warning: training has already finished."""
+    if run_id is None:
+        return
+    try:
+        from ..analysis import Selection
+        from ..exporters.trackers import export
+        from ..store import open_store
+
+        with open_store(store, warn=False) as st:
+            export(st, tracker, destination, Selection(run_ids=(run_id,)))
+    except Exception as exc:
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        warn_once(f"perfscope-export-{tracker}", f"perfscope: the run was not sent to {tracker} ({message}).")

@@ -15,16 +15,27 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from .common import PhaseCursor
+from .common import PhaseCursor, export_run
 
 
 class PerfscopeCallback(Callback):
     """Record training into the store folder `store`; keywords are those of `perfscope.profile`
-    (experiment, batch_size, run metadata, poll_hz ...)."""
+    (experiment, batch_size, run metadata, poll_hz ...). `export_to` ('mlflow', 'wandb' or
+    'tensorboard', with `export_destination` as for `perfscope report --to ... -o`) sends the run's
+    phase times, scaling summary and findings to that tracker when training ends."""
 
-    def __init__(self, store: str | os.PathLike[str], **profile_options: Any) -> None:
+    def __init__(
+        self,
+        store: str | os.PathLike[str],
+        *,
+        export_to: str | None = None,
+        export_destination: str | None = None,
+        **profile_options: Any,
+    ) -> None:
         super().__init__()
         self.cursor = PhaseCursor(store, profile_options, who="lightning callback")
+        self.export_to = export_to
+        self.export_destination = export_destination
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":  # the strategy has set up its process group: the ranks agree on one run
@@ -60,7 +71,13 @@ class PerfscopeCallback(Callback):
         self.cursor.move(None)  # validation is not the data wait of the next step
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        prof = self.cursor.prof
+        run_id, rank = (prof.run_id, prof.rank) if prof is not None else (None, -1)
         self.cursor.close()
+        if self.export_to is not None:
+            trainer.strategy.barrier("perfscope-export")  # every rank's rows are in the store
+            if rank == 0:
+                export_run(self.cursor.store, run_id, self.export_to, self.export_destination)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.cursor.close()

@@ -20,15 +20,27 @@ from perfscope.errors import warn_once
 
 from ..collectors import profiler
 from ..collectors.auto import AutoRecorder
+from .common import export_run
 
 
 class PerfscopeCallback(TrainerCallback):
     """Record training into the store folder `store`; keywords are those of `perfscope.profile`
-    (experiment, batch_size, run metadata, poll_hz ...)."""
+    (experiment, batch_size, run metadata, poll_hz ...). `export_to` ('mlflow', 'wandb' or
+    'tensorboard', with `export_destination` as for `perfscope report --to ... -o`) sends the run's
+    phase times, scaling summary and findings to that tracker when training ends."""
 
-    def __init__(self, store: str | os.PathLike[str], **profile_options: Any) -> None:
+    def __init__(
+        self,
+        store: str | os.PathLike[str],
+        *,
+        export_to: str | None = None,
+        export_destination: str | None = None,
+        **profile_options: Any,
+    ) -> None:
         self.store = os.fspath(store)
         self.options = profile_options
+        self.export_to = export_to
+        self.export_destination = export_destination
         self.recorder: AutoRecorder | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -55,5 +67,15 @@ class PerfscopeCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         recorder, self.recorder = self.recorder, None
-        if recorder is not None:
-            recorder.close()
+        if recorder is None:
+            return
+        prof = recorder.prof
+        run_id, rank = (prof.run_id, prof.rank) if prof is not None else (None, -1)
+        recorder.close()
+        if self.export_to is not None:
+            with contextlib.suppress(Exception):  # every rank's rows are in the store
+                from accelerate import PartialState
+
+                PartialState().wait_for_everyone()
+            if rank == 0:
+                export_run(self.store, run_id, self.export_to, self.export_destination)
