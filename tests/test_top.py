@@ -85,3 +85,11 @@ def test_missing_store_once_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["top", str(tmp_path / "nope"), "--once"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]
+
+
+def test_piped_output_gets_one_frame(tmp_path: Path) -> None:
+    import subprocess
+
+    make_run(tmp_path / "S", "job", world_size=2, steps=5)
+    out = subprocess.run([PERFSCOPE, "top", str(tmp_path / "S")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.count("run job") == 1 and "\x1b[H" not in out.stdout

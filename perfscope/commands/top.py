@@ -1,6 +1,7 @@
 """A live terminal view of a store while a job writes it: per rank the current step time and its
 phase shares, the communication share, the slowest rank, and the findings so far. Plain ANSI text
-(works over SSH on a login node, no curses); Ctrl-C leaves it. `--once` prints one frame."""
+(works over SSH on a login node, no curses); Ctrl-C leaves it. `--once`, or an output that is not
+a terminal, prints one frame."""
 
 from __future__ import annotations
 
@@ -67,7 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--window", type=int, default=20, metavar="STEPS", help="recent steps per rank (default 20)"
     )
-    p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="print one frame and exit (the default when output is not a terminal)",
+    )
     p.add_argument("--no-findings", action="store_true", help="skip the findings (cheaper refreshes)")
 
 
@@ -141,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.window < 1:
         raise PerfscopeError("--window must be at least 1 step")
     colour = use_colour()
-    if args.once:
+    if args.once or not sys.stdout.isatty():  # piped or captured: one frame, never an endless stream
         with open_store(args.store, allow_empty=True, warn=False) as store:
             print(
                 render(
