@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
+from perfscope.charts.comm import comm_ops_chart, comm_roles_chart
 from perfscope.charts.phases import phase_breakdown_chart
 from perfscope.charts.rows import rows
 from perfscope.charts.stragglers import last_rank_chart, wait_heatmap
@@ -80,6 +81,7 @@ def render(ctx: Context) -> None:
             "Steps": lambda: _steps(ctx, run_id),
             "Phases": lambda: _phases(ctx, run_id),
             "Stragglers": lambda: _stragglers(ctx, run_id),
+            "Communication": lambda: _communication(ctx, run_id),
             "Telemetry": lambda: _telemetry(ctx, run_id),
         },
     )
@@ -173,6 +175,28 @@ def _stragglers(ctx: Context, run_id: str) -> None:
         cols[1].metric("Communication efficiency", num(pop["comm_efficiency"], ".2f"), help="max(useful) / T")
         cols[2].metric("Parallel efficiency", num(pop["parallel_efficiency"], ".2f"), help="LB · CommE")
     definition_note("stragglers", "collective_wait", "pop")
+
+
+COMM_COLUMNS = {
+    "op": Col("op"),
+    "phase": Col("phase"),
+    "kind": Col("kind"),
+    "calls_per_step": Col("calls/step", fmt="%.1f"),
+    "total_ns_per_step": Col("total (ms/step)", 1e-6, "%.3f", "issue to completion"),
+    "exposed_ns_per_step": Col("exposed (ms/step)", 1e-6, "%.3f", "what the rank waited"),
+    "bytes_median": Col("median bytes", fmt="%.0f"),
+    "bytes_p10": Col("p10 bytes", fmt="%.0f"),
+    "bytes_p90": Col("p90 bytes", fmt="%.0f"),
+}
+
+
+def _communication(ctx: Context, run_id: str) -> None:
+    one = ctx.refine(run_ids=(run_id,))
+    ops = ctx.table("comm_ops", one)
+    roles = ctx.table("comm_by_role", one)
+    charts(comm_ops_chart(ops, run_id=run_id), comm_roles_chart(roles, run_id=run_id))
+    show_table(ops, COMM_COLUMNS)
+    definition_note("comm_ops", "comm_by_role", "pipeline_stages", "parameter_server")
 
 
 def _telemetry(ctx: Context, run_id: str) -> None:

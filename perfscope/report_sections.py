@@ -616,8 +616,8 @@ def stragglers(ctx: Context) -> Section:
 def communication(ctx: Context) -> Section | None:
     """Communication beyond DDP: by op type and phase, and per rank and role (pipelines, servers)."""
     ops = ctx.rows("comm_ops")
-    if not any(r["exposed_ns_per_step"] is not None for r in ops):
-        return None  # DDP buckets and Horovod only: the sync section says it all
+    if not ops:
+        return None
     s = Section(
         "communication", "Communication by op and role", definitions=("comm-patterns", "pipeline", "pserver")
     )
@@ -632,9 +632,7 @@ def communication(ctx: Context) -> Section | None:
         ]
     )
     s.blocks.append(ctx.chart("comm_ops", run_id=run_id))
-    roles = [r for r in ctx.rows("comm_by_role") if r["run_id"] == run_id]
-    if any(r["role"] != "worker" for r in roles):
-        s.blocks.append(ctx.chart("comm_roles", run_id=run_id))
+    s.blocks.append(ctx.chart("comm_roles", run_id=run_id))
     return s
 
 

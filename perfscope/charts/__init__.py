@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from .backends import backend_compare_chart
 from .batch import batch_sweep_chart, metric_curve_chart
+from .comm import comm_ops_chart, comm_roles_chart
 from .phases import lost_time_chart, phase_breakdown_chart
 from .scaling import efficiency_chart, per_gpu_speedup_chart, speedup_chart
 from .stragglers import last_rank_chart, wait_heatmap
@@ -68,6 +69,8 @@ CHARTS: dict[str, ChartSpec] = {
             "metric_curves", "Metric against wall time", metric_curve_chart, "metric_curves", "time_to_metric"
         ),
         _spec("backend_compare", "Backends compared", backend_compare_chart, "backend_compare"),
+        _spec("comm_ops", "Communication by op type and phase", comm_ops_chart, "comm_ops"),
+        _spec("comm_roles", "Per rank and role: compute and waiting", comm_roles_chart, "comm_by_role"),
     )
 }
 
@@ -101,6 +104,8 @@ __all__ = [
     "backend_compare_chart",
     "batch_sweep_chart",
     "busbw_chart",
+    "comm_ops_chart",
+    "comm_roles_chart",
     "efficiency_chart",
     "energy_chart",
     "last_rank_chart",
