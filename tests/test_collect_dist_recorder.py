@@ -181,3 +181,37 @@ def test_functions_are_patched_only_with_a_process_group_and_restored_at_close(t
         {"rank": 1, "op": "recv", "peer": 0, "bytes": 8, "is_async": False},
     ]
     assert _rows(tmp_path / "alone", "SELECT count(*) AS n FROM comm") == [{"n": 0}]
+
+
+def _failing_recorder_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import perfscope
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    with perfscope.profile(store, poll_hz=0, gpu_telemetry=False) as prof:
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug of ours")
+
+        prof._timeline.begin_collective = broken  # type: ignore[method-assign]
+        values = []
+        for _ in range(3):  # the first call finds the bug; every call still runs
+            t = torch.full((2,), float(rank + 1))
+            dist.all_reduce(t)
+            values.append(t.tolist())
+            prof.step()
+    dist.destroy_process_group()
+    return {"values": values}
+
+
+def test_a_recorder_failure_is_one_warning_and_the_collectives_still_run(tmp_path: Path) -> None:
+    out = _ok(run_ranks(_failing_recorder_worker, 2, str(tmp_path)))
+    assert out[0]["values"] == [[3.0, 3.0]] * 3 == out[1]["values"]
+    events = _rows(tmp_path, "SELECT rank, kind FROM events ORDER BY rank")
+    assert events == [
+        {"rank": 0, "kind": "dist_recorder_failed"},
+        {"rank": 1, "kind": "dist_recorder_failed"},
+    ]
+    assert _rows(tmp_path, "SELECT count(*) AS n FROM steps") == [{"n": 6}]
