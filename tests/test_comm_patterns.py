@@ -161,3 +161,24 @@ def test_pattern_rules_stay_silent_on_a_ddp_job() -> None:
         assert run_analysis("periodic_sync", s).num_rows == 0
     assert {r["role"] for r in roles} == {"worker"}
     assert not {f.rule for f in findings} & PATTERN_RULES
+
+
+def test_the_bundled_pattern_store_names_each_jobs_cause() -> None:
+    store = SAMPLE_DDP.parent / "patterns-cpu"
+    expected = {
+        "pattern-fsdp": "sharded-exposed",
+        "pattern-pipeline": "pipeline-bubble",
+        "pattern-ps": "parameter-server",
+        "pattern-paramavg": "periodic-sync",
+    }
+    with open_store(store) as s:
+        experiments = {
+            r["run_id"]: r["experiment"] for r in s.query("SELECT run_id, experiment FROM runs").to_pylist()
+        }
+        summary = run_analysis("run_summary", s).to_pylist()
+        findings = [f for f in explain(s) if f.category == "cause" and f.rule not in CONFOUNDS]
+    first: dict[str, str] = {}
+    for f in findings:
+        first.setdefault(experiments[f.evidence.run_ids[0]], f.rule)
+    assert first == expected
+    assert {r["samples_per_step"] for r in summary} == {64}
