@@ -291,3 +291,94 @@ def test_an_empty_folder_is_refused_with_the_stores_words(small: Path, tmp_path:
     errors = [e.value for e in at.sidebar.error]
     assert len(errors) == 1 and "\n" not in errors[0], errors
     assert _store_shown(at) == str(small.resolve())
+
+
+# ---- dashboard in a real browser: every page by its own URL, offline ------------------------------
+
+#: url path and query of every page and tab a user can land on
+URLS = (
+    "",
+    "overview",
+    "scaling",
+    "scaling?scaling_tab=Sync",
+    "scaling?scaling_tab=Phases",
+    "scaling?scaling_tab=Utilisation",
+    "scaling?scaling_tab=Groups",
+    "scaling?scaling_tab=Model",
+    "run",
+    "run?run_tab=Phases",
+    "run?run_tab=Stragglers",
+    "run?run_tab=Telemetry",
+    "batch",
+    "compare",
+    "sql",
+)
+SCREENSHOTS = ROOT / "artifacts" / "dashboard-pages"
+
+#: every chart placeholder on the page has drawn its canvas or svg
+_CHARTS_DRAWN = """() => [...document.querySelectorAll('.vega-embed')]
+    .every(e => e.querySelector('canvas, svg') !== null)"""
+
+
+@pytest.fixture(scope="module")
+def page_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if not {"demo-cpu", "seed-study"} <= set(BUNDLED):
+        pytest.skip("no bundled sample traces in this checkout")
+    return {
+        "cpu": BUNDLED["demo-cpu"],
+        "simulated": BUNDLED["seed-study"],
+        "mixed": mixed_store(tmp_path_factory.mktemp("mixed") / "store"),
+    }
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("kind", ["cpu", "simulated", "mixed"])
+def test_every_page_opens_by_its_url_and_nothing_leaves_the_machine(
+    kind: str, page_stores: dict[str, Path], tmp_path: Path
+) -> None:
+    from browser import CHROMIUM, CHROMIUM_ARGS
+    from test_dashboard_browser import _screenshot, dashboard_server, settle
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    left: list[str] = []
+    problems: list[str] = []
+    with (
+        dashboard_server(page_stores[kind], tmp_path / "server.log") as (url, _),
+        sync_api.sync_playwright() as p,
+    ):
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1920, "height": 1080})
+
+            def route(r: object) -> None:
+                request_url = r.request.url  # type: ignore[attr-defined]
+                if request_url.startswith(url + "/") or request_url == url:
+                    r.continue_()  # type: ignore[attr-defined]
+                else:
+                    left.append(request_url)
+                    r.abort()  # type: ignore[attr-defined]
+
+            context.route("**/*", route)
+            page = context.new_page()
+            for where in URLS:
+                page.goto(f"{url}/{where}")
+                settle(page)
+                page.wait_for_function(_CHARTS_DRAWN, timeout=60_000)
+                body = page.inner_text("body")
+                if "Page not found" in body:
+                    problems.append(f"{where or '/'}: Page not found")
+                if page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count():
+                    problems.append(f"{where or '/'}: an error box: {body[:300]!r}")
+                path = page.evaluate("() => window.location.pathname")
+                expected = "/" + (where.split("?")[0] or "overview")
+                if path != expected:
+                    problems.append(f"{where or '/'}: opened {path}, not {expected}")
+                name = (where or "root").replace("?", "-").replace("=", "-").replace("_tab", "")
+                _screenshot(page, SCREENSHOTS / f"{kind}-{name}.png")
+        finally:
+            browser.close()
+    assert problems == []
+    assert left == [], f"requests that left 127.0.0.1: {sorted(set(left))}"
