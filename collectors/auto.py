@@ -112,6 +112,7 @@ class AutoRecorder:
         self.samples = 0
         self.watched: set[int] = set()
         self.handles: list[Any] = []
+        self.ddp_finder: Any = None
 
     # -- set-up -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -132,6 +133,9 @@ class AutoRecorder:
                 self.scope.register_forward_pre_hook(self._forward_pre),
                 self.scope.register_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
             ]
+            # the framework wraps the model in DDP out of the callback's sight: find the wrapper at
+            # its first forward, then stop looking (at the first step's end)
+            self.ddp_finder = module_hooks.register_module_forward_pre_hook(self._find_ddp)
         self.handles += [
             optimizer_hooks.register_optimizer_step_pre_hook(self._optimizer_pre),
             optimizer_hooks.register_optimizer_step_post_hook(self._optimizer_post),
@@ -172,6 +176,7 @@ class AutoRecorder:
     def close(self) -> None:
         """Remove the hooks and close the profile (at exit, or after a failure)."""
         self.off = True
+        self._stop_finding_ddp()
         handles, self.handles = self.handles, []
         for handle in handles:
             with contextlib.suppress(Exception):
@@ -267,6 +272,22 @@ class AutoRecorder:
         except Exception as exc:
             self._fail(exc)
 
+    def _find_ddp(self, module: Any, args: Any) -> None:
+        if getattr(module, "module", None) is not self.scope or self.off or self.prof is None:
+            return
+        try:
+            if ddp.is_ddp(module) and id(module) not in self.watched:
+                self.watched.add(id(module))
+                self.prof.watch(module)
+            self._stop_finding_ddp()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _stop_finding_ddp(self) -> None:
+        finder, self.ddp_finder = self.ddp_finder, None
+        if finder is not None:
+            finder.remove()
+
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.off or self.prof is None or threading.get_ident() != self.thread:
             return
@@ -292,6 +313,7 @@ class AutoRecorder:
                 return
             samples, self.samples = self.samples, 0
             self.prof.step(samples or None)
+            self._stop_finding_ddp()
             self.in_data = True
             self._enter("data")
         except Exception as exc:

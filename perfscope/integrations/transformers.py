@@ -5,8 +5,9 @@ Trainer's callback events mark the training's start and end; its own events do n
 forward from backward, so inside the run the phases come from the model's forward hooks, autograd
 and torch's optimizer-step hooks, with perfscope run's definitions (collectors/auto.py): a step is
 one optimizer update (gradient accumulation included), `data` runs from the end of a step to the
-next forward, `backward` until the autograd engine finishes. Model facts (parameters, gradient
-bytes) come from the model; every torch.distributed call is recorded by the profile's recorder."""
+next forward, `backward` until the autograd engine finishes. The DDP wrapper Trainer makes is found
+at its first forward and watched (its buckets recorded); every other torch.distributed call is
+recorded by the profile's recorder."""
 
 from __future__ import annotations
 
