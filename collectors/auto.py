@@ -68,6 +68,15 @@ def instrument(torch: Any) -> AutoRecorder | None:
     return _recorder
 
 
+def _samples(inputs: Any) -> int | None:
+    """The batch size of a forward's inputs: `model(x)`, `model(**batch)`, or a wrapper called with
+    the whole batch first (Lightning's `training_step(batch, batch_idx)` under DDP)."""
+    found = infer_samples(inputs)
+    if found is None and isinstance(inputs, (tuple, list)) and inputs:
+        found = infer_samples(inputs[0])
+    return found
+
+
 def _outputs_needing_grad(output: Any) -> list[Any]:
     """The tensors of a forward's output that autograd will reach: a tensor, or those in a tuple,
     list or dict (Hugging Face's ModelOutput is a dict), at the first level."""
@@ -237,7 +246,7 @@ class AutoRecorder:
         self.in_forward = False
         try:
             self._exit("forward")
-            self.samples += infer_samples(args) or infer_samples(kwargs) or 0
+            self.samples += _samples(args) or _samples(kwargs) or 0
             for tensor in _outputs_needing_grad(output):
                 tensor.register_hook(self._backward_reached)
         except Exception as exc:

@@ -228,3 +228,52 @@ def test_bad_input_one_line(
         os.chdir(cwd)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+
+
+LIGHTNING_PLAIN = """
+import torch
+import lightning.pytorch as L
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 16), torch.randint(0, 2, (64,)))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, accumulate_grad_batches=2, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Model(), DataLoader(data, batch_size=4))
+"""
+
+
+def test_lightning_script_without_callback(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    script = _script(tmp_path, "lit.py", LIGHTNING_PLAIN)
+    out = _launch(
+        [str(BIN / "perfscope"), "run", "--store", "S", "--", sys.executable, script.name], tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    with perfscope.open_store(tmp_path / "S") as store:
+        steps = store.query(
+            "SELECT rank, count(*) AS n, min(samples) AS s, min(forward_ns) AS f, min(backward_ns) AS b, "
+            "sum(comm_count) AS c FROM steps GROUP BY rank ORDER BY rank"
+        ).to_pylist()
+    # Lightning steps the optimizer with a closure (forward and backward run inside step()); a step
+    # is still one update: 32 samples per rank, batches of 4, two batches per update
+    assert [(r["rank"], r["n"], r["s"]) for r in steps] == [(0, 4, 8), (1, 4, 8)]
+    assert all(r["f"] > 0 and r["b"] > 0 and r["c"] >= 4 for r in steps)
