@@ -320,6 +320,18 @@ _CHARTS_DRAWN = """() => [...document.querySelectorAll('.vega-embed')]
     .every(e => e.querySelector('canvas, svg') !== null)"""
 
 
+#: charts (by position on the page) that must show the legend of their series: speedup, efficiency and
+#: per-GPU speedup (the first charts a user sees), sync time, the batch sweep
+LEGENDS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "scaling": ("group", (0, 1, 2)),
+    "scaling?scaling_tab=Sync": ("group", (0,)),
+    "batch": ("setup", (0,)),
+}
+#: per chart, the titles of its legends
+_LEGENDS = """() => [...document.querySelectorAll('.vega-embed')].map(e =>
+    [...e.querySelectorAll('g.role-legend-title')].map(t => t.textContent))"""
+
+
 @pytest.fixture(scope="module")
 def page_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not {"demo-cpu", "seed-study"} <= set(BUNDLED):
@@ -376,6 +388,11 @@ def test_every_page_opens_by_its_url_and_nothing_leaves_the_machine(
                 expected = "/" + (where.split("?")[0] or "overview")
                 if path != expected:
                     problems.append(f"{where or '/'}: opened {path}, not {expected}")
+                if where in LEGENDS:
+                    legends = page.evaluate(_LEGENDS)
+                    title, charts = LEGENDS[where]
+                    if len(legends) <= max(charts) or any(title not in legends[i] for i in charts):
+                        problems.append(f"{where}: a chart without its {title!r} legend: {legends}")
                 name = (where or "root").replace("?", "-").replace("=", "-").replace("_tab", "")
                 _screenshot(page, SCREENSHOTS / f"{kind}-{name}.png")
         finally:

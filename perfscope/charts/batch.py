@@ -81,7 +81,9 @@ def batch_sweep_chart(batch_sweep: pa.Table | None) -> ChartLike:
         r["series"] = labels[
             (r["experiment"] or "", r["cluster"] or "", r["backend"] or "", f"N={r['world_size']}")
         ]
-    colour = alt.Color("series:N", title="setup", scale=alt.Scale(scheme=SERIES_SCHEME))
+    colour = alt.Color(
+        "series:N", title="setup", scale=alt.Scale(scheme=SERIES_SCHEME), legend=alt.Legend(title="setup")
+    )
     stroke = alt.Stroke("series:N", legend=None, scale=alt.Scale(scheme=SERIES_SCHEME))
     tooltip = [
         alt.Tooltip("run_id:N"),

@@ -94,7 +94,8 @@ def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
         .mark_bar()
         .encode(
             x=alt.X("bar:N", title="run (world size N)", sort=[b for _, _, b in bars]),
-            y=alt.Y("sum(time_ms):Q", title="time per step (ms, steady-state)"),
+            # two lines: on one, the title is taller than a panel and runs up into the subtitle
+            y=alt.Y("sum(time_ms):Q", title=["time per step", "(ms, steady state)"]),
             color=_colour(),
             order=alt.Order("phase_order:Q"),
             tooltip=[

@@ -67,7 +67,9 @@ def _series(values: list[Row]) -> None:
 
 
 def _colour(title: str = "group") -> alt.Color:
-    return alt.Color("series:N", title=title, scale=alt.Scale(scheme=SERIES_SCHEME))
+    return alt.Color(
+        "series:N", title=title, scale=alt.Scale(scheme=SERIES_SCHEME), legend=alt.Legend(title=title)
+    )
 
 
 def _stroke() -> alt.Stroke:

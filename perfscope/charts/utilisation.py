@@ -48,7 +48,9 @@ def _points(values: list[Row], y: alt.Y, tooltip: list[alt.Tooltip], whiskers: t
     for r in values:
         r["series"] = labels.get(r["group_id"], r["group_id"])
     ticks = world_size_ticks(values)
-    colour = alt.Color("series:N", title="group", scale=alt.Scale(scheme=SERIES_SCHEME))
+    colour = alt.Color(
+        "series:N", title="group", scale=alt.Scale(scheme=SERIES_SCHEME), legend=alt.Legend(title="group")
+    )
     stroke = alt.Stroke("series:N", legend=None, scale=alt.Scale(scheme=SERIES_SCHEME))
     base = alt.Chart(data(values)).encode(world_size_x(ticks), colour)
     layers: list[Any] = []
