@@ -84,7 +84,9 @@ def test_pipeline_stages_are_inferred_and_the_slow_stage_is_named(pipeline: Path
         assert s["compute_ns"] + s["p2p_wait_ns"] <= s["step_ns"] * 1.001
     causes = _causes(pipeline)
     top = causes[0]
-    assert top.rule == "pipeline-bubble" and top.numbers["slowest_stage"] == 1
+    assert top.rule == "pipeline-bubble" and top.numbers["slowest_stage"] == 1, [
+        (f.rule, f.title) for f in causes
+    ]
     assert "stage 1" in top.title and "not gradient synchronisation" in top.text
     assert "micro-batches" in top.recommendation and "1F1B" in top.recommendation
     # the waiting stage is a victim: no straggler verdict, and no DDP-style advice
