@@ -154,7 +154,11 @@ class UserSql:
         text = check_query(sql)
         if timeout_s is not None and not timeout_s > 0:
             raise PerfscopeError("the time limit must be a positive number of seconds")
-        self._lock.acquire()  # one query at a time on this connection; released by Rows.close
+        # One query at a time on this connection, released by Rows.close. A query still running (a
+        # dashboard user ran another meanwhile) is stopped: the newer one is what they want. Again
+        # and again, as an interrupt that arrives before it starts executing is lost.
+        while not self._lock.acquire(timeout=0.1):
+            self._interrupt_running()
         self._timed_out = False
         timer = threading.Timer(timeout_s, self._interrupt) if timeout_s is not None else None
         rows = Rows(self, timer, timeout_s)
@@ -170,8 +174,12 @@ class UserSql:
 
     def _interrupt(self) -> None:
         self._timed_out = True
-        if self._con is not None:
-            self._con.interrupt()
+        self._interrupt_running()
+
+    def _interrupt_running(self) -> None:
+        con = self._con
+        if con is not None:
+            con.interrupt()
 
     def fetch(self, sql: str, *, timeout_s: float | None = None, max_rows: int | None = None) -> Fetched:
         """The result of `sql` as one table: all of it, or its first `max_rows` rows."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,9 +120,9 @@ def test_a_session_cannot_change_what_another_sees(demo: Path, quiet: None) -> N
             with pytest.raises(PerfscopeError):
                 mine.fetch(attempt.format(root=demo, seg=seg))
         # reading a valid segment as CSV fails for that query only: the segment is not marked bad
-        with pytest.raises(PerfscopeError, match="query failed"):
+        with pytest.raises(PerfscopeError, match=r"query failed|only the store's tables"):
             mine.fetch(f"SELECT * FROM read_csv('{seg}')")
-        with pytest.raises(PerfscopeError, match="query failed"):
+        with pytest.raises(PerfscopeError, match=r"query failed|only the store's tables"):
             mine.fetch(f"SELECT * FROM read_json('{seg}')")
         assert theirs.fetch("SELECT count(*) AS n FROM steps").table.to_pylist() == steps
         assert store.query("SELECT count(*) AS n FROM steps").to_pylist() == steps
@@ -142,7 +144,7 @@ def test_reading_outside_the_store_is_refused(demo: Path, tmp_path: Path, quiet:
     outside.write_text("a\n1\n")
     with open_store(demo) as store, UserSql(store) as session:
         for q in (f"SELECT * FROM read_csv('{outside}')", "SELECT * FROM glob('/etc/*')"):
-            with pytest.raises(PerfscopeError, match="query failed"):
+            with pytest.raises(PerfscopeError, match="only the store's tables may be read"):
                 session.fetch(q)
 
 
@@ -191,6 +193,27 @@ def test_a_huge_result_streams_to_the_file(demo: Path, tmp_path: Path) -> None:
         == 0
     )
     assert pq.read_metadata(out).num_rows == 300000
+
+
+def test_a_new_query_stops_the_one_still_running_on_its_session(demo: Path, quiet: None) -> None:
+    # a dashboard user who runs another query while one is running: the newer wins, nothing waits for
+    # the old one to finish (it would run for minutes)
+    failures: list[str] = []
+    with open_store(demo) as store, UserSql(store) as session:
+
+        def slow() -> None:
+            try:
+                session.fetch("SELECT sum(a * b) FROM range(100000000000) t(a), range(1000) u(b)")
+            except PerfscopeError as exc:
+                failures.append(exc.message)
+
+        t = threading.Thread(target=slow)
+        t.start()
+        while not session._lock.locked():
+            time.sleep(0.01)
+        assert session.fetch("SELECT count(*) AS n FROM steps").table.to_pylist() == [{"n": _count(demo)}]
+        t.join(60)
+    assert not t.is_alive() and len(failures) == 1 and "query failed" in failures[0]
 
 
 def test_only_the_rows_asked_for_are_fetched(demo: Path, quiet: None) -> None:
