@@ -418,6 +418,71 @@ def test_malformed_files_are_refused_in_one_line(
     assert not any((tmp_path / "store").glob("*/run_id=*"))
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"traceEvents": [' + b"[" * 200_000 + b"]" * 200_000 + b"]}",
+        b'{"traceEvents": [{"ph": "X", "args": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}]}",
+        b'{"traceEvents": [{"ph": "X", "name": "' + b"A" * (17 << 20) + b'"}]}',
+    ],
+    ids=["deep-arrays", "deep-objects", "huge-string"],
+)
+def test_json_shaped_to_exhaust_the_parser_is_refused_early(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    """A few hundred KB of nesting would make the streaming parser take tens of GB (its key paths
+    grow with the depth); the guard refuses the file before."""
+    bad = tmp_path / "bomb.json"
+    bad.write_bytes(content)
+    line = _one_line_error(capsys, _import(tmp_path, bad, extra=("--rank", "0", "--world-size", "1")))
+    assert "nested deeper" in line or "string longer" in line
+
+
+def _reference_depth(text: str) -> tuple[int, int, bool]:
+    """(deepest, final depth, inside a string) by walking the characters."""
+    depth = deepest = 0
+    inside = escaped = False
+    for ch in text:
+        if inside:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                inside = False
+        elif ch == '"':
+            inside = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest, depth, inside
+
+
+def test_json_guard_follows_strings_and_escapes_across_any_chunking() -> None:
+    from perfscope.errors import PerfscopeError
+    from perfscope.importers.jsonguard import JsonGuard
+
+    rng = np.random.default_rng(7)
+    real = gzip.decompress(REAL.read_bytes()).decode()[:200_000]  # cut mid-document on purpose
+    tricky = json.dumps(['x\\"[[[', {"b": "\\\\"}, [['"]]]\\\\"{']], "\\" * 7 + '"[', "\\" * 5000 + '"]]'])
+    for text in (real, tricky):
+        data = text.encode()
+        deepest, final, inside = _reference_depth(text)
+        for trial in range(20):
+            cuts = np.cumsum(rng.integers(1, 8 if trial % 2 else 5000, size=len(data)))
+            chunks = [data[a:b] for a, b in zip([0, *cuts], cuts, strict=False) if a < len(data)]
+            ok = JsonGuard("x", max_depth=deepest)
+            for c in chunks:
+                ok.feed(c)
+            assert (ok.depth, ok.in_string) == (final, inside)
+            tight = JsonGuard("x", max_depth=deepest - 1)
+            with pytest.raises(PerfscopeError, match="nested deeper"):
+                for c in chunks:
+                    tight.feed(c)
+
+
 def test_bad_paths_and_flags_are_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from ..errors import PerfscopeError
 from .common import ImportOptions, ImportResult, RunImport, StepTimes, default_run_id
 from .intervals import clip, length, merge, subtract
+from .jsonguard import JsonGuard
 
 ORIGIN = "kineto"
 
@@ -93,16 +94,19 @@ def _nbytes(args: dict[str, Any]) -> int | None:
 
 
 class _Tail:
-    """A binary reader that remembers the first and the last bytes it handed out."""
+    """A binary reader that remembers the first and the last bytes it handed out, and refuses JSON
+    shaped to exhaust the parser (see JsonGuard)."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes], source: str) -> None:
         self.raw = raw
+        self.guard = JsonGuard(source)
         self.head = bytearray()
         self.tail = bytearray()
         self.read_bytes = 0
 
     def read(self, n: int = -1) -> bytes:
         b = self.raw.read(n)
+        self.guard.feed(b)
         self.read_bytes += len(b)
         if len(self.head) < _HEAD_BYTES:
             self.head += b[: _HEAD_BYTES - len(self.head)]
@@ -270,7 +274,7 @@ def read_trace(path: Path) -> RankTrace:
         raw = _open(path)
     except OSError as exc:
         raise PerfscopeError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    reader = _Tail(raw)
+    reader = _Tail(raw, str(path))
     with raw:
         for ev in _events(path, trace, reader):
             trace.events += 1
