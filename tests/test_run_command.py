@@ -212,6 +212,7 @@ def test_exit_status_is_the_commands(tmp_path: Path) -> None:
         (["run"], "no command to run", 2),
         (["run", "--", "no-such-command-xyz"], "command not found", 127),
         (["run", "--store", "FILE", "--", "true"], "is a file", 2),
+        (["run", "--store", "no/such/parent", "--", "true"], "cannot create the store folder", 2),
         (["run", "--tag", "no-equals", "--", "true"], "KEY=VALUE", 2),
         (["run", "--batch-size", "0", "--", "true"], "positive", 2),
     ],

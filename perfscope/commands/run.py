@@ -96,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
     store = Path(args.store).expanduser().resolve()
     if store.exists() and not store.is_dir():
         raise PerfscopeError(f"--store {args.store!r} is a file, not a store folder")
+    from ..collectors.profiler import DISABLE_ENV
+
     env = environment(store, profile_options(args))
+    if env.get(DISABLE_ENV, "").strip() in ("", "0"):
+        _writable(store, args.store)
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -112,6 +116,16 @@ def run(args: argparse.Namespace) -> int:
         code = code if code > 0 else 130
     if code < 0:  # killed by a signal: the shell's convention
         code = 128 - code
-    if store.is_dir():
+    if store.is_dir() and any(store.iterdir()):
         print(f"perfscope run: recorded into {store}; next: perfscope analyze {args.store}", file=sys.stderr)
     return code
+
+
+def _writable(store: Path, given: str) -> None:
+    """Fail before a long job starts, not in its first second; only the last folder is made."""
+    try:
+        store.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise PerfscopeError(f"cannot create the store folder {given!r}: {exc.strerror or exc}") from exc
+    if not os.access(store, os.W_OK | os.X_OK):
+        raise PerfscopeError(f"the store folder {given!r} is not writable")
