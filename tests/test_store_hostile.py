@@ -486,3 +486,32 @@ def test_fifo_and_folder_named_like_segments_are_skipped(demo: Path, quiet: None
     with open_store(demo) as s:
         names = {Path(x.path).name: x.reason for x in s.skipped}
     assert names == {"pipe.parquet": "not a regular file", "dir.parquet": "not a regular file"}
+
+
+def test_every_command_survives_every_hostile_file_at_once(
+    demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    part = _partition(demo)
+    segs = _segments(part)
+    outside = tmp_path / "outside.parquet"
+    shutil.copy(segs[0], outside)
+    (part / "link.parquet").symlink_to(outside)
+    _forge(part, b"{not json")
+    t = pq.read_table(segs[0], partitioning=None)
+    i = t.column_names.index("step_ns")
+    _rewrite(
+        segs[0], part / "typed.parquet", table=t.set_column(i, "step_ns", pc.cast(t["step_ns"], pa.string()))
+    )
+    shutil.copy(segs[1], part / "zz-copy.parquet")
+    (part / "garbage.parquet").write_bytes(b"PAR1 nothing here PAR1")
+    for argv in (
+        ["info", str(demo)],
+        ["info", str(demo), "--json"],
+        ["analyze", str(demo), "--json"],
+        ["sql", str(demo), "SELECT run_id, sum(step_ns) AS t FROM steps GROUP BY 1", "--format", "json"],
+        ["report", str(demo), "-o", str(tmp_path / "report.html")],
+        ["compact", str(demo), "--dry-run"],
+    ):
+        assert main(argv) == 0, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "internal error" not in err, (argv, err)
