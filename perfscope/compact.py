@@ -54,6 +54,19 @@ class _Changed(Exception):
     """A segment's bytes changed between listing and merging: its partition is left for next time."""
 
 
+def _migrated(t: pa.Table, table: str, name: str, version: int) -> pa.ChunkedArray | pa.Array:
+    """Column `name` for rows of a segment written with schema `version`, which lacked it."""
+    col = next(c for c in TABLES[table].columns if c.name == name)
+    if col.migrated is None or version >= col.since or t.num_rows == 0:
+        return pa.nulls(t.num_rows, col.type)
+    import duckdb
+
+    with duckdb.connect(":memory:") as con:
+        con.register("segment", t)
+        values = con.execute(f"SELECT {col.migrated} AS v FROM segment").fetch_arrow_table()
+    return values.column("v").cast(col.type)
+
+
 def _merge(table: str, segs: list[Segment], out: Path) -> int:
     """Write `segs`' rows into `out`, recording what it replaces; the rows are read from the very
     bytes whose hash is recorded, so the claim is true of what was rewritten."""
@@ -76,11 +89,12 @@ def _merge(table: str, segs: list[Segment], out: Path) -> int:
                 if hashlib.blake2b(data, digest_size=16).hexdigest() != digests[seg.path.name]:
                     raise _Changed(f"{seg.path.name} changed while being merged")
                 t = pq.read_table(pa.BufferReader(data))
-                # older segments may lack columns added since: fill them with NULL
+                # older segments may lack columns added since: fill them with NULL, or with their
+                # migrated value (the merged file is stamped with the current version)
                 cols = [
                     t.column(f.name).cast(f.type)
                     if f.name in t.column_names
-                    else pa.nulls(t.num_rows, f.type)
+                    else _migrated(t, table, f.name, seg.version)
                     for f in schema
                 ]
                 pending.append(pa.Table.from_arrays(cols, schema=schema))

@@ -445,11 +445,12 @@ def _version_sql(table: str, version: int, segments: list[Segment]) -> str:
     present = frozenset().union(*(s.columns for s in segments))
     parts = [PARTITION_KEY]
     for c in TABLES[table].columns:
-        if c.name in present:
+        if c.migrated is not None and version < c.since:  # written before the column existed
+            parts.append(f'CAST({c.migrated} AS {_DUCK_TYPES[c.type]}) AS "{c.name}"')
+        elif c.name in present:
             parts.append(f'"{c.name}"')
         else:
-            value = c.migrated if c.migrated is not None and version < c.since else "NULL"
-            parts.append(f'CAST({value} AS {_DUCK_TYPES[c.type]}) AS "{c.name}"')
+            parts.append(f'CAST(NULL AS {_DUCK_TYPES[c.type]}) AS "{c.name}"')
     files = ", ".join("'" + str(s.path).replace("'", "''") + "'" for s in segments)
     src = (
         f"read_parquet([{files}], hive_partitioning=true, union_by_name=true, "

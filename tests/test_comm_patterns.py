@@ -184,3 +184,44 @@ def test_the_bundled_pattern_store_names_each_jobs_cause() -> None:
         first.setdefault(experiments[f.evidence.run_ids[0]], f.rule)
     assert first == expected
     assert {r["samples_per_step"] for r in summary} == {64}
+
+
+def test_a_version_1_store_reads_migrated_and_compacts_without_losing_it(tmp_path: Path) -> None:
+    import shutil
+
+    from perfscope.compact import compact
+    from perfscope.writer import StoreWriter
+
+    store = tmp_path / "v1"
+    shutil.copytree(SAMPLE_DDP, store)  # recorded with schema version 1: DDP buckets, no v2 columns
+    import pyarrow.parquet as pq
+
+    run_id = _analysis(store, "run_summary")[0]["run_id"]
+    (v1_file,) = (store / "comm" / f"run_id={run_id}").glob("*.parquet")
+    table = pq.read_table(v1_file)  # split into two version-1 segments, so compaction merges them
+    half = table.num_rows // 2
+    for name, part in (("a", table.slice(0, half)), ("b", table.slice(half))):
+        pq.write_table(
+            part.replace_schema_metadata(table.schema.metadata), v1_file.with_name(f"v1-{name}.parquet")
+        )
+    v1_file.unlink()
+    with StoreWriter(store, run_id, writer_id="v2") as w:  # a version-2 segment beside them
+        w.append("comm", (0, 999, 0, "send", None, 8, 1, 2, "host", 1, 2, 2, False, "forward"))
+
+    def comm() -> list[dict[str, Any]]:
+        with open_store(store) as s:
+            return s.query(
+                "SELECT step, is_async, phase, exposed_ns, peer, count(*) AS n FROM comm "
+                "GROUP BY ALL ORDER BY step"
+            ).to_pylist()
+
+    before = comm()
+    v1 = [r for r in before if r["step"] != 999]
+    assert v1 and all(r["is_async"] is True and r["phase"] is None and r["exposed_ns"] is None for r in v1)
+    assert [r for r in before if r["step"] == 999] == [
+        {"step": 999, "is_async": False, "phase": "forward", "exposed_ns": 2, "peer": 1, "n": 1}
+    ]
+    assert compact(store, grace_s=0).files_merged >= 2
+    merged = next((store / "comm" / f"run_id={run_id}").glob("c-*.parquet"))
+    assert pq.read_metadata(merged).metadata[b"perfscope.schema_version"] == b"2"  # both versions in it
+    assert comm() == before  # the old rows were migrated as they were merged
