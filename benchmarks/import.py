@@ -8,8 +8,9 @@ A size RxK is R rank files, each the real 2-GPU NCCL trace (tests/data/kineto-w2
 correlation ids and `distributedInfo` rank renumbered, written as plain JSON. For each size, each in
 fresh processes: HTA (`TraceAnalysis` + `get_temporal_breakdown` + `get_comm_comp_overlap`) and
 perfscope (`perfscope import kineto` then `perfscope analyze --json`). Wall time is the processes'
-elapsed time; peak memory is the largest sum of RSS over the whole process tree (HTA parses ranks in
-a process pool), sampled every 20 ms with psutil.
+elapsed time; CPU time is user + system of every process of the tree, sampled (steadier than
+wall time on a shared machine); peak memory is the largest sum of RSS over the whole process
+tree (HTA parses ranks in a process pool), sampled every 20 ms with psutil.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 REAL = Path(__file__).resolve().parent.parent / "tests" / "data" / "kineto-w2-allreduce-rank0.json.gz"
 STEPS_PER_COPY = 3
+EVENTS_PER_COPY = 40_573
 
 HTA_CHILD = """
 import logging, sys
@@ -83,25 +84,30 @@ def write_traces(folder: Path, ranks: int, copies: int) -> int:
     return total
 
 
-def measure(cmds: list[list[str]], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Run `cmds` one after another; (elapsed s, peak RSS of the process tree in MB, last stdout)."""
+def measure(cmds: list[list[str]], env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """Run `cmds` one after another; (elapsed s, CPU s of the process tree, peak RSS of the tree in MB).
+    CPU is each process's last sampled user + system time, summed over every process seen."""
     peak = 0
-    out = ""
+    cpu: dict[int, float] = {}
     t0 = time.perf_counter()
     for cmd in cmds:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
-        proc = psutil.Process(p.pid)
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        root = psutil.Process(p.pid)
         while p.poll() is None:
+            rss = 0
             try:
-                rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
-                peak = max(peak, rss)
+                for proc in [root, *root.children(recursive=True)]:
+                    with proc.oneshot():
+                        rss += proc.memory_info().rss
+                        t = proc.cpu_times()
+                        cpu[proc.pid] = t.user + t.system
             except psutil.Error:
                 pass
+            peak = max(peak, rss)
             time.sleep(0.02)
-        out = p.stdout.read() if p.stdout else ""
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(cmd[:4])} ... failed with status {p.returncode}")
-    return time.perf_counter() - t0, peak / 1e6, out
+    return time.perf_counter() - t0, sum(cpu.values()), peak / 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1", "OMP_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
     print(f"# {os.cpu_count()} CPUs, load average {load:.1f} at start; python {sys.version.split()[0]}")
-    print("| ranks x copies | events | JSON MB | HTA s | HTA peak MB | perfscope s | perfscope peak MB |")
-    print("|---|---|---|---|---|---|---|")
-    rows: list[dict[str, Any]] = []
+    print(
+        "| ranks x copies | events | JSON MB | HTA wall s | HTA CPU s | HTA peak MB "
+        "| perfscope wall s | perfscope CPU s | perfscope peak MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     try:
         for size in args.sizes.split(","):
             ranks, copies = (int(x) for x in size.lower().split("x"))
@@ -139,20 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             mb = nbytes / 1e6
             hta = measure([[py, "-c", HTA_CHILD, str(folder)]], env) if mb <= args.hta_max_mb else None
-            row = {
-                "size": size,
-                "events": ranks * copies * 40573,
-                "json_mb": round(mb, 1),
-                "hta_s": round(hta[0], 1) if hta else None,
-                "hta_mb": round(hta[1]) if hta else None,
-                "perfscope_s": round(ps[0], 1),
-                "perfscope_mb": round(ps[1]),
-            }
-            rows.append(row)
-            hta_cols = f"{row['hta_s']} | {row['hta_mb']}" if hta else "skipped | skipped"
+            hta_cols = f"{hta[0]:.1f} | {hta[1]:.1f} | {hta[2]:.0f}" if hta else "skipped | skipped | skipped"
             print(
-                f"| {ranks} x {copies} | {row['events']:,} | {row['json_mb']} | {hta_cols} | "
-                f"{row['perfscope_s']} | {row['perfscope_mb']} |",
+                f"| {ranks} x {copies} | {ranks * copies * EVENTS_PER_COPY:,} | {mb:.1f} | {hta_cols} | "
+                f"{ps[0]:.1f} | {ps[1]:.1f} | {ps[2]:.0f} |",
                 flush=True,
             )
             if not args.keep:
