@@ -12,6 +12,10 @@ from .steady import runs_table, window_table
 
 #: DESIGN: other processes' CPU above ~20% of a core per rank makes timing findings uncertain.
 CONTENDED_CORES_PER_RANK = 0.2
+#: ... but only where it came out of the job's share: on a host with at least this many cores idle on
+#: average, other processes (an OS's own daemons take about a core of a 96-core node) took nothing
+#: the ranks could have used.
+SPARE_CORES = 1.0
 #: System CPU at or above this share: no core was idle, whoever used them (the job's ranks and
 #: perfscope's collector threads inside them count as the job).
 SATURATED_SYS_CPU_PCT = 90.0
@@ -21,7 +25,9 @@ SATURATED_SYS_CPU_PCT = 90.0
 def contention(store: Store, sel: Selection) -> pa.Table:
     """Per run and host over the steady window: the host's busy cores (sys_cpu_pct · cpu_count),
     the job's (proc_cpu_pct: every training process on the host, collector threads included),
-    other processes' = the difference (never negative), per rank of the job on that host."""
+    other processes' = the difference (never negative), per rank of the job on that host. Contended:
+    more than CONTENDED_CORES_PER_RANK of other processes' cores per rank on a host with less than
+    SPARE_CORES idle, so that CPU came out of what the ranks could have used."""
     runs = runs_table(store, sel)
     win = window_table(store, sel)
     return store.query(
@@ -46,7 +52,9 @@ def contention(store: Store, sel: Selection) -> pa.Table:
                h.samples, h.cpu_count, h.busy_cores, h.job_cores, h.other_cores,
                h.other_cores / nullif(k.ranks, 0) AS other_cores_per_rank,
                h.job_cores / nullif(k.ranks, 0) AS job_cores_per_rank,
-               h.other_cores / nullif(k.ranks, 0) > {CONTENDED_CORES_PER_RANK} AS contended,
+               h.cpu_count - h.busy_cores AS spare_cores,
+               h.other_cores / nullif(k.ranks, 0) > {CONTENDED_CORES_PER_RANK}
+                   AND h.cpu_count - h.busy_cores < {SPARE_CORES} AS contended,
                h.sys_cpu_pct >= {SATURATED_SYS_CPU_PCT} AS saturated
         FROM h JOIN {runs} r USING (run_id) LEFT JOIN k USING (run_id, hostname)
         ORDER BY r.experiment, r.world_size, h.run_id, h.hostname
