@@ -212,16 +212,21 @@ def test_captions_of_a_mixed_report_say_which(tmp_path: Path) -> None:
 def test_prediction_section_draws_no_figure_without_predictions(small: Path) -> None:
     with open_store(small) as store:
         collected = collect(store, Selection())
-    preds = collected.tables["scaling_prediction"].to_pylist()
+    # two world sizes: no model predicts beyond them
+    assert not [r for r in collected.tables["scaling_prediction"].to_pylist() if r["kind"] == "prediction"]
     section = next(s for s in collected.report.sections if s.id == "prediction")
+    assert [b for b in section.blocks if isinstance(b, ChartBlock)] == []
+    words = ["".join(map(str, b)) for b in section.blocks if isinstance(b, list)]
+    assert any("No group has a model" in w for w in words)
+
+
+@needs_bundled
+def test_prediction_section_draws_the_predictions_when_there_are_some() -> None:
+    with open_store(BUNDLED["demo-cpu"]) as store:
+        section = next(s for s in collect(store, Selection()).report.sections if s.id == "prediction")
     charts = [b for b in section.blocks if isinstance(b, ChartBlock)]
-    if any(r["kind"] == "prediction" for r in preds):
-        assert {c.name for c in charts} == {"speedup", "efficiency"}
-    else:
-        assert charts == []
-        assert any(
-            "No group has a model" in "".join(map(str, b)) for b in section.blocks if isinstance(b, list)
-        )
+    assert [c.name for c in charts] == ["speedup", "efficiency"]
+    assert all(c.caption == "measured, with the model's predictions" for c in charts)
 
 
 @needs_bundled
