@@ -389,46 +389,25 @@ def _work_class(work_type: type) -> type:
                         self._timeline.end_collective(c)
                     c.exposed = (c.exposed if c.exposed is not None and c.exposed >= 0 else 0) + t1 - t0
 
-        def is_completed(self) -> bool:
-            return bool(self._work.is_completed())
-
-        def is_success(self) -> bool:
-            return bool(self._work.is_success())
-
-        def exception(self) -> Any:
-            return self._work.exception()
-
-        def source_rank(self) -> int:
-            return int(self._work.source_rank())
-
-        def _source_rank(self) -> int:
-            return int(self._work._source_rank())
-
-        def result(self) -> Any:
-            return self._work.result()
-
-        def get_future(self) -> Any:
-            return self._work.get_future()
-
-        def get_future_result(self) -> Any:
-            return self._work.get_future_result()
-
-        def synchronize(self) -> Any:
-            return self._work.synchronize()
-
-        def block_current_stream(self) -> Any:
-            return self._work.block_current_stream()
-
-        def _get_op_type(self) -> Any:
-            return self._work._get_op_type()
-
-        def _get_duration(self) -> Any:
-            return self._work._get_duration()
-
-        def boxed(self) -> Any:
-            return self._work.boxed()
-
         def __getattr__(self, name: str) -> Any:
             return getattr(self.__dict__["_work"], name)
 
+    # every other method of Work answers for the wrapped one (the base class's own would act on
+    # an empty C++ Work): is_completed, get_future, result, synchronize ...
+    for name in _FORWARDED:
+        setattr(_RecordedWork, name, _forward(name))
     return _RecordedWork
+
+
+_FORWARDED = (
+    "is_completed", "is_success", "exception", "source_rank", "_source_rank", "result", "get_future",
+    "get_future_result", "synchronize", "block_current_stream", "_get_op_type", "_get_duration", "boxed",
+)  # fmt: skip
+
+
+def _forward(name: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._work, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method

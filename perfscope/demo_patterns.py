@@ -53,6 +53,19 @@ def _mlp(layers: int = 3) -> Any:
     return nn.Sequential(*mods)
 
 
+def _train_step(prof: Any, model: Any, opt: Any, batch: int) -> None:
+    import torch
+
+    x = torch.randn(batch, FEATURES)
+    with prof.phase("forward"):
+        loss = model(x).square().mean()
+    with prof.phase("backward"):
+        loss.backward()
+    with prof.phase("optimizer"):
+        opt.step()
+        opt.zero_grad()
+
+
 def fsdp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict[str, Any]:
     """FSDP2: fully_shard on each Linear layer and the root; all-gathers in forward and backward,
     reduce-scatters in backward."""
@@ -74,14 +87,7 @@ def fsdp_worker(rank: int, world_size: int, store: str, options: dict[str, Any])
         prof.watch(model)
         run_id = prof.run_id
         for _ in range(options.get("steps", 8)):
-            x = torch.randn(batch, FEATURES)
-            with prof.phase("forward"):
-                loss = model(x).square().mean()
-            with prof.phase("backward"):
-                loss.backward()
-            with prof.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
+            _train_step(prof, model, opt, batch)
             prof.step()
     # what each all-gather carries: every fully_shard group's padded unsharded bytes
     shard_bytes = [
@@ -206,14 +212,7 @@ def paramavg_worker(rank: int, world_size: int, store: str, options: dict[str, A
         prof.watch(model)
         run_id = prof.run_id
         for i in range(options.get("steps", 12)):
-            x = torch.randn(batch, FEATURES)
-            with prof.phase("forward"):
-                loss = model(x).square().mean()
-            with prof.phase("backward"):
-                loss.backward()
-            with prof.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
+            _train_step(prof, model, opt, batch)
             if i % every == every - 1:
                 with torch.no_grad():
                     for p in model.parameters():

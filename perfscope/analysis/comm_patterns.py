@@ -28,6 +28,22 @@ def _with_run(store: Store, sel: Selection, sql: str, order: str) -> pa.Table:
     )
 
 
+def _rank_steady(store: Store, sel: Selection) -> str:
+    """Per run and rank (ranks with steps): steady steps, mean step time and mean compute, i.e.
+    forward + backward + optimizer, which no longer hold the exposed communication made in them."""
+    ss = _steady_steps(store, sel)
+    return temp_table(
+        store,
+        ("pattern_rank_steady", sel),
+        f"""
+        SELECT run_id, rank, count(*) AS steps, avg(step_ns) AS step_ns,
+               avg(coalesce(forward_ns, 0) + coalesce(backward_ns, 0) + coalesce(optimizer_ns, 0))
+                   AS compute_ns
+        FROM {ss} GROUP BY ALL
+        """,
+    )
+
+
 def _steady_steps(store: Store, sel: Selection) -> str:
     """Per run, rank and steady step: the step's columns (ranks that record steps only)."""
     thr = thresholds_table(store, sel)
@@ -130,16 +146,14 @@ def comm_by_role(store: Store, sel: Selection) -> pa.Table:
     """Per run and rank: role, step time, compute (forward + backward + optimizer, without the
     exposed communication moved out of them), point-to-point wait and collective wait per step."""
     ss = _steady_steps(store, sel)
+    per_rank = _rank_steady(store, sel)
     roles = roles_table(store, sel)
     return _with_run(
         store,
         sel,
         f"""
         WITH s AS (
-            SELECT run_id, rank, count(*) AS steps, avg(step_ns) AS step_ns,
-                   avg(coalesce(forward_ns, 0) + coalesce(backward_ns, 0) + coalesce(optimizer_ns, 0))
-                       AS compute_ns
-            FROM {ss} GROUP BY ALL
+            SELECT * FROM {per_rank}
         ), c AS (
             SELECT c.run_id, c.rank,
                    sum(c.exposed_ns) FILTER (WHERE c.peer IS NOT NULL) AS p2p_ns,
@@ -160,6 +174,7 @@ def pipeline_stages(store: Store, sel: Selection) -> pa.Table:
     """Per pipeline stage: step time, compute, wait in point-to-point (the bubble, not gradient
     sync), measured bubble fraction against the ideal (p−1)/(m+p−1), and which stage is slowest."""
     ss = _steady_steps(store, sel)
+    per_rank = _rank_steady(store, sel)
     roles = roles_table(store, sel)
     return _with_run(
         store,
@@ -169,10 +184,7 @@ def pipeline_stages(store: Store, sel: Selection) -> pa.Table:
             SELECT run_id, rank, role, role_source, CAST(split_part(role, ':', 2) AS INTEGER) AS stage
             FROM {roles} WHERE role LIKE 'stage:%'
         ), s AS (
-            SELECT run_id, rank, count(*) AS steps, avg(step_ns) AS step_ns,
-                   avg(coalesce(forward_ns, 0) + coalesce(backward_ns, 0) + coalesce(optimizer_ns, 0))
-                       AS compute_ns
-            FROM {ss} WHERE (run_id, rank) IN (SELECT (run_id, rank) FROM st) GROUP BY ALL
+            SELECT * FROM {per_rank} WHERE (run_id, rank) IN (SELECT (run_id, rank) FROM st)
         ), c AS (
             SELECT c.run_id, c.rank, sum(c.exposed_ns) AS p2p_ns,
                    -- micro-batches: the forward transfers of one step with one neighbour
@@ -208,6 +220,7 @@ def parameter_server(store: Store, sel: Selection) -> pa.Table:
     one) per step and step time; the server's busy share (its active time not spent waiting to
     receive); worker skew = max / median worker step time."""
     ss = _steady_steps(store, sel)
+    per_rank = _rank_steady(store, sel)
     roles = roles_table(store, sel)
     return _with_run(
         store,
@@ -219,10 +232,7 @@ def parameter_server(store: Store, sel: Selection) -> pa.Table:
         ), servers AS (
             SELECT run_id, rank FROM r WHERE role = 'server'
         ), s AS (
-            SELECT run_id, rank, count(*) AS steps, avg(step_ns) AS step_ns,
-                   avg(coalesce(forward_ns, 0) + coalesce(backward_ns, 0) + coalesce(optimizer_ns, 0))
-                       AS compute_ns
-            FROM {ss} GROUP BY ALL
+            SELECT * FROM {per_rank}
         ), w AS (
             SELECT c.run_id, c.rank,
                    sum(c.exposed_ns) FILTER (WHERE c.op IN ('send', 'isend')) AS push_sum,
