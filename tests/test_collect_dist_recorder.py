@@ -195,7 +195,7 @@ def _failing_recorder_worker(rank: int, world_size: int, store: str) -> dict[str
         def broken(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a bug of ours")
 
-        prof._timeline.begin_collective = broken  # type: ignore[method-assign]
+        prof._timeline.begin_collective = broken
         values = []
         for _ in range(3):  # the first call finds the bug; every call still runs
             t = torch.full((2,), float(rank + 1))
