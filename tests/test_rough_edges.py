@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import pydoc
 import re
@@ -404,3 +405,16 @@ def test_every_page_opens_by_its_url_and_nothing_leaves_the_machine(
             browser.close()
     assert problems == []
     assert left == [], f"requests that left 127.0.0.1: {sorted(set(left))}"
+
+
+def test_per_gpu_value_labels_do_not_overlap() -> None:
+    from perfscope.charts.scaling import HEIGHT, LABEL_HEIGHT_PX, _spread
+
+    values = [0.51, 0.58, 0.53, 0.52, 0.74, 0.55]
+    spread = _spread([{"series": str(v), "v": v} for v in values], "v")
+    ys = [r["label_y"] for r in spread]
+    gap = 1.0 * LABEL_HEIGHT_PX / HEIGHT
+    assert sorted(r["v"] for r in spread) == sorted(values)
+    assert all(a - b >= gap - 1e-9 for a, b in itertools.pairwise(ys))
+    assert ys[0] == pytest.approx(0.74)  # the largest stays at its value; a lone label never moves
+    assert _spread([{"v": 0.3}], "v")[0]["label_y"] == pytest.approx(0.3)

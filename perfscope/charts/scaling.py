@@ -216,6 +216,22 @@ def efficiency_chart(scaling: pa.Table | None, prediction: pa.Table | None = Non
     return finish(chart, title, _subtitle(values, preds, "E(N) = S(N)·N0/N; 100% is perfect scaling"))
 
 
+#: vertical room one value label needs, in pixels of the plot
+LABEL_HEIGHT_PX = 12
+
+
+def _spread(labels: list[Row], field: str) -> list[Row]:
+    """The labels with a `label_y` each: their value, moved apart (largest first) so that no two
+    overlap; the axis runs from 0 to the largest value (or 1), HEIGHT pixels tall."""
+    top = max([1.0, *(r[field] for r in labels)])
+    gap = top * LABEL_HEIGHT_PX / HEIGHT
+    out: list[Row] = []
+    for r in sorted(labels, key=lambda r: r[field], reverse=True):
+        y = r[field] if not out else min(r[field], out[-1]["label_y"] - gap)
+        out.append({**r, "label_y": y})
+    return out
+
+
 def per_gpu_speedup_chart(scaling: pa.Table | None) -> ChartLike:
     """Per-GPU speedup S(N)/N against N (what the seed study quotes), labelled at the largest N."""
     title = "Per-GPU speedup against world size"
@@ -231,11 +247,11 @@ def per_gpu_speedup_chart(scaling: pa.Table | None) -> ChartLike:
     y = alt.Y("per_gpu_speedup:Q", title="per-GPU speedup S(N)/N")
     curve = _curve(values, "per_gpu_speedup", y, [], ticks)
     labels = (
-        alt.Chart(data(list(last.values())))
+        alt.Chart(data(_spread(list(last.values()), "per_gpu_speedup")))
         .mark_text(align="left", dx=7, fontSize=11)
         .encode(
             world_size_x(ticks),
-            alt.Y("per_gpu_speedup:Q"),
+            alt.Y("label_y:Q"),
             _group_colour(),
             text=alt.Text("per_gpu_speedup:Q", format=".2f"),
         )
