@@ -122,6 +122,45 @@ def test_real_trace_imports_as_a_measured_run(tmp_path: Path, capsys: pytest.Cap
         assert row["step_ns"] >= row["compute_ns"] + row["sync_exposed_ns"]
 
 
+def test_gpu_ranks_of_one_job_become_one_run_and_each_agrees_with_hta(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 made from rank 0 (distributedInfo.rank = 1, a later clock): one run of two ranks, and
+    HTA on the same two files gives each rank the compute perfscope gives it."""
+    pytest.importorskip("hta")
+    from hta.trace_analysis import TraceAnalysis
+
+    doc = json.loads(gzip.decompress(REAL.read_bytes()))
+    doc["distributedInfo"]["rank"] = 1
+    for ev in doc["traceEvents"]:
+        if isinstance(ev.get("ts"), (int, float)):
+            ev["ts"] += 5_000.0
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(REAL, traces / "rank0.json.gz")
+    (traces / "rank1.json").write_text(json.dumps(doc))
+    files = [traces / "rank0.json.gz", traces / "rank1.json"]
+    assert _import(tmp_path, *files) == 0
+    assert "2 ranks, 6 steps, 42 collectives" in capsys.readouterr().out
+    with open_store(tmp_path / "store") as store:
+        per_rank = store.query(
+            "SELECT rank, sum(forward_ns + backward_ns + optimizer_ns) / 1e3 AS compute_us "
+            "FROM steps GROUP BY rank ORDER BY rank"
+        ).to_pylist()
+        assert store.query("SELECT count(DISTINCT run_id) n FROM steps").to_pylist() == [{"n": 1}]
+    os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
+    logging.disable(logging.WARNING)
+    try:
+        ta = TraceAnalysis(trace_dir=str(traces), include_last_profiler_step=True)
+        tb = ta.get_temporal_breakdown(visualize=False).sort_values("rank")
+    finally:
+        logging.disable(logging.NOTSET)
+        del os.environ["HTA_DISABLE_NS_ROUNDING"]
+    assert list(tb["rank"]) == [0, 1]
+    for row, hta_us in zip(per_rank, tb["compute_time(us)"], strict=True):
+        assert float(row["compute_us"]) == pytest.approx(hta_us, rel=REL)
+
+
 def test_analyze_runs_on_the_imported_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _import(tmp_path, REAL) == 0
     capsys.readouterr()
