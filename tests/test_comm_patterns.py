@@ -225,3 +225,16 @@ def test_a_version_1_store_reads_migrated_and_compacts_without_losing_it(tmp_pat
     merged = next((store / "comm" / f"run_id={run_id}").glob("c-*.parquet"))
     assert pq.read_metadata(merged).metadata[b"perfscope.schema_version"] == b"2"  # both versions in it
     assert comm() == before  # the old rows were migrated as they were merged
+
+
+def test_findings_describe_message_sizes_from_their_distribution(paramavg: Path) -> None:
+    from perfscope.analysis import Selection
+    from perfscope.explain.context import Context
+    from perfscope.explain.rules_comm import _recorded_sizes
+
+    with open_store(paramavg) as s:
+        ctx = Context(s, Selection())
+        run_id = ctx.rows("run_summary")[0]["run_id"]
+        words = _recorded_sizes(ctx, run_id)
+    # 8 parameters from 256 B (a bias) to 256 KiB (a 256x256 weight): never one "average" size
+    assert words == "of 256 B to 256 KiB (median 32 KiB for allreduce)"

@@ -12,6 +12,7 @@ from ..analysis.sync import alpha_beta_fits, fit_points
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .rulebook import cause_severity, make_finding, rule
+from .rules_patterns import pattern_runs
 from .words import dur, gbps, listing, num, pct, times
 
 LOW_EFFICIENCY = 0.8
@@ -264,15 +265,36 @@ def _below_reference(ctx: Context, references: dict[str, Row], scaling: dict[str
     return out
 
 
+def _recorded_sizes(ctx: Context, run_id: str) -> str:
+    """The run's recorded collective sizes in words, from their distribution ('' without comm rows)."""
+    ops = [o for o in ctx.rows("comm_ops") if o["run_id"] == run_id and o["kind"] == "collective"]
+    if not ops:
+        return ""
+    lo, hi = min(o["bytes_min"] for o in ops), max(o["bytes_max"] for o in ops)
+    if lo == hi:
+        return f"of {_size(lo)} each"
+    main = max(ops, key=lambda o: o["calls"])
+    return f"of {_size(lo)} to {_size(hi)} (median {_size(main['bytes_median'])} for {main['op']})"
+
+
+def _size(nbytes: float) -> str:
+    if nbytes < 1024:
+        return f"{nbytes:.0f} B"
+    return f"{nbytes / 1024:.0f} KiB" if nbytes < 2**20 else f"{nbytes / 2**20:.1f} MiB"
+
+
 @rule("latency-bound", 3, "Latency-bound: many small collectives")
 def latency_bound(ctx: Context) -> list[Finding]:
     out = []
     fits = alpha_beta_fits(ctx.store, ctx.sel)
     sync_rows = ctx.by_run("sync")
+    victims = pattern_runs(ctx)  # pipelines and parameter servers: point-to-point, not allreduces
     for gid, rows in ctx.scaling_groups().items():
         top = largest(rows)
         s = sync_rows.get(top["run_id"])
         if not s or top["world_size"] < 2 or not s["comm_count"] or not s["bytes_per_step"]:
+            continue
+        if top["run_id"] in victims:
             continue
         if (top["sync_share"] or 0) < 0.05:
             continue
@@ -295,6 +317,7 @@ def latency_bound(ctx: Context) -> list[Finding]:
             continue
         share = lost_share(top, "sync_exposed")
         explained = share * lat if share is not None and lat is not None else None
+        sizes = _recorded_sizes(ctx, top["run_id"]) or f"averaging {avg_msg / 1024:.0f} KiB"
         out.append(
             make_finding(
                 ctx,
@@ -307,8 +330,8 @@ def latency_bound(ctx: Context) -> list[Finding]:
                     f"collective{'s' if round(k) != 1 else ''} of {avg_msg / 1024:.0f} KiB per step"
                 ),
                 text=(
-                    f"In {gid} at N={top['world_size']}, each step issues {k:.0f} collective(s) averaging "
-                    f"{avg_msg / 1024:.0f} KiB ({nbytes / 2**20:.1f} MiB in all); {basis}. Each "
+                    f"In {gid} at N={top['world_size']}, each step issues {k:.0f} collective(s) {sizes} "
+                    f"({nbytes / 2**20:.1f} MiB in all); {basis}. Each "
                     "ring allreduce "
                     f"pays 2(p−1) = {2 * (p - 1):.0f} latency hops whatever its size, so many small "
                     "ones cost "
