@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -332,6 +333,8 @@ def test_gloo_ranks_become_one_run(
         assert runs[0] | {"run_id": None} == {
             "run_id": None, "world_size": 2, "backend": "gloo", "origin": "kineto", "experiment": "ddp-cpu"
         }  # fmt: skip
+        started = store.query("SELECT started_ns FROM runs").to_pylist()[0]["started_ns"]
+        assert abs(started / 1e9 - time.time()) < 3600  # wall-clock, recorded minutes ago
         per_rank = store.query(
             "SELECT rank, count(*) n, any_value(clock) c FROM steps GROUP BY rank ORDER BY rank"
         )
@@ -409,6 +412,11 @@ def test_truncated_plain_and_gzip_import_up_to_the_last_event(
     part = read_trace(cut)
     assert 0 < part.events < full.events and part.truncated
     assert part.rank == 0 and part.base_ns is None  # the trailer with baseTimeNanoseconds was cut off
+    with open_store(tmp_path / "store") as store:
+        run = store.query("SELECT started_ns, tags FROM runs").to_pylist()[0]
+    # without it the clock is anchored at the file's write time (now), not at 1970
+    assert json.loads(run["tags"])["time_base"] == "file modification time"
+    assert abs(run["started_ns"] / 1e9 - time.time()) < 3600
 
     gz = tmp_path / "cut.json.gz"
     raw = REAL.read_bytes()

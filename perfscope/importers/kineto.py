@@ -147,6 +147,7 @@ class RankTrace:
     base_ns: int | None = None
     truncated: str | None = None
     events: int = 0
+    last_us: float = -math.inf  # end of the latest event
     steps: list[_Step] = field(default_factory=list)
     data: list[tuple[float, float]] = field(default_factory=list)
     optimizer: list[tuple[float, float]] = field(default_factory=list)
@@ -303,6 +304,8 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
     args = ev.get("args")
     args = args if isinstance(args, dict) else {}
     end = ts + dur
+    if end > t.last_us:
+        t.last_us = end
     if cat in _GPU_CATS:
         if cat != "kernel":
             return  # memcpy/memset are neither compute nor communication (as in HTA)
@@ -530,6 +533,21 @@ def _assign_ranks(traces: list[RankTrace], opts: ImportOptions) -> int:
     return world
 
 
+def _anchor_clocks(traces: list[RankTrace]) -> str:
+    """Kineto's timestamps count from an arbitrary origin; `baseTimeNanoseconds` (newer traces)
+    makes them wall-clock. Traces without it are anchored so that the lowest rank's last event ends
+    when its file was last written (the profiler writes at the end), one offset for all of them, so
+    ranks that shared a clock stay aligned. Returns which base was used."""
+    missing = [t for t in traces if t.base_ns is None]
+    if not missing:
+        return "baseTimeNanoseconds"
+    first = missing[0]
+    offset = first.path.stat().st_mtime_ns - round(first.last_us * 1000.0)
+    for t in missing:
+        t.base_ns = offset
+    return "file modification time" if len(missing) == len(traces) else "mixed"
+
+
 def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     traces = []
     warnings = []
@@ -547,6 +565,7 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
         traces.append(t)
     world = _assign_ranks(traces, opts)
     traces.sort(key=lambda t: t.rank or 0)
+    time_base = _anchor_clocks(traces)
     run_id = opts.run_id or default_run_id(ORIGIN, opts.experiment, paths)
     gpu = any(t.has_gpu for t in traces)
     clock = "cuda" if gpu else "host"
@@ -574,7 +593,11 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
             hostname=t0.hostname,
             started_ns=started,
             ended_ns=ended,
-            tags={"imported_files": [str(p.name) for p in paths], "ranks_imported": len(traces)},
+            tags={
+                "imported_files": [str(p.name) for p in paths],
+                "ranks_imported": len(traces),
+                "time_base": time_base,
+            },
         )
 
 
