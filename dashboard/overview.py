@@ -11,7 +11,17 @@ from perfscope.charts.rows import multi_point_groups, rows
 
 from . import links
 from .state import Context
-from .widgets import EMPTY_CELL, Col, definition_note, no_runs, pct, show_table, simulated_notice
+from .widgets import (
+    EMPTY_CELL,
+    Col,
+    definition_note,
+    device_unit_of,
+    for_unit,
+    no_runs,
+    pct,
+    show_table,
+    simulated_notice,
+)
 
 SEVERITY_ICONS = {"alarm": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 SEVERITY_COLOURS = {"alarm": "red", "warning": "orange", "info": "blue"}
@@ -61,7 +71,7 @@ def render(ctx: Context) -> None:
     simulated_notice(summary)
 
     st.header("Scaling at a glance", anchor="glance")
-    _glance(ctx.table("scaling"))
+    _glance(ctx.table("scaling"), device_unit_of(summary))
 
     st.header("Findings", anchor="findings")
     st.caption("Ranked by the share of lost efficiency each explains, then severity and confidence.")
@@ -141,7 +151,7 @@ def _finding(ctx: Context, rank: int, f: Any) -> None:
         definition_note(*f.evidence.analyses, popover=True)
 
 
-def _glance(scaling: pa.Table) -> None:
+def _glance(scaling: pa.Table, unit: str) -> None:
     """Each scaling group at its largest world size: the seed study's headline numbers."""
     vals = rows(scaling)
     keep = multi_point_groups([r for r in vals if not r.get("mixed")])
@@ -154,7 +164,7 @@ def _glance(scaling: pa.Table) -> None:
         st.caption("No scaling group has runs at two or more world sizes in this selection.")
         return
     table = pa.Table.from_pylist([last[g] for g in sorted(last)])
-    show_table(table, GLANCE_COLUMNS)
+    show_table(table, for_unit(GLANCE_COLUMNS, unit))
     definition_note("scaling")
 
 

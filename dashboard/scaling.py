@@ -21,7 +21,9 @@ from .widgets import (
     chart,
     charts,
     definition_note,
+    device_unit_of,
     filter_rows,
+    for_unit,
     no_runs,
     relabel,
     show_table,
@@ -61,6 +63,15 @@ FIT_COLUMNS = {
     "smape_pct": Col("SMAPE (%)", fmt="%.1f"),
     "r2_adj": Col("adj. R²", fmt="%.3f"),
     "too_few_points": Col("too few points"),
+}
+HOST_CPU_COLUMNS = {
+    "group_id": Col("group"),
+    "world_size": Col("N", fmt="%d"),
+    "source": Col("source"),
+    "host_cpu_count": Col("logical CPUs", fmt="%d"),
+    "host_proc_cpu_pct": Col("job's CPU (%)", fmt="%.0f", help="the job's processes; 100% is one core busy"),
+    "host_sys_cpu_pct": Col("host CPU busy (%)", fmt="%.0f", help="the whole host, all CPUs"),
+    "host_load1": Col("load (1 min)", fmt="%.2f", help="runnable threads, against the logical CPUs"),
 }
 POP_COLUMNS = {
     "group_id": Col("group"),
@@ -133,13 +144,14 @@ def render(ctx: Context) -> None:
     run_ids = rows(filter_rows(scaling, "group_id", picked), ("run_id",))
     runs = [r["run_id"] for r in run_ids]
     shown = filter_rows(scaling, "group_id", picked)
+    unit = device_unit_of(filter_rows(ctx.table("run_summary"), "run_id", runs))
     tabbed(
         links.SCALING_TAB,
         {
-            "Speedup": lambda: _speedup(ctx, shown, picked, labels),
+            "Speedup": lambda: _speedup(ctx, shown, picked, labels, unit),
             "Sync": lambda: _sync(ctx, picked),
-            "Phases": lambda: _phases(ctx, picked, runs, labels),
-            "Utilisation": lambda: _utilisation(ctx, picked),
+            "Phases": lambda: _phases(ctx, picked, runs, labels, unit),
+            "Utilisation": lambda: _utilisation(ctx, picked, labels, unit),
             "Groups": lambda: _side_by_side(ctx, runs),
             "Model": lambda: _model(ctx, picked, labels),
         },
@@ -170,16 +182,16 @@ def _largest(scaling: pa.Table) -> pa.Table:
     return pa.Table.from_pylist([last[g] for g in sorted(last)]) if last else scaling
 
 
-def _speedup(ctx: Context, scaling: pa.Table, picked: list[str], labels: dict[str, str]) -> None:
+def _speedup(ctx: Context, scaling: pa.Table, picked: list[str], labels: dict[str, str], unit: str) -> None:
     prediction = filter_rows(ctx.table("scaling_prediction"), "group_id", picked)
     charts(speedup_chart(scaling, prediction), efficiency_chart(scaling, prediction))
     with st.container(horizontal=True, wrap=True, gap="large"):
-        chart(per_gpu_speedup_chart(scaling))
+        chart(per_gpu_speedup_chart(scaling, unit))
         with st.container(width=560):
             st.subheader("At the largest world size")
-            st.caption("Per group: what the seed study quotes (per-GPU speedup S(N)/N) at its largest N.")
-            show_table(relabel(_largest(scaling), "group_id", labels), LARGEST_COLUMNS)
-    show_table(relabel(scaling, "group_id", labels), SCALING_COLUMNS)
+            st.caption(f"Per group at its largest N: the per-{unit} speedup S(N)/N the seed study quotes.")
+            show_table(relabel(_largest(scaling), "group_id", labels), for_unit(LARGEST_COLUMNS, unit))
+    show_table(relabel(scaling, "group_id", labels), for_unit(SCALING_COLUMNS, unit))
     definition_note("scaling", "scaling_prediction")
 
 
@@ -193,19 +205,26 @@ def _sync(ctx: Context, picked: list[str]) -> None:
     definition_note("sync", "allreduce_fit")
 
 
-def _phases(ctx: Context, picked: list[str], runs: list[str], labels: dict[str, str]) -> None:
+def _phases(ctx: Context, picked: list[str], runs: list[str], labels: dict[str, str], unit: str) -> None:
     charts(
         phase_breakdown_chart(filter_rows(ctx.table("phase_breakdown"), "run_id", runs)),
-        lost_time_chart(filter_rows(ctx.table("lost_time"), "group_id", picked)),
+        lost_time_chart(filter_rows(ctx.table("lost_time"), "group_id", picked), unit),
     )
     st.subheader("POP efficiencies")
     show_table(relabel(filter_rows(ctx.table("pop"), "group_id", picked), "group_id", labels), POP_COLUMNS)
     definition_note("phase_breakdown", "lost_time", "pop")
 
 
-def _utilisation(ctx: Context, picked: list[str]) -> None:
+def _utilisation(ctx: Context, picked: list[str], labels: dict[str, str], unit: str) -> None:
     util = filter_rows(ctx.table("utilisation"), "group_id", picked)
-    charts(utilisation_chart(util), energy_chart(util))
+    if unit == "rank":  # a CPU job: what its hosts' CPUs did, where a GPU job shows GPU utilisation
+        st.caption(
+            "Every run here ran on CPU: no GPU utilisation or energy. The job's CPU is 100% per busy core; "
+            "a load above the logical CPUs means ranks and their threads wait for a core."
+        )
+        show_table(relabel(util, "group_id", labels), HOST_CPU_COLUMNS)
+    else:
+        charts(utilisation_chart(util), energy_chart(util))
     definition_note("utilisation")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import altair as alt
@@ -13,7 +13,7 @@ import streamlit as st
 
 from perfscope.analysis import ANALYSES, DEFINITIONS, META_DEFINITION, META_TITLE
 from perfscope.charts.rows import rows
-from perfscope.report_model import REFERENCE
+from perfscope.report_model import REFERENCE, device_unit
 
 
 def chart(c: Any, key: str | None = None) -> None:
@@ -142,6 +142,22 @@ class Col:
     scale: float = 1.0
     fmt: str | None = None
     help: str | None = None
+
+
+def device_unit_of(summary: pa.Table) -> str:
+    """ "GPU", or "rank" when every run of the selection ran on CPU: the word the labels use."""
+    models = summary.column("device_model").to_pylist() if "device_model" in summary.column_names else []
+    return device_unit(models)
+
+
+def for_unit(columns: Mapping[str, Col], unit: str) -> dict[str, Col]:
+    """The columns with "GPU" in their titles and help said as `unit` (per-rank speedup on CPU jobs)."""
+    if unit == "GPU":
+        return dict(columns)
+    return {
+        k: replace(c, title=c.title.replace("GPU", unit), help=c.help and c.help.replace("GPU", unit))
+        for k, c in columns.items()
+    }
 
 
 def show_table(table: pa.Table, columns: Mapping[str, Col], *, height: int | str = "auto") -> None:

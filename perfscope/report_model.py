@@ -4,6 +4,7 @@ paragraphs, numbers tied to the analysis they come from, charts and tables; and 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,13 @@ from .charts import ChartLike
 
 #: where a reader finds every analysis, definition and finding in words (it ships in the repository)
 REFERENCE = "docs/analysis.md in the perfscope repository describes every analysis, definition and finding"
+
+
+def device_unit(device_models: Iterable[Any]) -> str:
+    """What one rank runs on, in words: "rank" when every run was on CPU, else "GPU" (an unknown
+    device counts as a GPU: perfscope's collectors record "cpu" for CPU jobs)."""
+    models = [str(m).strip().lower() for m in device_models]
+    return "rank" if models and all(m == "cpu" for m in models) else "GPU"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,17 @@ import pyarrow as pa
 from .analysis.selection import SOURCES
 from .charts import CHARTS
 from .charts.rows import group_label_map, multi_point_groups, natural_key, rows
-from .report_model import ChartBlock, Column, Finding, FindingsBlock, Num, Ref, Section, TableBlock
+from .report_model import (
+    ChartBlock,
+    Column,
+    Finding,
+    FindingsBlock,
+    Num,
+    Ref,
+    Section,
+    TableBlock,
+    device_unit,
+)
 
 #: Tables longer than this fold away in HTML (they stay complete in Markdown and --tables).
 FOLD_ROWS = 14
@@ -26,12 +36,19 @@ class Context:
     tables: Tables
     findings: list[Finding]
     labels: dict[str, str]  # group_id -> short label
+    unit: str = "GPU"  # what one rank runs on, in words: "rank" when every run was on CPU
 
     def rows(self, name: str, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
         return rows(self.tables.get(name), list(columns) if columns is not None else None)
 
     def chart(
-        self, name: str, caption: str = "", *, without: tuple[str, ...] = (), **options: Any
+        self,
+        name: str,
+        caption: str = "",
+        *,
+        without: tuple[str, ...] = (),
+        title: str | None = None,
+        **options: Any,
     ) -> ChartBlock:
         """Chart `name` from the report's tables, leaving out the analyses in `without`."""
         spec = CHARTS[name]
@@ -39,7 +56,8 @@ class Context:
         chart = spec.build(tables, **options)
         used = tuple(a for a in spec.analyses if a not in without)
         origin = source_words(self.sources_of(used, options.get("run_id")))
-        return ChartBlock(name, spec.title, chart, used, ", ".join(c for c in (origin, caption) if c))
+        words = ", ".join(c for c in (origin, caption) if c)
+        return ChartBlock(name, title or spec.title, chart, used, words)
 
     def sources_of(self, analyses: Iterable[str], run_id: str | None = None) -> set[str]:
         """Where the runs behind these analyses' rows come from (measured, simulated), read from a row's
@@ -142,7 +160,7 @@ def overview(ctx: Context) -> Section:
         if best is worst:
             s.blocks.append(
                 [
-                    f"Per-GPU speedup at N = {best['world_size']} is ",
+                    f"Per-{ctx.unit} speedup at N = {best['world_size']} is ",
                     Num(best["per_gpu_speedup"], "scaling", "per_gpu_speedup", best["run_id"]),
                     f" ({best['group']}).",
                 ]
@@ -150,7 +168,7 @@ def overview(ctx: Context) -> Section:
         else:
             s.blocks.append(
                 [
-                    "Per-GPU speedup at the largest world size ranges from ",
+                    f"Per-{ctx.unit} speedup at the largest world size ranges from ",
                     Num(worst["per_gpu_speedup"], "scaling", "per_gpu_speedup", worst["run_id"]),
                     f" ({worst['group']}, N = {worst['world_size']}) to ",
                     Num(best["per_gpu_speedup"], "scaling", "per_gpu_speedup", best["run_id"]),
@@ -224,7 +242,7 @@ def setup(ctx: Context) -> Section:
                 ("backend", "backend"),
                 ("model", "model"),
                 ("device_model", "device"),
-                ("gpus_per_node", "GPUs/node"),
+                ("gpus_per_node", f"{ctx.unit}s/node"),
                 ("world_sizes", "world sizes N"),
                 ("batch_sizes_per_rank", "batch/rank"),
                 ("runs", "runs"),
@@ -273,18 +291,16 @@ def setup(ctx: Context) -> Section:
     s.blocks.append(_table("run_summary", "Runs", _cols(*cols), runs))
     over = [r for r in ctx.rows("placement") if r["oversubscribed_cpu"] or r["oversubscribed_gpu"]]
     if over:
-        s.blocks.append(["Some hosts ran more ranks than they have CPUs or GPUs:"])
+        cpu_only = ctx.unit == "rank"
+        devices = "CPUs" if cpu_only else "CPUs or GPUs"
+        s.blocks.append([f"Some hosts ran more ranks than they have {devices}:"])
+        placement = [("run_id", "run"), ("hostname", "host"), ("ranks_on_host", "ranks")]
+        placement.append(("cpu_count", "CPUs"))
         s.blocks.append(
             _table(
                 "placement",
                 "Oversubscribed hosts",
-                _cols(
-                    ("run_id", "run"),
-                    ("hostname", "host"),
-                    ("ranks_on_host", "ranks"),
-                    ("cpu_count", "CPUs"),
-                    ("gpus_on_host", "GPUs"),
-                ),
+                _cols(*placement, *([] if cpu_only else [("gpus_on_host", "GPUs")])),
                 over,
             )
         )
@@ -297,8 +313,8 @@ def speedup(ctx: Context) -> Section:
     s.blocks.append(
         [
             "Speedup compares throughput with the smallest world size N0 of the same group (same "
-            "experiment, cluster, backend, model and batch). Efficiency is the speedup over the ideal; the "
-            "seed study quotes the per-GPU speedup S(N)/N."
+            "experiment, cluster, backend, model and batch). Efficiency is the speedup over the ideal; "
+            f"per-{ctx.unit} speedup is S(N)/N."
         ]
     )
     mixed = [r for r in scaling if r["mixed"]]
@@ -311,7 +327,7 @@ def speedup(ctx: Context) -> Section:
         )
     s.blocks.append(ctx.chart("speedup", without=("scaling_prediction",)))
     s.blocks.append(ctx.chart("efficiency", without=("scaling_prediction",)))
-    s.blocks.append(ctx.chart("per_gpu_speedup"))
+    s.blocks.append(ctx.chart("per_gpu_speedup", title=f"Per-{ctx.unit} speedup", unit=ctx.unit))
     curve_rows = [r for rs in _curve_groups(scaling).values() for r in rs]
     s.blocks.append(
         _table(
@@ -350,9 +366,9 @@ def lost_time(ctx: Context) -> Section:
     scaling = _with_group(ctx, ctx.rows("scaling"))
     s.blocks.append(
         [
-            "Each bar splits a run's steady-state step into its phases. Lost time is the GPU time per "
-            "step beyond perfect scaling, split by phase: the phase that grows is the one that ate the "
-            "efficiency."
+            "Each bar splits a run's steady-state step into its phases. Lost time is the "
+            f"{ctx.unit} time (ranks × step time) per step beyond perfect scaling, split by phase: the phase "
+            "that grows is the one that ate the efficiency."
         ]
     )
     for r in _largest(scaling):
@@ -363,18 +379,18 @@ def lost_time(ctx: Context) -> Section:
             [
                 f"{r['group']}: at N = {r['world_size']}, ",
                 Num(r["lost_ns"], "scaling", "lost_ns", r["run_id"]),
-                f" of GPU time is lost per step; the largest part is {worst[1]} (",
+                f" of {ctx.unit} time is lost per step; the largest part is {worst[1]} (",
                 Num(r[worst[0]], "scaling", worst[0], r["run_id"]),
                 ").",
             ]
         )
     s.blocks.append(ctx.chart("phase_breakdown"))
-    s.blocks.append(ctx.chart("lost_time"))
+    s.blocks.append(ctx.chart("lost_time", unit=ctx.unit))
     last = _largest(scaling)
     s.blocks.append(
         _table(
             "scaling",
-            "Lost GPU time per step at the largest N, by phase",
+            f"Lost {ctx.unit} time per step at the largest N, by phase",
             _cols(("group", "group"), ("world_size", "N"), ("lost_ns", "lost"), *_PHASE_LOSS),
             last,
         )
@@ -523,6 +539,8 @@ def backends(ctx: Context) -> Section | None:
 
 
 def utilisation(ctx: Context) -> Section:
+    if ctx.unit == "rank":
+        return host_cpu(ctx)
     s = Section("utilisation", "Utilisation and energy", definitions=("utilisation", "energy", "mfu"))
     s.blocks.append(
         [
@@ -570,6 +588,37 @@ def utilisation(ctx: Context) -> Section:
                 mfu,
             )
         )
+    return s
+
+
+def host_cpu(ctx: Context) -> Section:
+    """Where a GPU job shows GPU utilisation, a CPU job shows what its hosts' CPUs did."""
+    s = Section("utilisation", "Host CPU and load", definitions=("utilisation",))
+    s.blocks.append(
+        [
+            "Every run here ran on CPU; instead of device utilisation and energy, what the hosts' "
+            "CPUs did over the steady window: the job's processes (100% is one core busy), the whole "
+            "host, and its 1-minute load average against its logical CPUs. Ranks whose threads together "
+            "want more cores than the host has slow each other down: compare the load with the CPUs."
+        ]
+    )
+    values = _with_group(ctx, ctx.rows("utilisation"))
+    curve = [r for rs in _curve_groups(values).values() for r in rs] or values
+    s.blocks.append(
+        _table(
+            "utilisation",
+            "Host CPU per run",
+            _cols(
+                ("group", "group"),
+                ("world_size", "N"),
+                ("host_cpu_count", "logical CPUs"),
+                ("host_proc_cpu_pct", "job's CPU (100% = 1 core)"),
+                ("host_sys_cpu_pct", "host CPU busy"),
+                ("host_load1", "load (1 min)"),
+            ),
+            curve,
+        )
+    )
     return s
 
 
@@ -869,4 +918,5 @@ def context(tables: Tables, findings: list[Finding]) -> Context:
     # the groups with a curve get the short names the charts give them (charts label only those)
     curves = [r for r in rows(tables.get("scaling"), ["group_id", "world_size", "mixed"]) if not r["mixed"]]
     labels.update(group_label_map(multi_point_groups(curves)))
-    return Context(tables, findings, labels)
+    unit = device_unit(r["device_model"] for r in rows(tables.get("run_summary"), ["device_model"]))
+    return Context(tables, findings, labels, unit)

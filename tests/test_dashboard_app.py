@@ -107,6 +107,7 @@ def test_every_column_a_page_shows_is_in_its_analysis(seed: Path) -> None:
         "quality": overview.QUALITY_COLUMNS,
         "scaling": {**overview.GLANCE_COLUMNS, **scaling.SCALING_COLUMNS, **scaling.LARGEST_COLUMNS},
         "allreduce_fit": scaling.FIT_COLUMNS,
+        "utilisation": scaling.HOST_CPU_COLUMNS,
         "pop": scaling.POP_COLUMNS,
         "scaling_model": scaling.MODEL_COLUMNS,
         "scaling_prediction": scaling.PREDICTION_COLUMNS,

@@ -24,7 +24,7 @@ from perfscope import sample_traces
 from perfscope.analysis import Selection
 from perfscope.cli import VERBS, _parser, main
 from perfscope.report import collect, render_report
-from perfscope.report_model import REFERENCE, ChartBlock
+from perfscope.report_model import REFERENCE, ChartBlock, Num, Ref, Section, TableBlock, device_unit
 from perfscope.store import open_store
 from perfscope.user_sql import REFUSED_EXIT
 
@@ -418,3 +418,69 @@ def test_per_gpu_value_labels_do_not_overlap() -> None:
     assert all(a - b >= gap - 1e-9 for a, b in itertools.pairwise(ys))
     assert ys[0] == pytest.approx(0.74)  # the largest stays at its value; a lone label never moves
     assert _spread([{"v": 0.3}], "v")[0]["label_y"] == pytest.approx(0.3)
+
+
+# ---- a CPU store speaks of ranks, cores and host CPU, never of GPUs --------------------------------
+
+
+def _text(part: str | Num | Ref) -> str:
+    return part.text() if isinstance(part, Num) else part if isinstance(part, str) else part.text
+
+
+def _words(section: Section) -> list[str]:
+    """What a reader sees of a section but its charts' insides: heading, paragraphs, table captions
+    and headers, figure titles and captions."""
+    out = [section.heading]
+    for b in section.blocks:
+        if isinstance(b, list):
+            out.append("".join(_text(p) for p in b))
+        elif isinstance(b, TableBlock):
+            out += [b.caption, *(c.header for c in b.columns)]
+        elif isinstance(b, ChartBlock):
+            out += [b.title, b.caption]
+    return out
+
+
+@needs_bundled
+def test_a_cpu_report_speaks_of_ranks_and_host_cpu_not_gpus() -> None:
+    with open_store(BUNDLED["demo-cpu"]) as store:
+        report = collect(store, Selection()).report
+    # the findings are the explainer's words (issue 16's explainer part), the definitions are generic
+    sections = [s for s in report.sections if s.id not in ("findings",)]
+    gpu = [(s.id, w) for s in sections for w in _words(s) if "GPU" in w]
+    assert gpu == [], gpu
+    shown = {s.id: _words(s) for s in sections}
+    assert "Per-rank speedup" in shown["speedup"]
+    assert shown["utilisation"][0] == "Host CPU and load"
+    assert "job's CPU (100% = 1 core)" in shown["utilisation"]
+    with open_store(BUNDLED["seed-study"]) as store:
+        gpu_report = collect(store, Selection()).report
+    assert any("Per-GPU speedup" in w for s in gpu_report.sections for w in _words(s))
+
+
+def test_device_unit() -> None:
+    assert device_unit(["cpu", "CPU "]) == "rank"
+    assert device_unit(["cpu", "NVIDIA A100-SXM4-40GB"]) == "GPU"
+    assert device_unit([]) == "GPU"
+    assert device_unit([None]) == "GPU"
+
+
+@needs_bundled
+def test_the_dashboard_of_a_cpu_store_speaks_of_ranks() -> None:
+    def app(store: str, page: str) -> None:
+        from perfscope.dashboard.app import main
+
+        main(store=store, page=page)
+
+    store = str(BUNDLED["demo-cpu"])
+    at = AppTest.from_function(app, args=(store, "overview"), default_timeout=120).run()
+    assert not at.exception
+    headers = [c for df in at.dataframe for c in df.value.columns]
+    assert "per-rank speedup S(N)/N" in headers and not [h for h in headers if "GPU" in h]
+    at = AppTest.from_function(app, args=(store, "scaling"), default_timeout=120)
+    at.query_params["scaling_tab"] = "Utilisation"
+    at.run()
+    assert not at.exception and not at.error
+    headers = [c for df in at.dataframe for c in df.value.columns]
+    assert {"logical CPUs", "job's CPU (%)", "load (1 min)"} <= set(headers)
+    assert not at.get("vega_lite_chart")  # no empty GPU charts

@@ -117,8 +117,9 @@ def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
     return finish(chart, title, subtitle)
 
 
-def lost_time_chart(lost_time: pa.Table | None) -> ChartLike:
-    """Lost time L(N) per phase (GPU·ms per step) against N, one panel per scaling group."""
+def lost_time_chart(lost_time: pa.Table | None, unit: str = "GPU") -> ChartLike:
+    """Lost time L(N) per phase (GPU·ms per step; `unit`·ms, e.g. rank·ms for CPU jobs) against N,
+    one panel per scaling group."""
     title = "Where the lost time went"
     values = [r for r in rows(lost_time, _LOST_COLUMNS) if r["lost_ns"] is not None]
     keep = multi_point_groups(values)
@@ -136,13 +137,13 @@ def lost_time_chart(lost_time: pa.Table | None) -> ChartLike:
         .mark_bar()
         .encode(
             x=alt.X("world_size:O", title="world size N"),
-            y=alt.Y("sum(lost_gpu_ms):Q", title="lost GPU·ms per step"),
+            y=alt.Y("sum(lost_gpu_ms):Q", title=f"lost {unit}·ms per step"),
             color=_colour(),
             order=alt.Order("phase_order:Q"),
             tooltip=[
                 alt.Tooltip("run_id:N"),
                 alt.Tooltip("phase:N"),
-                alt.Tooltip("lost_gpu_ms:Q", title="lost GPU·ms per step", format=".3f"),
+                alt.Tooltip("lost_gpu_ms:Q", title=f"lost {unit}·ms per step", format=".3f"),
                 alt.Tooltip("share_of_lost:Q", title="share of lost", format=".1%"),
             ],
         )

@@ -232,9 +232,10 @@ def _spread(labels: list[Row], field: str) -> list[Row]:
     return out
 
 
-def per_gpu_speedup_chart(scaling: pa.Table | None) -> ChartLike:
-    """Per-GPU speedup S(N)/N against N (what the seed study quotes), labelled at the largest N."""
-    title = "Per-GPU speedup against world size"
+def per_gpu_speedup_chart(scaling: pa.Table | None, unit: str = "GPU") -> ChartLike:
+    """Per-GPU speedup S(N)/N against N (what the seed study quotes), labelled at the largest N;
+    `unit` names what a rank runs on ("rank" for CPU jobs)."""
+    title = f"Per-{unit} speedup against world size"
     values, _, ticks = _prepared(scaling, None, None)
     if not values:
         return no_data(title, "no scaling group with two or more world sizes in this selection")
@@ -244,7 +245,7 @@ def per_gpu_speedup_chart(scaling: pa.Table | None) -> ChartLike:
             r["series"] not in last or r["world_size"] > last[r["series"]]["world_size"]
         ):
             last[r["series"]] = r
-    y = alt.Y("per_gpu_speedup:Q", title="per-GPU speedup S(N)/N")
+    y = alt.Y("per_gpu_speedup:Q", title=f"per-{unit} speedup S(N)/N")
     curve = _curve(values, "per_gpu_speedup", y, [], ticks)
     labels = (
         alt.Chart(data(_spread(list(last.values()), "per_gpu_speedup")))
