@@ -8,7 +8,8 @@ comma := ,
 .PHONY: lock setup lint typecheck pytest test sample schema bench clean
 
 LOCK := requirements-lock.txt
-EXTRAS := torch,dashboard,dev
+# every extra, so the tests run against the real Lightning, transformers, trackers and HTA
+EXTRAS := torch,dashboard,dev,lightning,transformers,trackers,hta
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
