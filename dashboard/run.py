@@ -8,8 +8,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
+from perfscope.analysis.rank_timeline import MAX_WINDOW_STEPS
 from perfscope.charts.comm import comm_ops_chart, comm_roles_chart
 from perfscope.charts.phases import phase_breakdown_chart
+from perfscope.charts.rank_timeline import rank_timeline_chart
 from perfscope.charts.rows import rows
 from perfscope.charts.stragglers import last_rank_chart, wait_heatmap
 from perfscope.charts.timeline import (
@@ -83,6 +85,7 @@ def render(ctx: Context) -> None:
             "Stragglers": lambda: _stragglers(ctx, run_id),
             "Communication": lambda: _communication(ctx, run_id),
             "Telemetry": lambda: _telemetry(ctx, run_id),
+            "Timeline": lambda: _timeline(ctx, run_id),
         },
     )
 
@@ -216,3 +219,29 @@ def _telemetry(ctx: Context, run_id: str) -> None:
     st.subheader("Ranks per host")
     show_table(ctx.table("placement", one), PLACEMENT_COLUMNS)
     definition_note("gpu_timeline", "host_timeline", "placement")
+
+
+def _timeline(ctx: Context, run_id: str) -> None:
+    one = ctx.refine(run_ids=(run_id,))
+    series = ctx.table("step_series", one)
+    default = ctx.table("rank_timeline", one)  # the slowest steady step ± 2
+    if series.num_rows == 0 or default.num_rows == 0:
+        st.info("No steps recorded for this run.", icon=":material/timeline:")
+        return
+    first = pc.min(series["step"]).as_py()
+    last = pc.max(pc.add(series["step"], pc.subtract(series["steps_in_bucket"], 1))).as_py()
+    window = (pc.min(default["step"]).as_py(), pc.max(default["step"]).as_py())
+    if first < last:
+        window = st.slider(
+            "Steps",
+            min_value=first,
+            max_value=last,
+            value=window,
+            key=f"timeline_steps_{run_id}",
+            help=f"the window drawn (at most {MAX_WINDOW_STEPS} steps); opens on the slowest steady step ± 2",
+        )
+    if window[1] - window[0] + 1 > MAX_WINDOW_STEPS:
+        st.caption(f"Showing the first {MAX_WINDOW_STEPS} steps of the window.")
+    table = ctx.table("rank_timeline", ctx.refine(run_ids=(run_id,), steps=window))
+    chart(rank_timeline_chart(table, run_id))
+    definition_note("rank_timeline")

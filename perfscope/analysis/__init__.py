@@ -34,6 +34,7 @@ from . import (  # noqa: F401  isort: skip
     quality,
     contention,
     comm_patterns,
+    rank_timeline,
 )
 
 __all__ = [

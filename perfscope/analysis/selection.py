@@ -26,6 +26,7 @@ class Selection:
 
     `warmup_steps` overrides the steady-state rule (drop the first max(10, 5%) steps of a run);
     0 keeps every step. `targets` ((metric, value) pairs) are the user's time-to-metric targets.
+    `steps` (first, last), both included, is the step window of the analyses that draw single steps.
     """
 
     experiments: tuple[str, ...] = ()
@@ -35,6 +36,7 @@ class Selection:
     source: str | None = None
     warmup_steps: int | None = None
     targets: tuple[tuple[str, float], ...] = ()
+    steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         # Accept a single string or any iterable; store tuples so a Selection is hashable (a cache key).
@@ -45,6 +47,11 @@ class Selection:
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ValueError("warmup_steps must be >= 0")
         object.__setattr__(self, "targets", tuple((str(m), float(v)) for m, v in self.targets))
+        if self.steps is not None:
+            first, last = (int(v) for v in self.steps)
+            if last < first:
+                raise ValueError(f"steps {first}..{last}: the last step is before the first")
+            object.__setattr__(self, "steps", (first, last))
 
     def runs_where(self, alias: str = "r") -> str:
         """A SQL condition over the `runs` view (aliased `alias`) that keeps the selected runs."""
@@ -70,4 +77,5 @@ class Selection:
             "source": self.source,
             "warmup_steps": self.warmup_steps,
             "targets": {m: v for m, v in self.targets},
+            "steps": list(self.steps) if self.steps is not None else None,
         }

@@ -17,6 +17,7 @@ from .backends import backend_compare_chart
 from .batch import batch_sweep_chart, metric_curve_chart
 from .comm import comm_ops_chart, comm_roles_chart
 from .phases import lost_time_chart, phase_breakdown_chart
+from .rank_timeline import rank_timeline_chart
 from .scaling import efficiency_chart, per_gpu_speedup_chart, speedup_chart
 from .stragglers import last_rank_chart, wait_heatmap
 from .style import ChartLike
@@ -113,6 +114,7 @@ __all__ = [
     "metric_curve_chart",
     "per_gpu_speedup_chart",
     "phase_breakdown_chart",
+    "rank_timeline_chart",
     "speedup_chart",
     "sync_time_chart",
     "to_png",
