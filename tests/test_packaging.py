@@ -3,8 +3,9 @@ CLI in a subprocess) carries it: a folder left out imports in-tree and fails onc
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
