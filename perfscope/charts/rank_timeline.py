@@ -71,7 +71,7 @@ def rank_timeline_chart(table: pa.Table | None, run_id: str | None = None) -> Ch
     steps = sorted({r["step"] for r in values})
     chart = (
         alt.Chart(data(values))
-        .mark_bar(cornerRadius=1)
+        .mark_bar(cornerRadius=1, stroke="white", strokeWidth=0.5)
         .encode(
             x=alt.X("start_ms:Q", title="time from the window's first step start (ms)"),
             x2="end_ms:Q",

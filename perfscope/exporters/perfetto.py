@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..analysis.rank_timeline import window_intervals
 from ..errors import PerfscopeError
 from ..output import open_output
 from ..store import Store
@@ -86,22 +87,11 @@ def build(store: Store, run_id: str, window: StepWindow = StepWindow()) -> dict[
     ).to_pylist()
     if not steps:
         raise PerfscopeError(f"run {run_id} has no steps in the window given")
-    spans = store.query(
-        "SELECT rank, step, name, depth, start_ns, dur_ns FROM spans "
-        f"WHERE run_id = ? AND {window.sql()} ORDER BY rank, depth, start_ns",
-        p,
-    ).to_pylist()
-    comm = store.query(
-        "SELECT rank, step, seq, op, bytes, start_ns, dur_ns FROM comm "
-        f"WHERE run_id = ? AND {window.sql()} ORDER BY rank, start_ns",
-        p,
-    ).to_pylist()
-    hosts = {
-        r["rank"]: r["hostname"] or ""
-        for r in store.query(
-            "SELECT rank, any_value(hostname) AS hostname FROM ranks WHERE run_id = ? GROUP BY rank", p
-        ).to_pylist()
-    }
+    # spans and collectives of the window: the query the dashboard's rank timeline reads too
+    intervals = window_intervals(store, run_id, window.first, window.last).to_pylist()
+    spans = [i for i in intervals if i["kind"] == "span"]
+    comm = [i for i in intervals if i["kind"] == "collective"]
+    hosts = {i["rank"]: i["hostname"] for i in intervals if i["kind"] == "step"}
     t_lo = min(s["start_ns"] for s in steps)
     t_hi = max(s["start_ns"] + s["step_ns"] for s in steps)
     gpu = store.query(
@@ -147,7 +137,7 @@ def build(store: Store, run_id: str, window: StepWindow = StepWindow()) -> dict[
         ends[lane] = c["start_ns"] + c["dur_ns"]
         args = {"step": c["step"], "seq": c["seq"], "bytes": c["bytes"]}
         events.append(
-            _slice(c["op"], "comm", c["rank"], COMM_TID + lane, us(c["start_ns"]), c["dur_ns"], args)
+            _slice(c["name"], "comm", c["rank"], COMM_TID + lane, us(c["start_ns"]), c["dur_ns"], args)
         )
     host_pid: dict[str, int] = {}
     for g in gpu:
