@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--host",
         default=LOCALHOST,
         help=f"address to bind (default {LOCALHOST}: this machine only). The dashboard has no "
-        "authentication: anyone who can reach the address can read the store",
+        "authentication: anyone who can reach the address can read the store, and any other store "
+        "this user can read",
     )
 
 
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if args.host != LOCALHOST:
         print(
             f"warning: serving on {args.host}: the dashboard has no authentication, so anyone who can "
-            f"reach {args.host}:{args.port} can read the store {store}",
+            f"reach {args.host}:{args.port} can read the store {store}, and any other store folder this "
+            "user can read (the sidebar opens another store)",
             file=sys.stderr,
         )
     print(
