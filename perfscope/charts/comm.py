@@ -37,6 +37,11 @@ _ROLE_PARTS = {
 }
 
 
+def _band_height(bands: int, per_band: int) -> int:
+    """A bar chart tall enough to read with one or two bars (Vega-Lite's default band is 20 px)."""
+    return max(140, per_band * bands)
+
+
 def _one_run(values: list[Row], run_id: str | None) -> list[Row]:
     """The rows of `run_id`, else of the run with the largest world size."""
     if not values:
@@ -87,7 +92,7 @@ def comm_ops_chart(comm_ops: pa.Table | None, *, run_id: str | None = None) -> C
                 alt.Tooltip("bytes:Q", format=",.0f", title="median bytes"),
             ],
         )
-        .properties(width=WIDTH)
+        .properties(width=WIDTH, height=_band_height(len({r["call"] for r in long}), 40))
     )
     return finish(chart, title, f"run {values[0]['run_id']} (steady steps)")
 
@@ -116,6 +121,6 @@ def comm_roles_chart(comm_by_role: pa.Table | None, *, run_id: str | None = None
             order=alt.Order("part:N"),
             tooltip=["rank:N", "part:N", alt.Tooltip("ms:Q", format=".3f")],
         )
-        .properties(width=WIDTH)
+        .properties(width=WIDTH, height=_band_height(len({r["rank"] for r in long}), 28))
     )
     return finish(chart, title, f"run {values[0]['run_id']} (steady steps)")
