@@ -43,7 +43,8 @@ sample: setup
 
 # refresh the lock on purpose: after changing a dependency in pyproject.toml, or to take new releases
 lock: setup
-	$(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url \
+	# perfscope names itself through the dashboard extra: never pinned, installed editable above
+	$(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url --unsafe-package perfscope --unsafe-package pip \
 		$(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -c constraints-cpu.txt -o $(LOCK) pyproject.toml
 
 schema: setup

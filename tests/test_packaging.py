@@ -24,3 +24,13 @@ def test_every_package_folder_is_in_pyproject() -> None:
                 continue
             found.add(sub)
     assert found - listed == set(), "add these to [tool.setuptools] packages"
+
+
+def test_the_lock_pins_registry_packages_only() -> None:
+    """A `pkg @ file://...` line (pip-compile writes one for the project itself) would replace the
+    editable install with a copy of whatever the tree held when the lock was made."""
+    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements-lock.txt").read_text().splitlines()]
+    pins = [line for line in lines if line and not line.startswith("-")]
+    assert pins, "the lock is empty"
+    assert [p for p in pins if "==" not in p or "@" in p] == []
+    assert not [p for p in pins if p.split("==")[0].lower() == "perfscope"]
