@@ -11,6 +11,7 @@ from storegen import DEFAULT_PHASES, MS, Comm, make_run, row
 from test_dashboard_app import charts, clean, open_page
 
 from perfscope.analysis import Selection, run_analysis
+from perfscope.analysis import rank_timeline as rank_timeline_module
 from perfscope.analysis.rank_timeline import MAX_WINDOW_STEPS, window_intervals
 from perfscope.charts import rank_timeline_chart
 from perfscope.charts.style import PHASE_COLOURS
@@ -172,3 +173,15 @@ def test_run_page_timeline_tab(store_root: Path) -> None:
     at = clean(slider.set_value((3, 5)).run())
     subtitle = json.loads(charts(at)[0].spec)["title"]["subtitle"]
     assert subtitle[0] == "run a, steps 3–5; lanes per rank: steps, span 0, span 1, collectives"
+
+
+def test_window_ends_early_past_the_interval_cap(store_root: Path, monkeypatch) -> None:
+    # 2 ranks x (1 step + 3 spans + 2 collectives) = 12 intervals a step: 30 keeps two steps
+    monkeypatch.setattr(rank_timeline_module, "MAX_INTERVALS", 30)
+    with open_store(store_root) as fresh:
+        t = run_analysis("rank_timeline", fresh, Selection(run_ids=("a",), steps=(3, 9)))
+        assert _steps(t) == [3, 4]
+        assert t.num_rows == 24
+        monkeypatch.setattr(rank_timeline_module, "MAX_INTERVALS", 1)
+        one = run_analysis("rank_timeline", fresh, Selection(run_ids=("a",), steps=(6, 9)))
+        assert _steps(one) == [6]  # the first step is always kept

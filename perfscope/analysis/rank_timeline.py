@@ -18,6 +18,8 @@ from .steady import runs_table, thresholds_table
 
 #: The widest window the analysis returns, in steps: a window of a huge run stays a few thousand bars.
 MAX_WINDOW_STEPS = 50
+#: The most intervals (bars) of a run's window: a window with more ends at the step before.
+MAX_INTERVALS = 100_000
 #: Steps either side of the slowest steady step when the selection names no window.
 DEFAULT_HALF_WINDOW = 2
 
@@ -70,7 +72,8 @@ def rank_timeline(store: Store, sel: Selection) -> pa.Table:
     with their depth) and the collectives, times in ns from the window's first step start.
 
     The window is the selection's `steps` (cut to its first 50 steps), else the run's slowest steady
-    step (the slowest rank's step time) ± 2 steps, within the run's steps.
+    step (the slowest rank's step time) ± 2 steps, within the run's steps; it ends early where its
+    steps would hold more than 100,000 intervals (its first step is always kept).
     """
     # the warm-up cut does not depend on the window: share it with the other analyses
     thr = thresholds_table(store, dataclasses.replace(sel, steps=None))
@@ -95,11 +98,17 @@ def rank_timeline(store: Store, sel: Selection) -> pa.Table:
         """
     return store.query(
         f"""
-        WITH i AS ({_intervals_sql(windows)}),
+        WITH i AS MATERIALIZED ({_intervals_sql(windows)}),
+        kept AS (  -- the window's first steps up to MAX_INTERVALS intervals (the first step always)
+            SELECT run_id, step FROM (
+                SELECT run_id, step, row_number() OVER w AS nth, sum(count(*)) OVER w AS intervals
+                FROM i GROUP BY run_id, step WINDOW w AS (PARTITION BY run_id ORDER BY step)
+            ) WHERE nth = 1 OR intervals <= {MAX_INTERVALS}
+        ),
         origin AS (SELECT run_id, min(start_ns) AS t0_ns FROM i WHERE kind = 'step' GROUP BY run_id)
         SELECT i.run_id, r.source, i.rank, i.hostname, i.step, i.kind, i.name, i.depth, i.seq, i.bytes,
                i.start_ns - o.t0_ns AS start_ns, i.dur_ns
-        FROM i JOIN origin o USING (run_id) JOIN {runs} r USING (run_id)
+        FROM i JOIN kept USING (run_id, step) JOIN origin o USING (run_id) JOIN {runs} r USING (run_id)
         ORDER BY i.run_id, i.rank, i.kind, i.depth, i.start_ns
         """
     )
