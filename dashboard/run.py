@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
-from perfscope.analysis.rank_timeline import MAX_WINDOW_STEPS
+from perfscope.analysis.rank_timeline import MAX_INTERVALS, MAX_WINDOW_STEPS
 from perfscope.charts.comm import comm_ops_chart, comm_roles_chart
 from perfscope.charts.phases import phase_breakdown_chart
 from perfscope.charts.rank_timeline import rank_timeline_chart
@@ -240,8 +240,12 @@ def _timeline(ctx: Context, run_id: str) -> None:
             key=f"timeline_steps_{run_id}",
             help=f"the window drawn (at most {MAX_WINDOW_STEPS} steps); opens on the slowest steady step ± 2",
         )
-    if window[1] - window[0] + 1 > MAX_WINDOW_STEPS:
-        st.caption(f"Showing the first {MAX_WINDOW_STEPS} steps of the window.")
     table = ctx.table("rank_timeline", ctx.refine(run_ids=(run_id,), steps=window))
+    shown = (pc.min(table["step"]).as_py(), pc.max(table["step"]).as_py()) if table.num_rows else window
+    if shown != tuple(window):
+        st.caption(
+            f"Showing steps {shown[0]}–{shown[1]} of the {window[0]}–{window[1]} chosen: a window holds at "
+            f"most {MAX_WINDOW_STEPS} steps and {MAX_INTERVALS:,} intervals."
+        )
     chart(rank_timeline_chart(table, run_id))
     definition_note("rank_timeline")

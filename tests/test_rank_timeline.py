@@ -173,6 +173,9 @@ def test_run_page_timeline_tab(store_root: Path) -> None:
     at = clean(slider.set_value((3, 5)).run())
     subtitle = json.loads(charts(at)[0].spec)["title"]["subtitle"]
     assert subtitle[0] == "run a, steps 3–5; lanes per rank: steps, span 0, span 1, collectives"
+    assert not at.caption or "Showing steps" not in " ".join(c.value for c in at.caption)
+    at = clean(at.slider(key="timeline_steps_a").set_value((0, 59)).run())
+    assert "Showing steps 0–49 of the 0–59 chosen" in " ".join(c.value for c in at.caption)
 
 
 def test_window_ends_early_past_the_interval_cap(store_root: Path, monkeypatch) -> None:
