@@ -20,7 +20,7 @@ from perfscope.charts.timeline import (
     steady_window,
     step_series_chart,
 )
-from perfscope.report_model import format_value
+from perfscope.report.model import format_value
 
 from . import links
 from .state import Context

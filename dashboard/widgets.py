@@ -13,7 +13,7 @@ import streamlit as st
 
 from perfscope.analysis import ANALYSES, DEFINITIONS, META_DEFINITION, META_TITLE
 from perfscope.charts.rows import rows
-from perfscope.report_model import REFERENCE, device_unit
+from perfscope.report.model import REFERENCE, device_unit
 
 
 def chart(c: Any, key: str | None = None) -> None:

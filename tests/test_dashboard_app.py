@@ -14,9 +14,9 @@ from streamlit.testing.v1 import AppTest
 from perfscope.analysis import Selection, run_analysis
 from perfscope.dashboard.links import PLACES, Place
 from perfscope.explain import explain
-from perfscope.report_model import format_value
+from perfscope.report.model import format_value
 from perfscope.simulate import write_study
-from perfscope.simulate_presets import parse_config, seed_study_config
+from perfscope.simulate.presets import parse_config, seed_study_config
 from perfscope.store import open_store
 
 APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"

@@ -21,7 +21,7 @@ from browser import CHROMIUM, CHROMIUM_ARGS
 from storegen import make_run
 
 from perfscope.simulate import write_study
-from perfscope.simulate_presets import parse_config, seed_study_config
+from perfscope.simulate.presets import parse_config, seed_study_config
 
 pytestmark = pytest.mark.browser
 

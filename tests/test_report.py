@@ -23,8 +23,8 @@ from perfscope.analysis import Selection, run_analysis
 from perfscope.charts import CHARTS
 from perfscope.cli import main
 from perfscope.report import PDF_REFUSAL, Progress, render_report
-from perfscope.report_model import format_value
-from perfscope.report_sections import ANALYSES_USED
+from perfscope.report.model import format_value
+from perfscope.report.sections import ANALYSES_USED
 from perfscope.store import open_store
 
 SECTION_IDS = (

@@ -24,7 +24,7 @@ from perfscope import sample_traces
 from perfscope.analysis import Selection
 from perfscope.cli import VERBS, _parser, main
 from perfscope.report import collect, render_report
-from perfscope.report_model import REFERENCE, ChartBlock, Num, Ref, Section, TableBlock, device_unit
+from perfscope.report.model import REFERENCE, ChartBlock, Num, Ref, Section, TableBlock, device_unit
 from perfscope.store import open_store
 from perfscope.user_sql import REFUSED_EXIT
 

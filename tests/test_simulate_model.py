@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from perfscope.simulate_model import (
+from perfscope.simulate.model import (
     Backend,
     Convergence,
     Timeline,
@@ -16,7 +16,7 @@ from perfscope.simulate_model import (
     ranks_on_nodes,
     simulate_timeline,
 )
-from perfscope.simulate_presets import PARTITIONS
+from perfscope.simulate.presets import PARTITIONS
 
 HPDLF = PARTITIONS["hpdlf"]
 NCCL = HPDLF.backends["horovod-nccl"]

@@ -17,7 +17,7 @@ import pytest
 from tables import assert_tables_close
 
 from perfscope.analysis import Selection, run_analysis
-from perfscope.simulate_presets import PARTITIONS
+from perfscope.simulate.presets import PARTITIONS
 from perfscope.store import Store, open_store
 
 BUNDLED = Path(__file__).resolve().parent.parent / "sample_traces" / "seed-study"
@@ -140,7 +140,7 @@ def _by(rows: list[dict[str, Any]], cluster: str, backend: str) -> dict[int, dic
 def test_bundled_store_is_what_the_preset_generates(store: Store, tmp_path: Path) -> None:
     """The pinned figures describe today's model: regenerating the preset gives the same data."""
     from perfscope.simulate import write_study
-    from perfscope.simulate_presets import parse_config, seed_study_config
+    from perfscope.simulate.presets import parse_config, seed_study_config
 
     write_study(tmp_path / "again", parse_config(seed_study_config()))
     with open_store(tmp_path / "again") as again:
@@ -262,7 +262,7 @@ def test_sql_figures_agree_with_the_analysis(store: Store) -> None:
 def test_fitting_the_bundled_runs_recovers_the_preset(store: Store) -> None:
     """Alpha has five world sizes inside a node: coordination and both rings come back. HPDLF has two,
     so the fit says that its intra-node terms cannot be separated, yet still predicts every run."""
-    from perfscope.simulate_fit import fit_model
+    from perfscope.simulate.fit import fit_model
 
     fits = {(f.cluster, f.backend.name): f for f in fit_model(store)}
     assert len(fits) == 6

@@ -15,7 +15,7 @@ from perfscope.cli import main
 from perfscope.errors import PerfscopeError
 from perfscope.schema import TABLES
 from perfscope.simulate import write_study
-from perfscope.simulate_presets import parse_config
+from perfscope.simulate.presets import parse_config
 from perfscope.store import open_store
 
 SMALL: dict[str, Any] = {
@@ -320,7 +320,7 @@ def _fit_config() -> dict[str, Any]:
 
 
 def test_fit_recovers_the_parameters_of_a_simulated_store(tmp_path: Path) -> None:
-    from perfscope.simulate_fit import fit_model
+    from perfscope.simulate.fit import fit_model
 
     cfg = parse_config(_fit_config())
     write_study(tmp_path / "s", cfg)
@@ -377,7 +377,7 @@ def _json_blocks(text: str) -> list[str]:
 
 
 def test_documented_config_examples_are_valid() -> None:
-    import perfscope.simulate_presets as presets
+    import perfscope.simulate.presets as presets
 
     readme = (Path(__file__).resolve().parent.parent / "sample_traces" / "README.md").read_text()
     (from_readme,) = _json_blocks(readme)

@@ -1,6 +1,6 @@
 """Write simulated runs into a store: the bundled seed study (default), a study described in JSON, a
 sweep given by flags, or predictions of a cost model fitted to another store's runs (--fit-from).
-Every run written is marked simulated. The JSON format is documented in perfscope.simulate_presets
+Every run written is marked simulated. The JSON format is documented in perfscope.simulate.presets
 and sample_traces/README.md."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 from ..errors import PerfscopeError
 from ..output import store_target
 from ..simulate import RunSpec, run_id_for, write_runs, write_study
-from ..simulate_fit import UNRESOLVED_GB_PER_S, FittedModel, fit_model
-from ..simulate_model import Backend, Partition
-from ..simulate_presets import (
+from ..simulate.fit import UNRESOLVED_GB_PER_S, FittedModel, fit_model
+from ..simulate.model import Backend, Partition
+from ..simulate.presets import (
     DEFAULT_SEED,
     DEFAULT_STEPS,
     LATEST_START,

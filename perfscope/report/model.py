@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .charts import ChartLike
+from ..charts import ChartLike
 
 #: where a reader finds every analysis, definition and finding in words (it ships in the repository)
 REFERENCE = "docs/analysis.md in the perfscope repository describes every analysis, definition and finding"

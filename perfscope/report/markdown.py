@@ -7,8 +7,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .charts import to_png
-from .report_model import (
+from ..charts import to_png
+from .model import (
     REFERENCE,
     ChartBlock,
     FindingsBlock,

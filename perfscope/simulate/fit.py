@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PerfscopeError
-from .simulate_model import (
+from ..errors import PerfscopeError
+from ..store import Store
+from .model import (
     ACTIVE_IDLE_FACTOR,
     KERNEL_POWER_SHARE,
     Backend,
@@ -26,7 +27,6 @@ from .simulate_model import (
     Workload,
     simulate_timeline,
 )
-from .store import Store
 
 #: the fill batch is chosen from this grid by least squares (0: no fill effect)
 FILL_GRID = (0.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 120.0, 150.0, 200.0, 300.0, 500.0, 1000.0)
@@ -421,7 +421,7 @@ def _hardware(
     cpus = store.query(
         "SELECT max(cpu_count) AS c FROM ranks WHERE run_id IN (SELECT unnest(?))", [ids]
     ).to_pylist()[0]["c"]
-    # invert the generator's power model (simulate_model.board_power_w), linear in utilisation
+    # invert the generator's power model (simulate.model.board_power_w), linear in utilisation
     idle_w = max((gpu.get("power0_mw") or 0.0) / 1e3 / ACTIVE_IDLE_FACTOR, 0.0)
     slope_w = (gpu.get("power_slope") or 0.0) * 100 / 1e3
     return {

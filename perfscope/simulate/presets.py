@@ -38,8 +38,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import PerfscopeError
-from .simulate_model import Backend, Convergence, Partition, Workload
+from ..errors import PerfscopeError
+from .model import Backend, Convergence, Partition, Workload
 
 DEFAULT_SEED = 2022
 #: the seed study was presented in August 2022; simulated runs start then, one after another

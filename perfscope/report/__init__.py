@@ -24,14 +24,14 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from . import __version__
-from .analysis import ANALYSES, DEFINITIONS, Selection, run_analysis
-from .errors import PerfscopeError
-from .explain import explain
-from .output import check_output_file, output_folder, write_output
-from .report_model import Finding, Report
-from .report_sections import ANALYSES_USED, build_sections, context
-from .store import Store
+from .. import __version__
+from ..analysis import ANALYSES, DEFINITIONS, Selection, run_analysis
+from ..errors import PerfscopeError
+from ..explain import explain
+from ..output import check_output_file, output_folder, write_output
+from ..store import Store
+from .model import Finding, Report
+from .sections import ANALYSES_USED, build_sections, context
 
 FORMATS: dict[str, str] = {"html": ".html", "md": ".md", "pdf": ".pdf"}
 TABLE_FORMATS = ("csv", "parquet")
@@ -177,7 +177,7 @@ def _check_format(fmt: str) -> None:
 
 
 def _markdown_zip(report: Report, step: StepFn) -> bytes:
-    from .report_markdown import render as render_md
+    from .markdown import render as render_md
 
     text, images = render_md(report, "report_files", step=step)
     buf = io.BytesIO()
@@ -190,7 +190,7 @@ def _markdown_zip(report: Report, step: StepFn) -> bytes:
 
 def _render(report: Report, fmt: str, step: StepFn) -> bytes:
     if fmt == "html":
-        from .report_html import render as render_html
+        from .html import render as render_html
 
         return render_html(report, step=step)
     return _markdown_zip(report, step)
@@ -291,7 +291,7 @@ def write_report(
         progress.add(len(report.charts()) + (len(collected.tables) + 1 if tables_dir else 0))
         files: list[Path] = [out]
         if fmt == "md":
-            from .report_markdown import render as render_md
+            from .markdown import render as render_md
 
             folder = out.with_name(f"{out.stem}_files")
             text, images = render_md(report, folder.name, step=progress.step)

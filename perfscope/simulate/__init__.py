@@ -2,7 +2,7 @@
 gpu_samples, host_samples, metrics and events, every run marked `source = 'simulated'`.
 
 `write_study(store, parse_config(seed_study_config()))` writes the bundled seed study; the config
-format is described in perfscope.simulate_presets. The same seed gives the same data.
+format is described in perfscope.simulate.presets. The same seed gives the same data.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import __version__
-from .errors import PerfscopeError
-from .output import is_store_folder, store_target
-from .schema import TABLES
-from .simulate_model import (
+from .. import __version__
+from ..errors import PerfscopeError
+from ..output import is_store_folder, store_target
+from ..schema import TABLES
+from ..writer import StoreWriter
+from .model import (
     Backend,
     Convergence,
     Partition,
@@ -34,8 +35,7 @@ from .simulate_model import (
     busy_share_in_windows,
     simulate_timeline,
 )
-from .simulate_presets import StudyConfig
-from .writer import StoreWriter
+from .presets import StudyConfig
 
 #: simulated runs follow each other with this much idle time in between (a job queue)
 RUN_GAP_NS = 30_000_000_000

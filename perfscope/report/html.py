@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .charts import to_svg
-from .report_model import (
+from ..charts import to_svg
+from .model import (
     REFERENCE,
     ChartBlock,
     FindingsBlock,

@@ -10,10 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from .analysis.selection import SOURCES
-from .charts import CHARTS
-from .charts.rows import group_label_map, multi_point_groups, natural_key, rows
-from .report_model import (
+from ..analysis.selection import SOURCES
+from ..charts import CHARTS
+from ..charts.rows import group_label_map, multi_point_groups, natural_key, rows
+from .model import (
     ChartBlock,
     Column,
     Finding,
