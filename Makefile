@@ -57,6 +57,11 @@ bench: setup
 	$(PY) benchmarks/analysis.py
 	$(PY) benchmarks/report.py
 	$(PY) benchmarks/dashboard.py
+	$(PY) benchmarks/first_segment.py
+	$(PY) benchmarks/store_listing.py
+	$(PY) benchmarks/dist_recorder.py
+	$(PY) benchmarks/import.py
+	$(PY) benchmarks/import_formats.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
