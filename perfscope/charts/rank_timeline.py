@@ -7,8 +7,9 @@ import altair as alt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .rows import Row, data, rows
+from .rows import Row, rows
 from .style import PHASE_COLOURS, WIDTH, ChartLike, finish, no_data
+from .timeline import inline
 
 TITLE = "Per-rank timeline"
 #: Span names that are canonical phases, with the phase colour every chart uses for them.
@@ -70,7 +71,7 @@ def rank_timeline_chart(table: pa.Table | None, run_id: str | None = None) -> Ch
     domain, colours = _colours(values)
     steps = sorted({r["step"] for r in values})
     chart = (
-        alt.Chart(data(values))
+        alt.Chart(inline(values))
         .mark_bar(cornerRadius=1, stroke="white", strokeWidth=0.5)
         .encode(
             x=alt.X("start_ms:Q", title="time from the window's first step start (ms)"),
