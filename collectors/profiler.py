@@ -516,8 +516,8 @@ class Profiler:
     def _write_rank_and_run_rows(self) -> None:
         assert self._writer is not None and self.placement is not None
         index, name = self._device()
-        row = ranks_row(self.placement, self._hostname, index, name, self.started_ns)
-        self._writer.append("ranks", (*row, self._role))
+        row = ranks_row(self.placement, self._hostname, index, name, self.started_ns, self._role)
+        self._writer.append("ranks", row)
         self._write_runs_row(ended_ns=None)
 
     def _write_runs_row(self, *, ended_ns: int | None) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -158,8 +159,32 @@ def runs_row(
 
 
 def ranks_row(
-    p: Placement, hostname: str, device_index: int | None, device_name: str, started_ns: int
+    p: Placement, hostname: str, device_index: int | None, device_name: str, started_ns: int, role: str | None
 ) -> tuple[Any, ...]:
     offset = p.clock_offset_ns if p.clock_offset_known else None  # NULL: not measured
     return (p.rank, p.local_rank, p.node_rank, hostname, os.getpid(), offset,
-            os.cpu_count() or 1, device_index, device_name, started_ns)  # fmt: skip
+            os.cpu_count() or 1, device_index, device_name, started_ns, role, *thread_facts())  # fmt: skip
+
+
+#: An environment value longer than this is cut: it is recorded as given, not trusted.
+_ENV_CHARS = 64
+
+
+def thread_facts(
+    env: Mapping[str, str] | None = None,
+) -> tuple[int | None, str | None, str | None, int | None]:
+    """The rank's torch intra-op threads (NULL when torch is not imported), OMP_NUM_THREADS and
+    MKL_NUM_THREADS as set (NULL when unset) and the logical CPUs its affinity allows (NULL where
+    the OS does not say): the facts that make runs of different world sizes comparable."""
+    env = os.environ if env is None else env
+    torch = sys.modules.get("torch")
+    try:
+        threads = int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # a half-imported or odd torch: the fact is unknown, the job goes on
+        threads = None
+    try:
+        cores: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        cores = None
+    omp, mkl = (env.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+    return threads, omp and omp[:_ENV_CHARS], mkl and mkl[:_ENV_CHARS], cores

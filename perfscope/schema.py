@@ -174,6 +174,35 @@ RANKS = Table(
             "NULL when not given (analyses infer it from the comm pattern)",
             since=2,
         ),
+        _c(
+            "torch_threads",
+            i32,
+            "threads",
+            "torch intra-op threads of the rank (torch.get_num_threads()) when its metadata was written; "
+            "NULL when torch was not imported",
+            since=2,
+        ),
+        _c(
+            "omp_num_threads",
+            s,
+            "",
+            "OMP_NUM_THREADS as set in the rank's environment; NULL when unset",
+            since=2,
+        ),
+        _c(
+            "mkl_num_threads",
+            s,
+            "",
+            "MKL_NUM_THREADS as set in the rank's environment; NULL when unset",
+            since=2,
+        ),
+        _c(
+            "affinity_cores",
+            i32,
+            "",
+            "logical CPUs the rank's process may run on (its CPU affinity); NULL where the OS does not say",
+            since=2,
+        ),
     ),
 )
 

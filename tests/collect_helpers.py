@@ -112,15 +112,21 @@ def make_loader(rank: int, world_size: int, batch_size: int, samples: int = 512)
 def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict[str, Any]:
     """Train a small model with DDP on gloo under perfscope.profile; options: steps, die_rank,
     die_at, comm_hook ('fp16'), register_before_watch (register that hook on DDP, not through
-    watch), manual_sync (average gradients by hand instead of DDP)."""
+    watch), manual_sync (average gradients by hand instead of DDP), threads (torch intra-op threads,
+    default 1), env (environment variables to set; None unsets one)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
 
     import perfscope
 
+    for name, value in options.get("env", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     torch.manual_seed(0)
-    torch.set_num_threads(1)
+    torch.set_num_threads(options.get("threads", 1))
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
     model = make_model()
     manual = options.get("manual_sync", False)

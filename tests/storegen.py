@@ -93,6 +93,8 @@ class RunSpec:
     write_runs_row: bool = True
     clock: str = "cuda"
     tags: Mapping[str, object] = field(default_factory=dict)
+    torch_threads: int | None = None  # per rank, as recorded in `ranks` (NULL: not recorded)
+    affinity_cores: int | None = None  # logical CPUs each rank may use (NULL: not recorded)
 
 
 def _nodes(spec: RunSpec) -> int:
@@ -203,6 +205,8 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
                 device_index=(r % spec.gpus_per_node) if spec.device else None,
                 device_name=spec.device_model if spec.device else "cpu",
                 started_ns=spec.start_ns,
+                torch_threads=spec.torch_threads,
+                affinity_cores=spec.affinity_cores,
             ),
         )
     if spec.gpu is not None:

@@ -59,6 +59,9 @@ DEFINITIONS: dict[str, str] = {
     "data-quality": "Data quality: missing ranks, phases or baselines, too few steps or points, high "
     "variance, superlinear speedup, throttling.",
     "placement": "Placement: ranks per host against the host's logical CPUs and GPUs.",
+    "threads": "Threads and cores per rank: torch intra-op threads and the cores a rank may use "
+    "(affinity); runs of one group compare like with like only when both are the same at every world "
+    "size and ranks × threads per host do not exceed its logical CPUs.",
     "contention": "Contention: other processes' CPU on a host during the steady window = system CPU "
     "(sys_cpu_pct · cpu_count) minus the job's ranks' (proc_cpu_pct, collector threads included); above "
     "0.2 of a core per rank, timing findings are uncertain. A host whose system CPU is ≥ 90% had no "

@@ -70,11 +70,26 @@ def _json_number(v: Number) -> Number:
     return v
 
 
+#: Rules whose findings are confounds: stated before any verdict, in this order.
+CONFOUND_RULES = ("threads", "contention")
+
+
+def _confound_rank(f: Finding) -> int:
+    return CONFOUND_RULES.index(f.rule) if f.rule in CONFOUND_RULES else len(CONFOUND_RULES)
+
+
+def rank_confounds_first(findings: list[Finding]) -> list[Finding]:
+    """The confounds moved to the front, in CONFOUND_RULES order; the ranking stays otherwise."""
+    return sorted(findings, key=_confound_rank)
+
+
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Most lost efficiency explained first; then alarm before warning before info; then confidence."""
+    """Confounds first; then most lost efficiency explained; then alarm before warning before info;
+    then confidence."""
     return sorted(
         findings,
         key=lambda f: (
+            _confound_rank(f),
             -(f.explained_loss or 0.0),
             SEVERITIES.index(f.severity),
             -f.confidence,

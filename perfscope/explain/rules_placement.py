@@ -1,10 +1,13 @@
 """Rule 12, oversubscription (more ranks than cores or GPUs on a host), and the caveat it puts on
-every other cause found in the same runs: contention can produce those patterns by itself."""
+every other cause found in the same runs: contention can produce those patterns by itself. Also the
+threads confound: world sizes of one group run with different threads or cores per rank, or more
+threads than the host has cores, stated before any timing verdict."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 from .context import Context, Row
 from .finding import Finding
@@ -13,6 +16,8 @@ from .words import listing, num, pct
 
 #: Confidence of a cause found in oversubscribed runs is multiplied by this.
 CONFOUNDED_CONFIDENCE = 0.5
+#: Findings that are verdicts about timing (rules_quality.TIMING_CATEGORIES; it imports this module).
+_TIMING = ("cause", "comparison")
 
 
 def crowded_hosts(ctx: Context) -> dict[str, list[Row]]:
@@ -150,23 +155,139 @@ def _saturated_note(ctx: Context, rids: list[str], scaling: dict[str, Row]) -> s
 
 
 def annotate_confounded(findings: list[Finding]) -> list[Finding]:
-    """Add a caveat to every other cause that rests on oversubscribed runs and halve its confidence."""
-    crowded: set[str] = set()
+    """Add a caveat to every other cause that rests on oversubscribed runs, and to every timing finding
+    that rests on runs of the threads confound, and halve its confidence (once per confound)."""
+    findings = add_caveat(
+        findings,
+        lambda f: f.rule == "oversubscription",
+        lambda f: f.category == "cause" and f.rule != "oversubscription",
+        lambda hit: (
+            f"run(s) {listing(hit)} put more ranks on a host than it has cores or GPUs; contention "
+            "alone can produce this pattern, so fix the placement before acting on it."
+        ),
+    )
+    return add_caveat(
+        findings,
+        lambda f: f.rule == "threads",
+        lambda f: f.category in _TIMING,
+        lambda hit: (
+            f"run(s) {listing(hit)} ran with different threads or cores per rank (or more threads "
+            "than cores); pin the threads and rerun before acting on this."
+        ),
+    )
+
+
+def add_caveat(
+    findings: list[Finding],
+    confound: Callable[[Finding], bool],
+    applies: Callable[[Finding], bool],
+    caveat: Callable[[list[str]], str],
+    factor: float = CONFOUNDED_CONFIDENCE,
+) -> list[Finding]:
+    """The runs of the `confound` findings: every finding that `applies` and rests on some of them
+    gets "Caveat: " + caveat(those runs) and its confidence times `factor`."""
+    confounded: set[str] = set()
     for f in findings:
-        if f.rule == "oversubscription":
-            crowded |= set(f.evidence.run_ids)
-    if not crowded:
-        return findings
+        if confound(f):
+            confounded |= set(f.evidence.run_ids)
     out = []
     for f in findings:
-        hit = sorted(crowded & set(f.evidence.run_ids))
-        if f.category == "cause" and f.rule != "oversubscription" and hit:
+        hit = sorted(confounded & set(f.evidence.run_ids))
+        if hit and applies(f):
             f = dataclasses.replace(
-                f,
-                text=f.text + f" Caveat: run(s) {listing(hit)} put more ranks on a host than it has cores "
-                "or GPUs; contention alone can produce this pattern, so fix the placement before "
-                "acting on it.",
-                confidence=round(f.confidence * CONFOUNDED_CONFIDENCE, 2),
+                f, text=f"{f.text} Caveat: {caveat(hit)}", confidence=round(f.confidence * factor, 2)
             )
         out.append(f)
     return out
+
+
+@rule(
+    "threads", 12, "Confound: threads or cores per rank differ between world sizes or exceed the host's cores"
+)
+def threads_confound(ctx: Context) -> list[Finding]:
+    """One finding per group whose world sizes ran with different torch threads or allowed cores per
+    rank, or whose ranks × threads exceed a host's cores (hosts with more ranks than cores are left
+    to the oversubscription rule)."""
+    crowded = crowded_hosts(ctx)
+    used = _cores_used_per_rank(ctx)
+    by_group: dict[str, list[Row]] = defaultdict(list)
+    for r in ctx.rows("threads"):
+        if r["threads_per_rank"] is not None:
+            by_group[r["group_id"] or r["run_id"]].append(r)
+    out = []
+    for scope, rows in by_group.items():
+        differ = [w for w in ("threads", "cores") if any(r[f"{w}_differ"] for r in rows)]
+        over = [r for r in rows if r["threads_oversubscribed"] and r["run_id"] not in crowded]
+        if not differ and not over:
+            continue
+        rows = sorted(rows, key=lambda r: (r["world_size"] or 0, r["run_id"]))
+        flagged = rows if differ else over
+        fit = max(1, min((r["cpu_count"] or 1) // max(1, r["ranks_on_host"] or 1) for r in flagged))
+        what = []
+        if differ:
+            what.append(f"{' and '.join(differ)} per rank differ between world sizes")
+        if over:
+            what.append("ranks × threads exceed the host's cores")
+        text = (
+            "Read this before any timing verdict: "
+            + "; ".join(_threads_fact(r, used.get(r["run_id"])) for r in flagged)
+            + ". "
+            + (
+                "The world sizes are not compared like with like: a speedup, lost time or compute cost per "
+                "sample between them measures the change in threads and cores as well as the scaling "
+                "(torchrun sets OMP_NUM_THREADS=1 only when it starts more than one process). "
+                if differ
+                else ""
+            )
+            + (
+                f"In {listing(sorted(r['run_id'] for r in over))} the ranks' threads outnumber the cores, so "
+                "they time-share them and the CPU time per step includes that contention. "
+                if over
+                else ""
+            )
+            + "Timing findings on these runs are less certain."
+        )
+        out.append(
+            make_finding(
+                ctx,
+                "threads",
+                scope,
+                severity="alarm",
+                category="measurement",
+                title="Threads confound: " + " and ".join(what),
+                text=text,
+                run_ids=[r["run_id"] for r in flagged],
+                analyses=("threads", "placement"),
+                recommendation=(
+                    "Pin the threads to the same number for every world size and to at most the cores per "
+                    f"rank: e.g. OMP_NUM_THREADS={fit} for every N (or torch.set_num_threads(cores // "
+                    "ranks_per_host) at the start of the script), then rerun the group and compare again."
+                ),
+                confidence=0.9,
+                numbers={f"threads_{r['run_id']}": r["threads_per_rank"] for r in flagged}
+                | {f"cores_allowed_{r['run_id']}": r["cores_per_rank_allowed"] for r in flagged},
+                group_id=rows[0]["group_id"],
+            )
+        )
+    return out
+
+
+def _cores_used_per_rank(ctx: Context) -> dict[str, float]:
+    """run_id -> the CPU time its ranks used, in cores per rank (most loaded host; host samples)."""
+    used: dict[str, float] = {}
+    for c in ctx.rows("contention"):
+        v = c["job_cores_per_rank"]
+        if v is not None:
+            used[c["run_id"]] = max(used.get(c["run_id"], 0.0), v)
+    return used
+
+
+def _threads_fact(r: Row, used: float | None) -> str:
+    omp = r["omp_num_threads"]
+    return (
+        f"N={r['world_size']} (run {r['run_id']}) ran {r['threads_per_rank']} torch thread(s) per rank "
+        f"(OMP_NUM_THREADS {'=' + omp if omp is not None else 'unset'}), each rank allowed "
+        f"{r['cores_per_rank_allowed']} core(s), {r['ranks_on_host']} rank(s) × {r['threads_per_rank']} = "
+        f"{r['threads_on_host']} threads on {r['cpu_count']} cores"
+        + (f", using {num(used)} cores of CPU time per rank" if used is not None else "")
+    )

@@ -4,13 +4,12 @@ contention confound (other processes' CPU on the job's hosts), stated before any
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 
 from .context import Context, Row
-from .finding import Finding
+from .finding import Finding, rank_confounds_first
 from .rulebook import make_finding, rule
-from .rules_placement import crowded_hosts
+from .rules_placement import add_caveat, crowded_hosts
 from .words import listing, num
 
 #: Timing findings resting on contended runs keep this share of their confidence.
@@ -173,19 +172,13 @@ def _run(r: Row) -> str:
 def annotate_contended(findings: list[Finding]) -> list[Finding]:
     """State the contention confound first, and add a caveat to every timing finding resting on
     contended runs, halving its confidence."""
-    contended: set[str] = set()
-    for f in findings:
-        if f.id == "contention:other-processes":
-            contended |= set(f.evidence.run_ids)
-    out = []
-    for f in findings:
-        hit = sorted(contended & set(f.evidence.run_ids))
-        if hit and f.category in TIMING_CATEGORIES:
-            f = dataclasses.replace(
-                f,
-                text=f.text + f" Caveat: other processes took CPU from run(s) {listing(hit)}; contention "
-                "alone can produce this pattern.",
-                confidence=round(f.confidence * CONTENDED_CONFIDENCE, 2),
-            )
-        out.append(f)
-    return sorted(out, key=lambda f: f.rule != "contention")  # stable: the ranking stays otherwise
+    out = add_caveat(
+        findings,
+        lambda f: f.id == "contention:other-processes",
+        lambda f: f.category in TIMING_CATEGORIES,
+        lambda hit: (
+            f"other processes took CPU from run(s) {listing(hit)}; contention alone can produce this pattern."
+        ),
+        CONTENDED_CONFIDENCE,
+    )
+    return rank_confounds_first(out)
