@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,18 @@ def test_a_real_gloo_job_records_threads_and_gets_the_confound_first(tmp_path: P
     ]  # fmt: skip
     assert findings[0].rule == "threads", [f.id for f in findings]
     assert "threads per rank differ" in findings[0].title
+    # the CPU time each rank used comes from the host samples, in cores
+    assert re.search(r"N=1 \(run [^)]+\) ran 2 torch thread\(s\) per rank", findings[0].text)
+    assert "cores of CPU time per rank" in findings[0].text, findings[0].text
+
+
+def test_thread_facts_keep_the_environment_as_given_and_bounded() -> None:
+    import torch
+
+    from perfscope.collectors.run_metadata import thread_facts
+
+    threads, omp, mkl, cores = thread_facts({"OMP_NUM_THREADS": "4,2" + "x" * 1000})
+    assert omp is not None and omp.startswith("4,2") and len(omp) == 64  # nested OpenMP syntax, cut
+    assert mkl is None  # unset stays NULL, not a guess
+    assert cores == len(os.sched_getaffinity(0))
+    assert threads == torch.get_num_threads()  # torch is imported: its intra-op threads
