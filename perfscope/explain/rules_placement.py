@@ -286,7 +286,7 @@ def _threads_fact(r: Row, used: float | None) -> str:
     omp = r["omp_num_threads"]
     return (
         f"N={r['world_size']} (run {r['run_id']}) ran {r['threads_per_rank']} torch thread(s) per rank "
-        f"(OMP_NUM_THREADS {'=' + omp if omp is not None else 'unset'}), each rank allowed "
+        f"(OMP_NUM_THREADS{'=' + omp if omp is not None else ' unset'}), each rank allowed "
         f"{r['cores_per_rank_allowed']} core(s), {r['ranks_on_host']} rank(s) × {r['threads_per_rank']} = "
         f"{r['threads_on_host']} threads on {r['cpu_count']} cores"
         + (f", using {num(used)} cores of CPU time per rank" if used is not None else "")
