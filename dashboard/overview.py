@@ -124,6 +124,13 @@ def _finding(ctx: Context, rank: int, f: Any) -> None:
             return  # a closed finding draws only its title: a study can have dozens
         st.badge(f.severity, icon=icon, color=SEVERITY_COLOURS.get(f.severity, "gray"))  # type: ignore[arg-type]
         st.markdown(f.text)
+        if f.symptoms:
+            st.markdown(
+                "**Symptoms of this cause** (their shares overlap its share):\n"
+                + "".join(f"\n- *{s.title}.* {s.text}" for s in f.symptoms)
+            )
+        if f.also_in:
+            st.markdown("**The same on other groups:**\n" + "".join(f"\n- {a.title}" for a in f.also_in))
         if f.recommendation:
             st.markdown(f"**What to do:** {f.recommendation}")
         facts = [f"confidence {f.confidence_label} ({f.confidence:.2f})"]

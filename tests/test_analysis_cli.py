@@ -64,6 +64,9 @@ def test_json_is_the_documented_format(store_path, capsys):
         "explained_loss",
         "numbers",
         "group_id",
+        "groups",
+        "symptoms",
+        "also_in",
     }
     assert set(out["definitions"]) >= {"speedup", "busbw", "pop"}
 

@@ -20,7 +20,8 @@ def _findings(root):
 
 
 def _rule(findings, rule):
-    return [f for f in findings if f.rule == rule]
+    """Every firing of the rule, also those merged into a root cause or collapsed across groups."""
+    return [g for f in findings for g in f.flatten() if g.rule == rule]
 
 
 @pytest.fixture(scope="module")

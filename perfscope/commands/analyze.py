@@ -283,30 +283,31 @@ def _explained(f: Finding) -> str:
 
 
 def render_findings(findings: list[Finding], colour: bool, width: int) -> str:
-    """Ranked findings; the same rule in several groups is shown in full once, then one line each."""
+    """Ranked root causes, each with its symptoms; the same cause on other groups one line each."""
     if not findings:
         return "No findings: nothing in the selected runs needs explaining."
-    by_rule: dict[str, list[Finding]] = {}
-    for f in findings:
-        by_rule.setdefault(f.rule, []).append(f)
     out = []
     wrap = textwrap.TextWrapper(width=width, initial_indent="   ", subsequent_indent="   ")
     also = textwrap.TextWrapper(width=width, initial_indent="   - ", subsequent_indent="     ")
-    for i, group in enumerate(by_rule.values(), 1):
-        f = group[0]
+    for i, f in enumerate(findings, 1):
         tag = style(f"[{f.severity.upper()}]", SEVERITY_STYLE[f.severity], enabled=colour)
         explained = ", " + _explained(f) if f.explained_loss is not None else ""
         out.append(f"{i}. {tag} {style(f.title, '1', enabled=colour)}")
         out.append(f"   ({f.category}, confidence {f.confidence_label}{explained})")
         out.append(wrap.fill(f.text))
+        if f.symptoms:  # one line each here; their full words are in --json and the report
+            out.append("   Symptoms of this cause (their shares overlap its share, they do not add to it):")
+            for s in f.symptoms:
+                note = f" ({_explained(s)}, confidence {s.confidence_label})"
+                out.append(also.fill(s.title + (note if s.explained_loss is not None else "")))
         if f.recommendation:
             out.append(wrap.fill("What to do: " + f.recommendation))
         runs = f.evidence.run_ids
         ev = f"{len(runs)} runs; " if len(runs) > 3 else (f"runs {', '.join(runs)}; " if runs else "")
         out.append(wrap.fill(f"Evidence: {ev}analyses {', '.join(f.evidence.analyses)}"))
-        if len(group) > 1:
-            out.append(f"   The same in {len(group) - 1} more place(s):")
-            for g in group[1:]:
+        if f.also_in and f.group_id is None:  # a group finding's text already names its groups
+            out.append(f"   The same in {len(f.also_in)} more place(s):")
+            for g in f.also_in:
                 where = g.group_id or g.id.split(":", 1)[-1]
                 note = f" ({_explained(g)})" if g.explained_loss is not None else ""
                 out.append(also.fill(f"{g.title} — {where}{note}"))

@@ -1,7 +1,8 @@
 """The explainer: rules that turn analyses into ranked findings in plain words.
 
-`explain(store, sel)` runs every rule in `RULES` and returns `Finding`s ranked by the share of the
-lost efficiency they explain. See docs/analysis.md.
+`explain(store, sel)` runs every rule in `RULES`, merges what one cause shows several ways into one
+root cause with its symptoms (root_causes.py), and returns `Finding`s ranked by the share of the lost
+efficiency they explain. See docs/analysis.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ..store import Store
 from . import rules_comm, rules_compute, rules_patterns, rules_quality, rules_topology  # noqa: F401  (registers rules)
 from .context import Context
 from .finding import CATEGORIES, SEVERITIES, Evidence, Finding, rank_findings
+from .root_causes import root_causes
 from .rulebook import RULES, Rule
 from .rules_placement import annotate_confounded
 from .rules_quality import annotate_contended
@@ -22,7 +24,10 @@ __all__ = ["CATEGORIES", "RULES", "SEVERITIES", "Evidence", "Finding", "Rule", "
 
 
 def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
-    """Every rule's findings for the selected runs, most lost efficiency explained first.
+    """Every cause found in the selected runs, once, most lost efficiency explained first.
+
+    `Finding.flatten()` gives back every rule firing a finding stands for (its symptoms and its
+    repeats on other groups).
 
     A rule that fails on data it did not expect is skipped with a warning naming it, so one odd
     store never hides the other findings.
@@ -38,4 +43,4 @@ def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
                 PerfscopeWarning,
                 stacklevel=2,
             )
-    return annotate_contended(rank_findings(annotate_confounded(findings)))
+    return root_causes(annotate_contended(rank_findings(annotate_confounded(findings))))

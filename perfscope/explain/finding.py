@@ -32,12 +32,28 @@ class Finding:
     explained_loss: float | None
     numbers: dict[str, Number] = field(default_factory=dict)
     group_id: str | None = None
+    #: other rules' findings on the same group that this root cause explains (their shares overlap it)
+    symptoms: tuple[Finding, ...] = ()
+    #: the same rule's findings on other groups, collapsed into this one
+    also_in: tuple[Finding, ...] = ()
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}, not {self.severity!r}")
         if self.category not in CATEGORIES:
             raise ValueError(f"category must be one of {CATEGORIES}, not {self.category!r}")
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """Every group this finding speaks for: its own, then those it was collapsed with."""
+        return tuple(g for g in (self.group_id, *(f.group_id for f in self.also_in)) if g)
+
+    def flatten(self) -> list[Finding]:
+        """This finding, its symptoms and its repeats on other groups: every rule firing it stands for."""
+        out = [self]
+        for f in (*self.symptoms, *self.also_in):
+            out += f.flatten()
+        return out
 
     @property
     def confidence_label(self) -> str:
@@ -61,6 +77,9 @@ class Finding:
             "explained_loss": _json_number(self.explained_loss),
             "numbers": {k: _json_number(v) for k, v in self.numbers.items()},
             "group_id": self.group_id,
+            "groups": list(self.groups),
+            "symptoms": [f.to_dict() for f in self.symptoms],
+            "also_in": [f.to_dict() for f in self.also_in],
         }
 
 

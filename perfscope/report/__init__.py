@@ -131,6 +131,8 @@ def collect(
             run_ids=f.evidence.run_ids,
             analyses=f.evidence.analyses,
             group_id=f.group_id,
+            symptoms=tuple((s.title, s.text) for s in f.symptoms),
+            also_in=tuple(a.title for a in f.also_in),
         )
         for i, f in enumerate(found, start=1)
     ]

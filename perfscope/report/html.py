@@ -218,13 +218,20 @@ class _Html:
                 f'<span class="badge">{_e(f.category)}</span>'
                 f'<span class="badge">confidence {_e(f.confidence_label)} ({f.confidence:.2f})</span>{loss}'
             )
+            symptoms = (
+                "<p><strong>Symptoms of this cause</strong> (their shares overlap its share):</p><ul>"
+                + "".join(f"<li><em>{_e(t)}.</em> {_inline(x)}</li>" for t, x in f.symptoms)
+                + "</ul>"
+                if f.symptoms
+                else ""
+            )
             evidence = f"Evidence: analyses {analyses}"
             if runs:
                 evidence += f"<details><summary>{len(f.run_ids)} runs</summary>{runs}</details>"
             out.append(
                 f'<article class="finding sev-{_e(f.severity)}" id="finding-{f.rank}" '
                 f'data-finding="{_e(f.id)}">'
-                f"<h3>{f.rank}. {_e(f.title)}</h3>{group}<p>{badges}</p><p>{_inline(f.text)}</p>"
+                f"<h3>{f.rank}. {_e(f.title)}</h3>{group}<p>{badges}</p><p>{_inline(f.text)}</p>{symptoms}"
                 f'<p class="rec"><strong>Recommendation.</strong> {_inline(f.recommendation)}</p>'
                 f'<div class="defs">{evidence}</div></article>'
             )

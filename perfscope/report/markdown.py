@@ -119,11 +119,18 @@ class _Markdown:
                 else ""
             )
             group = f" (group {_md(f.group_label)})" if f.group_label else ""
+            symptoms = (
+                "**Symptoms of this cause** (their shares overlap its share):\n\n"
+                + "".join(f"- *{_md(t)}.* {_inline(x)}\n" for t, x in f.symptoms)
+                + "\n"
+                if f.symptoms
+                else ""
+            )
             out.append(
                 f'<a id="finding-{f.rank}"></a>\n### {f.rank}. {_md(f.title)}\n\n'
                 f"*{_md(f.severity)}, {_md(f.category)}, confidence {_md(f.confidence_label)} "
                 f"({f.confidence:.2f}){loss}*{group}\n\n"
-                f"{_inline(f.text)}\n\n**Recommendation.** {_inline(f.recommendation)}\n\n"
+                f"{_inline(f.text)}\n\n{symptoms}**Recommendation.** {_inline(f.recommendation)}\n\n"
                 f"<sub>Evidence: analyses {_md(', '.join(f.analyses))}; "
                 f"runs {_md(', '.join(f.run_ids))}.</sub>"
             )

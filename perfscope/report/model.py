@@ -91,6 +91,8 @@ class Finding:
     analyses: tuple[str, ...]
     group_id: str | None
     group_label: str = ""  # the group's short name in this report's charts and tables
+    symptoms: tuple[tuple[str, str], ...] = ()  # (title, text) of each symptom of this root cause
+    also_in: tuple[str, ...] = ()  # titles of the same cause on other groups
 
 
 @dataclass

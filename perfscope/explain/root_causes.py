@@ -1,0 +1,107 @@
+"""Root causes, not symptoms: the rules' findings merged so that each cause is said once.
+
+Two passes over the rules' findings:
+
+1. On one group, findings that read the same evidence as one cause seen several ways (a rule
+   family in `FAMILIES`) become ONE finding: the first rule of the family that fired is the root
+   cause, the others its `symptoms`. The root claims its own share of the lost time only; the
+   symptoms keep their numbers, and their shares overlap the root's rather than add to it.
+2. The same rule on several groups becomes ONE finding: the one that explains most leads, the
+   others are kept in `also_in`, and the title and text name the groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .finding import SEVERITIES, Evidence, Finding, rank_findings
+
+#: Rules that are one cause seen several ways, root cause first: exposed sync (communication-bound)
+#: shows up as sync that does not overlap compute, as per-message latency and as a knee where the
+#: ranks start talking across nodes.
+FAMILIES: tuple[tuple[str, ...], ...] = (
+    ("communication-bound", "overlap-failure", "latency-bound", "node-boundary-knee"),
+)
+
+
+def root_causes(findings: list[Finding]) -> list[Finding]:
+    """One finding per cause per group, then one per rule across groups; ranked."""
+    return rank_findings(collapse_repeats(rank_findings(merge_symptoms(findings))))
+
+
+def merge_symptoms(findings: list[Finding]) -> list[Finding]:
+    """On each group, every rule family's findings become its root cause with the rest as symptoms."""
+    family_of = {r: fam for fam in FAMILIES for r in fam}
+    members: dict[tuple[str, tuple[str, ...]], list[Finding]] = {}
+    out: list[Finding] = []
+    for f in findings:
+        fam = family_of.get(f.rule)
+        if fam is None or f.group_id is None:
+            out.append(f)
+        else:
+            members.setdefault((f.group_id, fam), []).append(f)
+    for (_, fam), found in members.items():
+        found.sort(key=lambda f: (fam.index(f.rule), -(f.explained_loss or 0.0)))
+        root, symptoms = found[0], found[1:]
+        if symptoms:
+            root = replace(
+                root,
+                severity=min((f.severity for f in found), key=SEVERITIES.index),
+                symptoms=root.symptoms + tuple(symptoms),  # each keeps its own evidence
+            )
+        out.append(root)
+    return out
+
+
+def collapse_repeats(ranked: list[Finding]) -> list[Finding]:
+    """The same rule on several groups: the first (most explaining) leads and names the others."""
+    by_rule: dict[str, list[Finding]] = {}
+    for f in ranked:
+        by_rule.setdefault(f.rule, []).append(f)
+    out = []
+    for found in by_rule.values():
+        lead, others = found[0], found[1:]
+        if others:
+            labels = short_labels([where(f) for f in found])
+            named = ", ".join(
+                labels[where(f)] + (f" ({f.explained_loss:.0%})" if f.explained_loss is not None else "")
+                for f in found
+            )
+            lead = replace(
+                lead,
+                title=_with_count(lead.title, len(found)),
+                text=f"{lead.text} Seen in {len(found)} places: {named}.",
+                severity=min((f.severity for f in found), key=SEVERITIES.index),
+                evidence=_union_evidence(found),
+                also_in=lead.also_in + tuple(others),
+            )
+        out.append(lead)
+    return out
+
+
+def where(f: Finding) -> str:
+    """The group a finding is about, or the scope in its id for findings across groups."""
+    return f.group_id or f.id.split(":", 1)[-1]
+
+
+def short_labels(places: list[str]) -> dict[str, str]:
+    """'exp/cluster/backend/model/mode:b' ids -> the '/'-parts that tell them apart."""
+    parts = [p.split("/") for p in places]
+    if len({len(p) for p in parts}) != 1:
+        return {p: p for p in places}
+    differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
+    return {p: "/".join(q[i] for i in differ) or p for p, q in zip(places, parts, strict=True)}
+
+
+def _with_count(title: str, n: int) -> str:
+    """'X [simulated runs]' -> 'X, in n places [simulated runs]': the source marker stays last."""
+    base, sep, marker = title.rpartition(" [")
+    if not sep or not marker.endswith("runs]"):
+        base, marker = title, ""
+    return f"{base}, in {n} places" + (f" [{marker}" if marker else "")
+
+
+def _union_evidence(found: list[Finding]) -> Evidence:
+    runs = sorted({r for f in found for r in f.evidence.run_ids})
+    analyses = tuple(dict.fromkeys(a for f in found for a in f.evidence.analyses))
+    return Evidence(tuple(runs), analyses)
