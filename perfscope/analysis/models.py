@@ -115,7 +115,9 @@ def scaling_prediction(store: Store, sel: Selection) -> pa.Table:
             continue
         base = [r for r in grows if r["world_size"] == r["baseline_world_size"]]
         n0 = float(grows[0]["baseline_world_size"])
-        x0 = median(float(r["throughput_samples_per_s"]) for r in base)
+        # speedup against the model's own baseline step time, so that E(N0) = 1 by construction
+        # (against the measured one a fit's residual at N0 showed as "E(N0) = 109%")
+        t0 = float(model.predict(n0))
         g0 = median(float(r["samples_per_step"]) for r in base)
         weak = grows[0]["scaling_mode"] == "weak"
         gpn = max(int(r["gpus_per_node"] or 1) for r in grows)
@@ -129,7 +131,7 @@ def scaling_prediction(store: Store, sel: Selection) -> pa.Table:
         for n in sizes:
             t_model = float(model.predict(float(n)))
             g = g0 * n / n0 if weak else g0
-            speedup = (g / (t_model / 1e9)) / x0 if t_model > 0 else None
+            speedup = (g * t0) / (g0 * t_model) if t_model > 0 and t0 > 0 else None
             scope = "intra-node" if n <= gpn else "inter-node"
             fit = fits.get((grows[0]["cluster"], grows[0]["backend"], scope), (None, []))[0]
             allreduce = fit.predict_s(n, grad_bytes, k) * 1e9 if fit and grad_bytes and n > 1 else None

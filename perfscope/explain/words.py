@@ -17,7 +17,7 @@ def dur(ns: float | None) -> str:
         return f"{ns / 1e3:.0f} µs"
     if v >= 1:
         return f"{ns:.0f} ns"
-    return "0 ns" if v == 0 else f"{ns:.2g} ns"
+    return "0" if v == 0 else f"{ns:.2g} ns"  # a zero needs no unit ("grows from 0 per step")
 
 
 def pct(x: float | None) -> str:

@@ -374,6 +374,16 @@ def lost_time(ctx: Context) -> Section:
     for r in _largest(scaling):
         if not r["lost_ns"]:
             continue
+        if r["lost_ns"] < 0:  # a negative loss is not a fact about N but a sign about the baseline
+            s.blocks.append(
+                [
+                    f"{r['group']}: at N = {r['world_size']} the step costs less {ctx.unit} time per "
+                    "sample than at the baseline (superlinear), so no lost time is shown: the baseline "
+                    "run is likely contaminated (warm-up, contention, another configuration) or the "
+                    "per-rank work now fits in cache."
+                ]
+            )
+            continue
         worst = max(_PHASE_LOSS, key=lambda p: r[p[0]] or 0)
         s.blocks.append(
             [
