@@ -10,8 +10,9 @@ from storegen import DEFAULT_PHASES, MS, Comm, make_run, ring_transfer_ns
 
 from perfscope import Store, open_store
 from perfscope.analysis import Selection, run_analysis
-from perfscope.explain import Finding, explain
+from perfscope.explain import Evidence, Finding, explain
 from perfscope.explain.context import Context
+from perfscope.explain.root_causes import root_causes
 from perfscope.explain.rulebook import THIN_FIT_CONFIDENCE, thin_fits
 from perfscope.explain.words import dur
 from perfscope.report import collect
@@ -193,3 +194,34 @@ def test_no_duration_is_written_as_zero_nanoseconds(seed_findings: list[Finding]
     for f in seed_findings:
         for g in f.flatten():
             assert " 0 ns" not in g.text and "= 0 µs" not in g.text
+
+
+def _cause(rule: str, group: str, share: float) -> Finding:
+    return Finding(
+        id=f"{rule}:{group}",
+        rule=rule,
+        severity="alarm",
+        category="cause",
+        title=f"{rule} on {group}",
+        text=f"{rule} explains {share:.0%}.",
+        evidence=Evidence(("r1",), ("scaling",)),
+        recommendation="",
+        confidence=0.8,
+        explained_loss=share,
+        group_id=group,
+    )
+
+
+def test_causes_whose_shares_add_past_the_loss_say_they_overlap() -> None:
+    found = root_causes(
+        [
+            _cause("communication-bound", "g1", 0.8),
+            _cause("input-bound", "g1", 0.5),
+            _cause("straggler", "g2", 0.6),
+        ]
+    )
+    by_rule = {f.rule: f for f in found}
+    assert "overlaps that of input-bound on g1" in by_rule["communication-bound"].text
+    assert "overlaps that of communication-bound on g1" in by_rule["input-bound"].text
+    assert "overlaps" not in by_rule["straggler"].text  # alone on its group: nothing to overlap
+    assert [f.rule for f in found] == ["communication-bound", "straggler", "input-bound"]

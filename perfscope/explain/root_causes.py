@@ -26,7 +26,31 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 
 def root_causes(findings: list[Finding]) -> list[Finding]:
     """One finding per cause per group, then one per rule across groups; ranked."""
-    return rank_findings(collapse_repeats(rank_findings(merge_symptoms(findings))))
+    return rank_findings(collapse_repeats(rank_findings(mark_overlaps(merge_symptoms(findings)))))
+
+
+def mark_overlaps(findings: list[Finding]) -> list[Finding]:
+    """Root causes on one group whose shares add up past the group's lost time say that they overlap."""
+    total: dict[str, float] = {}
+    for f in findings:
+        if f.group_id is not None and f.explained_loss:
+            total[f.group_id] = total.get(f.group_id, 0.0) + f.explained_loss
+    out = []
+    for f in findings:
+        others = [
+            g.title
+            for g in findings
+            if g is not f and g.group_id == f.group_id and g.explained_loss and f.explained_loss
+        ]
+        if f.group_id is not None and total.get(f.group_id, 0.0) > 1.0 + 1e-9 and others:
+            f = replace(
+                f,
+                text=f"{f.text} On this group its share overlaps that of {'; '.join(others)}: "
+                "the shares add up to more than the lost time, so part of it has both causes.",
+                numbers={**f.numbers, "shares_overlap": 1},
+            )
+        out.append(f)
+    return out
 
 
 def merge_symptoms(findings: list[Finding]) -> list[Finding]:
