@@ -63,7 +63,7 @@ def window_intervals(
     hi = "max(step)" if last is None else str(int(last))
     one = sql_literal(run_id)
     windows = f"SELECT run_id, {lo} AS lo, {hi} AS hi FROM steps WHERE run_id = {one} GROUP BY run_id"
-    return store.query(f"{_intervals_sql(windows)} ORDER BY rank, kind, depth, start_ns")
+    return store.query(f"{_intervals_sql(windows)} ORDER BY rank, kind, depth, start_ns, step, seq, name")
 
 
 @analysis("rank_timeline", "Per-rank timeline of a window of steps", "raw")
@@ -109,6 +109,6 @@ def rank_timeline(store: Store, sel: Selection) -> pa.Table:
         SELECT i.run_id, r.source, i.rank, i.hostname, i.step, i.kind, i.name, i.depth, i.seq, i.bytes,
                i.start_ns - o.t0_ns AS start_ns, i.dur_ns
         FROM i JOIN kept USING (run_id, step) JOIN origin o USING (run_id) JOIN {runs} r USING (run_id)
-        ORDER BY i.run_id, i.rank, i.kind, i.depth, i.start_ns
+        ORDER BY i.run_id, i.rank, i.kind, i.depth, i.start_ns, i.step, i.seq, i.name
         """
     )
