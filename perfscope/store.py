@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import PerfscopeWarning, StoreError
+from .errors import PerfscopeWarning, StoreError, one_line
 from .schema import (
     META_REPLACES,
     META_TABLE,
@@ -459,6 +459,15 @@ def _version_sql(table: str, version: int, segments: list[Segment]) -> str:
     return f"SELECT {', '.join(parts)} FROM {src}"
 
 
+def _is_utf8(text: str) -> bool:
+    """Whether `text` is valid UTF-8 (an undecodable file name comes back as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _FILE_IN_ERROR = re.compile(r"""["']?(/[^"'\s]+?\.parquet)["']?""")
 
 
@@ -467,6 +476,12 @@ class Store:
 
     def __init__(self, root: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True):
         self.root = Path(root).resolve()
+        if not _is_utf8(str(self.root)):  # DuckDB takes only UTF-8 paths: say so before it fails
+            raise StoreError(
+                f"the store path {one_line(str(self.root))} is not valid UTF-8, and perfscope reads "
+                "stores through DuckDB, which takes only UTF-8 paths; rename the folder (or link to it "
+                "from a UTF-8 name)"
+            )
         self._allow_empty = allow_empty
         self._warn = warn
         self._forced_skips: dict[str, str] = {}
