@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from perfscope.objectstore import Uploader, is_s3_url, start_upload
 from perfscope.writer import StoreWriter
 
 from . import ddp, horovod, identity, manual
@@ -132,6 +133,7 @@ class Profiler:
         self._claim: HostClaim | None = None
         self._gpus: GpuTelemetry = NoGpus()
         self._writer: StoreWriter | None = None
+        self._uploader: Uploader | None = None  # a store at s3://: the thread uploading the staging folder
         self._timeline: Timeline = None  # type: ignore[assignment]  # set by start()
         self.faults = Faults(0)
         self.placement: Placement | None = None
@@ -184,7 +186,11 @@ class Profiler:
     def _start(self) -> None:
         me = identity.from_environment()
         self.faults = Faults(me.rank)
-        placement = place(me, self._run_id_arg, self.faults, on_gpu=_cuda_available(), store=self.store)
+        local = self.store
+        if is_s3_url(self.store):  # recorded into a local staging folder that a thread uploads
+            self._uploader = start_upload(str(self.store), warn=self.faults.report)
+            local = self._uploader.staging
+        placement = place(me, self._run_id_arg, self.faults, on_gpu=_cuda_available(), store=local)
         self.placement = placement
         self.run_id = placement.run_id
         self.rank = placement.rank
@@ -193,7 +199,7 @@ class Profiler:
         self.faults.wall_ns = self.clock.now
         self.started_ns = self.clock.now()
         self._writer = StoreWriter(
-            self.store,
+            local,
             placement.run_id,
             writer_id=f"r{placement.rank}-p{me.pid}-{secrets.token_hex(3)}",
             roll_interval_s=self._roll_interval_s,
@@ -280,6 +286,8 @@ class Profiler:
                 "(device events or collectives not finished); their rows are incomplete.",
             )
         self._writer.close(timeout_s=15.0)
+        if self._uploader is not None:
+            self._uploader.close()
 
     def flush(self) -> None:
         """Write everything recorded so far into the store now (it is written every second anyway)."""

@@ -73,7 +73,9 @@ def profile_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def environment(store: Path, options: dict[str, Any], base: dict[str, str] | None = None) -> dict[str, str]:
+def environment(
+    store: Path | str, options: dict[str, Any], base: dict[str, str] | None = None
+) -> dict[str, str]:
     """CMD's environment: the settings for perfscope.collectors.auto, and the start-up hook's folder
     first on PYTHONPATH (ahead of any sitecustomize already there, which the hook then runs)."""
     from ..collectors.auto import AUTO_ENV, BOOTSTRAP_DIR
@@ -93,14 +95,24 @@ def run(args: argparse.Namespace) -> int:
         raise PerfscopeError("no command to run: perfscope run [--store S] -- CMD ARGS...")
     if shutil.which(command[0]) is None:
         raise PerfscopeError(f"command not found: {command[0]!r}", exit_code=127)
+    from ..collectors.profiler import DISABLE_ENV
+    from ..objectstore import is_s3_url, parse_url
+
+    if is_s3_url(args.store):  # each process uploads its own staging folder; checked before the job
+        parse_url(args.store)
+        env = environment(args.store, profile_options(args))
+        return _wait(command, env, args.store, None)
     store = Path(args.store).expanduser().resolve()
     if store.exists() and not store.is_dir():
         raise PerfscopeError(f"--store {args.store!r} is a file, not a store folder")
-    from ..collectors.profiler import DISABLE_ENV
-
     env = environment(store, profile_options(args))
     if env.get(DISABLE_ENV, "").strip() in ("", "0"):
         _writable(store, args.store)
+    return _wait(command, env, args.store, store)
+
+
+def _wait(command: list[str], env: dict[str, str], given: str, store: Path | None) -> int:
+    """Run the job to its end; its exit status, as a shell gives it."""
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -116,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
         code = code if code > 0 else 130
     if code < 0:  # killed by a signal: the shell's convention
         code = 128 - code
-    if store.is_dir() and any(store.iterdir()):
-        print(f"perfscope run: recorded into {store}; next: perfscope analyze {args.store}", file=sys.stderr)
+    if store is None or (store.is_dir() and any(store.iterdir())):
+        where = store or given
+        print(f"perfscope run: recorded into {where}; next: perfscope analyze {given}", file=sys.stderr)
     return code
 
 

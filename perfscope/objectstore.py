@@ -1,0 +1,475 @@
+"""Stores at s3://bucket/prefix: a local mirror to read them, a background uploader to write them.
+
+Reading syncs the prefix into a per-user cache folder (only objects whose size or modification time
+changed are downloaded; local files whose objects are gone are removed) and opens that folder as a
+normal store. Writing records into a local staging folder exactly as for a local store, and an
+`Uploader` thread mirrors that folder to the prefix every few seconds and at close. Object keys are
+untrusted: only store-like names are mirrored, never outside the mirror folder, within a size cap.
+Credentials, region and endpoint come from the standard AWS environment variables.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .errors import PerfscopeWarning, StoreError, one_line, warn_once
+
+SCHEME = "s3://"
+#: the most bytes / objects one sync may bring into the mirror (a prefix is untrusted input)
+MAX_BYTES_ENV = "PERFSCOPE_S3_MAX_BYTES"
+MAX_OBJECTS_ENV = "PERFSCOPE_S3_MAX_OBJECTS"
+DEFAULT_MAX_BYTES = 20 * 2**30
+DEFAULT_MAX_OBJECTS = 200_000
+#: where mirrors and staging folders live: $PERFSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/perfscope
+CACHE_ENV = "PERFSCOPE_CACHE_DIR"
+#: seconds between two uploads of a staging folder
+UPLOAD_INTERVAL_S = 2.0
+#: a store file is at most <table>/<partition>/<file>; each part a plain name, not hidden
+_MAX_DEPTH = 3
+_SAFE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_STATE = ".perfscope-mirror.json"
+_LOCK = ".perfscope-mirror.lock"
+
+
+def is_s3_url(store: object) -> bool:
+    """Whether `store` names an object-store prefix (s3://...) rather than a folder."""
+    return isinstance(store, str) and store[:5].lower() == SCHEME
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    #: without leading or trailing slash; '' for the bucket's root
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}".rstrip("/")
+
+    @property
+    def base(self) -> str:
+        """The prefix as pyarrow's S3 filesystem names it."""
+        return f"{self.bucket}/{self.prefix}".rstrip("/")
+
+
+def parse_url(url: str) -> S3Location:
+    """s3://bucket/prefix, checked: a bucket name S3 accepts and a prefix of plain names."""
+    if not is_s3_url(url):
+        raise StoreError(f"{one_line(url)} is not an s3://bucket/prefix address")
+    bucket, _, prefix = url[5:].partition("/")
+    prefix = prefix.strip("/")
+    if not _BUCKET.fullmatch(bucket):
+        raise StoreError(
+            f"{one_line(url)}: {one_line(bucket)!r} is not a bucket name (3 to 63 lower-case letters, "
+            "digits, dots and dashes)"
+        )
+    if prefix:
+        for part in prefix.split("/"):
+            if not _SAFE_PART.fullmatch(part):
+                raise StoreError(
+                    f"{one_line(url)}: the prefix part {one_line(part)!r} is not a plain name "
+                    "(letters, digits, '_', '.', '=', '+', '-'; not starting with a dot)"
+                )
+    return S3Location(bucket, prefix)
+
+
+def endpoint_url() -> str | None:
+    """The S3 endpoint from the environment (AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL): pyarrow
+    does not read these itself."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def filesystem() -> Any:
+    """A pyarrow S3 filesystem configured from the standard environment: credentials through the
+    AWS SDK's own chain, the region from AWS_REGION / AWS_DEFAULT_REGION, the endpoint as above."""
+    from pyarrow import fs
+
+    kwargs: dict[str, Any] = {
+        "connect_timeout": 5.0,
+        "request_timeout": 30.0,
+        # a dead endpoint answers in seconds, not after the SDK's ten tries
+        "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=3),
+    }
+    endpoint = endpoint_url()
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
+        kwargs["scheme"] = parts.scheme or "https"
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    elif endpoint:
+        kwargs["region"] = "us-east-1"  # a custom endpoint: no region lookup through AWS itself
+    return fs.S3FileSystem(**kwargs)
+
+
+def _s3_problem(loc: S3Location, exc: BaseException) -> str:
+    text = one_line(str(exc)).strip() or type(exc).__name__
+    return f"{loc.url}: {text[:400]} (endpoint {endpoint_url() or 'AWS'}; credentials from AWS_* variables)"
+
+
+def _limit(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StoreError(f"{name}={one_line(raw)!r} is not a whole number") from None
+    if value < 0:
+        raise StoreError(f"{name}={value} is negative")
+    return value
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "perfscope"
+
+
+def mirror_dir(loc: S3Location) -> Path:
+    """The local folder that mirrors `loc`: one per endpoint, bucket and prefix."""
+    host = urlsplit(endpoint_url() or "").netloc or "aws"
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
+    return cache_root().joinpath("s3", host, loc.bucket, *filter(None, loc.prefix.split("/")))
+
+
+def key_problem(rel: str) -> str:
+    """Why the object key `rel` (relative to the prefix) cannot be a store file, or ''."""
+    if "\x00" in rel:
+        return "holds a NUL byte"
+    if rel.startswith("/"):
+        return "is an absolute path"
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "has an empty, '.' or '..' part"
+    if len(parts) > _MAX_DEPTH:
+        return f"lies deeper than {_MAX_DEPTH} folders"
+    for p in parts:
+        if not _SAFE_PART.fullmatch(p):
+            return "is not a plain name (hidden, temporary or odd characters)"
+    return ""
+
+
+# -- reading: the mirror ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """One sync of a mirror at a time across processes (the CLI and a dashboard may share one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(folder / _LOCK, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def sync_mirror(url: str) -> Path:
+    """Bring the mirror of `url` up to date and return its folder. StoreError, in one line, when the
+    prefix cannot be listed, holds no store files, or exceeds the caps."""
+    import json
+
+    loc = parse_url(url)
+    mirror = mirror_dir(loc)
+    max_bytes = _limit(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)
+    max_objects = _limit(MAX_OBJECTS_ENV, DEFAULT_MAX_OBJECTS)
+    from pyarrow import fs
+
+    try:
+        s3 = filesystem()
+        infos = s3.get_file_info(fs.FileSelector(loc.base, recursive=True, allow_not_found=True))
+    except Exception as exc:
+        raise StoreError(f"cannot list {_s3_problem(loc, exc)}") from None
+    wanted: dict[str, Any] = {}
+    odd: list[str] = []
+    for info in infos:
+        if info.type != fs.FileType.File:
+            continue
+        rel = info.path[len(loc.base) + 1 :] if loc.base else info.path
+        problem = key_problem(rel)
+        if problem:
+            odd.append(f"{one_line(rel)!r} {problem}")
+        else:
+            wanted[rel] = info
+    if len(wanted) > max_objects:
+        raise StoreError(
+            f"{loc.url} holds {len(wanted):,} objects, more than the {max_objects:,} perfscope mirrors "
+            f"(set {MAX_OBJECTS_ENV} to allow more)"
+        )
+    total = sum(i.size or 0 for i in wanted.values())
+    if total > max_bytes:
+        raise StoreError(
+            f"{loc.url} holds {total:,} bytes, more than the {max_bytes:,} perfscope mirrors "
+            f"(set {MAX_BYTES_ENV} to allow more)"
+        )
+    if not wanted:
+        raise StoreError(
+            f"{loc.url} holds no perfscope store files"
+            + (f" ({len(odd)} object(s) with names no store file has)" if odd else "")
+            + ". Record into it with perfscope.profile('s3://...') or perfscope run --store s3://..."
+        )
+    with _locked(mirror):
+        root = mirror.resolve()
+        state_path = mirror / _STATE
+        try:
+            state = json.loads(state_path.read_text())
+            if not isinstance(state, dict):
+                state = {}
+        except (OSError, ValueError):
+            state = {}
+        todo = []
+        for rel, info in wanted.items():
+            sig = [info.size, info.mtime_ns]
+            dest = mirror.joinpath(*rel.split("/"))
+            if state.get(rel) == sig and dest.is_file() and dest.stat().st_size == info.size:
+                continue
+            todo.append((rel, info, dest))
+        budget = _Budget(max_bytes)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            results = list(pool.map(lambda t: _download(s3, loc, root, t[1], t[2], budget), todo))
+        for (rel, info, _), problem in zip(todo, results, strict=True):
+            if problem:
+                odd.append(f"{one_line(rel)!r} {problem}")
+                state.pop(rel, None)
+            else:
+                state[rel] = [info.size, info.mtime_ns]
+        if budget.exceeded:
+            raise StoreError(
+                f"{loc.url} grew past {max_bytes:,} bytes while it was read "
+                f"(set {MAX_BYTES_ENV} to allow more)"
+            )
+        _remove_unlisted(mirror, set(wanted))
+        state = {k: v for k, v in state.items() if k in wanted}
+        tmp = state_path.with_name(f"{_STATE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, state_path)
+    if odd:
+        listed = "; ".join(odd[:5]) + (f"; ... and {len(odd) - 5} more" if len(odd) > 5 else "")
+        warnings.warn(f"perfscope: {loc.url}: skipped {len(odd)} object(s): {listed}", PerfscopeWarning, 2)
+    return mirror
+
+
+class _Budget:
+    """Bytes downloaded by one sync, shared by its threads: an object that grows after the listing
+    cannot carry the mirror past the cap."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.left = max_bytes
+        self.exceeded = False
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            self.left -= n
+            if self.left < 0:
+                self.exceeded = True
+            return not self.exceeded
+
+
+def _download(s3: Any, loc: S3Location, root: Path, info: Any, dest: Path, budget: _Budget) -> str:
+    """Fetch one object into `dest` (temporary name, then rename); '' or why it was not."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.parent.resolve().is_relative_to(root):  # a link planted in the mirror
+            return "would be written outside the mirror folder"
+        if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+            return "collides with a folder or link of the mirror"
+    except OSError as exc:
+        return f"cannot be placed in the mirror ({one_line(exc.strerror or str(exc))})"
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, s3.open_input_stream(info.path) as src:
+            while chunk := src.read(1 << 20):
+                if not budget.take(len(chunk)):
+                    return "exceeds the size cap"
+                out.write(chunk)
+        os.replace(tmp, dest)
+        return ""
+    except Exception as exc:
+        return f"could not be downloaded ({_s3_problem(loc, exc)})"
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _remove_unlisted(mirror: Path, keep: set[str]) -> None:
+    """Remove the mirror's files whose objects are gone, and the folders left empty."""
+    for dirpath, _, filenames in os.walk(mirror, topdown=False):
+        d = Path(dirpath)
+        for name in filenames:
+            rel = (d / name).relative_to(mirror).as_posix()
+            if rel in (_STATE, _LOCK) or rel in keep:
+                continue
+            with contextlib.suppress(OSError):
+                (d / name).unlink()
+        if d != mirror:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty
+
+
+# -- writing: the uploader -------------------------------------------------------------------------
+def staging_dir(loc: S3Location) -> Path:
+    """A fresh local folder this process records into before its files are uploaded to `loc`."""
+    parent = cache_root() / "s3-staging"
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{loc.bucket}-{os.getpid()}-", dir=parent))
+
+
+class Uploader:
+    """Mirrors a local folder to an S3 prefix from a background thread: new or changed files are
+    uploaded (a PUT is atomic: a reader never sees half an object), then objects whose file was
+    removed are deleted. Temporary and hidden names are never uploaded. Failures become one warning
+    through `warn`; the folder is removed at close once everything in it is uploaded."""
+
+    def __init__(
+        self,
+        url: str,
+        staging: Path,
+        *,
+        warn: Callable[[str, str], object] | None = None,
+        interval_s: float = UPLOAD_INTERVAL_S,
+    ) -> None:
+        self.location = parse_url(url)
+        self.staging = Path(staging)
+        self.interval_s = interval_s
+        #: warn(kind, message): Faults.report in a profiler
+        self._warn = warn or (lambda kind, m: warn_once(f"perfscope-{kind}-{self.location.url}", m))
+        self._warned = False
+        #: relative path -> (size, mtime_ns) of the version uploaded
+        self.uploaded: dict[str, tuple[int, int]] = {}
+        self._s3: Any = None
+        self._stop = threading.Event()
+        self._pass_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.failures = 0
+
+    def start(self) -> Uploader:
+        self._thread = threading.Thread(target=self._run, name="perfscope-s3-uploader", daemon=True)
+        self._thread.start()
+        # before pyarrow's own exit hook finalises S3 (exit hooks run last-registered first)
+        atexit.register(self.close)
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sync_once()
+
+    def _local_files(self) -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        for dirpath, dirnames, filenames in os.walk(self.staging):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                path = Path(dirpath) / name
+                rel = path.relative_to(self.staging).as_posix()
+                if name.endswith(".tmp") or key_problem(rel):
+                    continue
+                try:
+                    st = path.lstat()
+                except OSError:
+                    continue  # removed meanwhile
+                if os.path.isfile(path) and not path.is_symlink():
+                    found[rel] = (st.st_size, st.st_mtime_ns)
+        return found
+
+    def sync_once(self) -> bool:
+        """One pass: upload what is new or changed (changed files first, so a sealed file's final
+        version lands before what replaces it), then delete what is gone. True when all succeeded."""
+        with self._pass_lock:
+            try:
+                if self._s3 is None:
+                    self._s3 = filesystem()
+                local = self._local_files()
+                changed = [r for r, sig in local.items() if self.uploaded.get(r) != sig]
+                changed.sort(key=lambda r: (r not in self.uploaded, r))
+                for rel in changed:
+                    self._put(rel, local[rel])
+                for rel in [r for r in self.uploaded if r not in local]:
+                    with contextlib.suppress(FileNotFoundError):
+                        self._s3.delete_file(f"{self.location.base}/{rel}")
+                    del self.uploaded[rel]
+                return True
+            except Exception as exc:
+                self.failures += 1
+                self._warned = True
+                self._warn(
+                    "s3_upload_failed",
+                    f"perfscope: cannot upload the store to {_s3_problem(self.location, exc)}; recording "
+                    f"goes on into {self.staging} and is retried every {self.interval_s:g} s",
+                )
+                return False
+
+    def _put(self, rel: str, sig: tuple[int, int]) -> None:
+        path = self.staging / rel
+        try:
+            # read first: the bytes of one moment, whatever the writer appends meanwhile
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return  # removed since the scan (a compaction): the next pass deletes its object
+        with self._s3.open_output_stream(f"{self.location.base}/{rel}") as out:
+            out.write(data)
+        self.uploaded[rel] = sig
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop the thread, upload what is left, and remove the staging folder when all of it is on
+        S3 (else keep it and say where). Idempotent; never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self.sync_once() and not self._local_files().keys() - self.uploaded.keys():
+            shutil.rmtree(self.staging, ignore_errors=True)
+        elif not self._warned:  # the one warning already said where the recording is
+            self._warn(
+                "s3_upload_incomplete",
+                f"perfscope: the store could not be fully uploaded to {self.location.url}; the "
+                f"recording is kept in {self.staging} (upload it with any S3 tool, or read it there)",
+            )
+
+
+def start_upload(url: str, warn: Callable[[str, str], object] | None = None) -> Uploader:
+    """The uploader of a new staging folder for `url`, started: record into `uploader.staging`."""
+    loc = parse_url(url)
+    return Uploader(url, staging_dir(loc), warn=warn).start()
+
+
+def open_mirrored(url: str, *, allow_empty: bool = False, warn: bool = True) -> Any:
+    """The store at `url`, read through its local mirror; `refresh` syncs the mirror again first."""
+    from .store import Store
+
+    class MirroredStore(Store):
+        #: the s3:// address this store mirrors
+        source = url
+
+        def refresh(self) -> None:
+            sync_mirror(url)
+            super().refresh()
+
+    mirror = mirror_dir(parse_url(url))
+    mirror.mkdir(parents=True, exist_ok=True)
+    return MirroredStore(mirror, allow_empty=allow_empty, warn=warn)
