@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,9 @@ _CUDA_CONTEXT_BYTES = int(0.55 * _GIB)  # CUDA context plus framework workspace
 _ACTIVATION_BYTES_PER_SAMPLE = 64 * 1024
 _PROCESS_BASE_RSS_BYTES = 2 * _GIB
 _HELPER_THREADS_CPU_PCT = 30.0  # Horovod's background thread and framework helpers, per rank
+#: the per-rank tables (steps, comm, gpu_samples) are built and written this many ranks at a time,
+#: so a 4,096-rank run holds one block of rows in memory, not the whole run (9.4 GB at 4,096 x 1,000)
+RANKS_PER_BLOCK = 512
 
 
 @dataclass(frozen=True)
@@ -121,44 +124,50 @@ def _table(name: str, columns: Mapping[str, Any]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _steps_table(spec: RunSpec, tl: Timeline) -> pa.Table:
+def _rank_blocks(world_size: int) -> list[range]:
+    return [range(lo, min(lo + RANKS_PER_BLOCK, world_size)) for lo in range(0, world_size, RANKS_PER_BLOCK)]
+
+
+def _steps_table(spec: RunSpec, tl: Timeline, ranks: range) -> pa.Table:
     k, p = tl.step_ns.shape
     comm = p > 1
+    cols = slice(ranks.start, ranks.stop)
+    n = k * len(ranks)
     return _table(
         "steps",
         {
-            "rank": np.repeat(np.arange(p, dtype=np.int32), k),
-            "step": np.tile(np.arange(k, dtype=np.int64), p),
-            "start_ns": _rank_major(tl.start_ns),
-            "step_ns": _rank_major(tl.step_ns),
-            "data_ns": _rank_major(tl.data_ns),
-            "forward_ns": _rank_major(tl.forward_ns),
-            "backward_ns": _rank_major(tl.backward_ns),
-            "sync_exposed_ns": _rank_major(tl.sync_ns),
-            "optimizer_ns": _rank_major(tl.optimizer_ns),
-            "other_ns": _rank_major(tl.other_ns),
-            "comm_total_ns": _rank_major(tl.sync_ns) if comm else np.zeros(k * p, dtype=np.int64),
-            "comm_count": np.full(k * p, 1 if comm else 0, dtype=np.int32),
-            "samples": np.full(k * p, spec.batch_per_rank, dtype=np.int32),
+            "rank": np.repeat(np.arange(ranks.start, ranks.stop, dtype=np.int32), k),
+            "step": np.tile(np.arange(k, dtype=np.int64), len(ranks)),
+            "start_ns": _rank_major(tl.start_ns[:, cols]),
+            "step_ns": _rank_major(tl.step_ns[:, cols]),
+            "data_ns": _rank_major(tl.data_ns[:, cols]),
+            "forward_ns": _rank_major(tl.forward_ns[:, cols]),
+            "backward_ns": _rank_major(tl.backward_ns[:, cols]),
+            "sync_exposed_ns": _rank_major(tl.sync_ns[:, cols]),
+            "optimizer_ns": _rank_major(tl.optimizer_ns[:, cols]),
+            "other_ns": _rank_major(tl.other_ns[:, cols]),
+            "comm_total_ns": _rank_major(tl.sync_ns[:, cols]) if comm else np.zeros(n, dtype=np.int64),
+            "comm_count": np.full(n, 1 if comm else 0, dtype=np.int32),
+            "samples": np.full(n, spec.batch_per_rank, dtype=np.int32),
             "clock": "cuda",
         },
     )
 
 
-def _comm_table(spec: RunSpec, tl: Timeline, grad_bytes: int) -> pa.Table | None:
-    k, p = tl.step_ns.shape
-    if p < 2:
-        return None  # a ring of one moves nothing: Horovod returns the tensor as it is
+def _comm_table(spec: RunSpec, tl: Timeline, grad_bytes: int, ranks: range) -> pa.Table:
+    k = tl.step_ns.shape[0]
+    cols = slice(ranks.start, ranks.stop)
+    n = k * len(ranks)
     return _table(
         "comm",
         {
-            "rank": np.repeat(np.arange(p, dtype=np.int32), k),
-            "step": np.tile(np.arange(k, dtype=np.int64), p),
-            "seq": np.zeros(k * p, dtype=np.int32),
+            "rank": np.repeat(np.arange(ranks.start, ranks.stop, dtype=np.int32), k),
+            "step": np.tile(np.arange(k, dtype=np.int64), len(ranks)),
+            "seq": np.zeros(n, dtype=np.int32),
             "op": "allreduce",
-            "bytes": np.full(k * p, grad_bytes, dtype=np.int64),
-            "start_ns": _rank_major(tl.enter_ns),
-            "dur_ns": _rank_major(tl.sync_ns),
+            "bytes": np.full(n, grad_bytes, dtype=np.int64),
+            "start_ns": _rank_major(tl.enter_ns[:, cols]),
+            "dur_ns": _rank_major(tl.sync_ns[:, cols]),
             # NCCL durations come from CUDA events on its stream; MPI's are host timers.
             "clock": "cuda" if spec.backend.ring_in_gpu_kernel else "host",
         },
@@ -176,7 +185,7 @@ def _rate_in_windows(tl: Timeline, rank: int, per_step: np.ndarray, ts: np.ndarr
 
 
 def _gpu_table(
-    spec: RunSpec, tl: Timeline, workload: Workload, ts: np.ndarray, rng: np.random.Generator
+    spec: RunSpec, tl: Timeline, workload: Workload, ts: np.ndarray, rng: np.random.Generator, ranks: range
 ) -> pa.Table:
     part, backend = spec.partition, spec.backend
     k, p = tl.step_ns.shape
@@ -190,7 +199,7 @@ def _gpu_table(
         _CUDA_CONTEXT_BYTES + 4 * workload.grad_bytes + _ACTIVATION_BYTES_PER_SAMPLE * spec.batch_per_rank,
     )
     cols: dict[str, list[Any]] = {name: [] for name in TABLES["gpu_samples"].column_names}
-    for rank in range(p):
+    for rank in ranks:
         node = int(tl.node_of_rank[rank])
         local = rank - int(tl.ranks_per_node[:node].sum())
         util = busy_share_in_windows(
@@ -309,8 +318,11 @@ def _tags(spec: RunSpec, seed: int) -> str:
     return json.dumps(tags, sort_keys=True, separators=(",", ":"))
 
 
-def simulate_run(spec: RunSpec, seed: int, t0_ns: int) -> dict[str, pa.Table]:
-    """Every table of one run, starting at wall clock `t0_ns`."""
+def simulate_run(spec: RunSpec, seed: int, t0_ns: int) -> Iterator[tuple[str, pa.Table]]:
+    """Every table of one run, starting at wall clock `t0_ns`, as (table, rows) pieces in writing
+    order: `runs` first, the per-rank tables in blocks of RANKS_PER_BLOCK ranks. Pieces are made
+    as they are asked for, in the order the seeded generator is drawn, so a run of any size
+    holds one block in memory and the same seed gives the same rows."""
     part, p, workload = spec.partition, spec.world_size, spec.workload
     # Seeded per run id, so adding or removing other runs never changes this one.
     rng = np.random.default_rng([seed, zlib.crc32(spec.run_id.encode())])
@@ -324,8 +336,9 @@ def simulate_run(spec: RunSpec, seed: int, t0_ns: int) -> dict[str, pa.Table]:
     hosts = [part.hostname(int(n)) for n in node_rank]
     # Ranks on other nodes start a little apart; their timestamps are already corrected.
     offsets = np.where(node_rank == 0, 0, rng.integers(-80_000, 80_000, p))
-    tables: dict[str, pa.Table | None] = {
-        "runs": _table(
+    yield (
+        "runs",
+        _table(
             "runs",
             {
                 "experiment": [spec.experiment],
@@ -354,7 +367,10 @@ def simulate_run(spec: RunSpec, seed: int, t0_ns: int) -> dict[str, pa.Table]:
                 "ended_ns": end_ns,
             },
         ),
-        "ranks": _table(
+    )
+    yield (
+        "ranks",
+        _table(
             "ranks",
             {
                 "rank": np.arange(p, dtype=np.int32),
@@ -369,12 +385,22 @@ def simulate_run(spec: RunSpec, seed: int, t0_ns: int) -> dict[str, pa.Table]:
                 "started_ns": np.full(p, t0_ns, dtype=np.int64) - 2_000_000_000,
             },
         ),
-        "steps": _steps_table(spec, tl),
-        "comm": _comm_table(spec, tl, workload.grad_bytes),
-        "gpu_samples": _gpu_table(spec, tl, workload, ts, rng) if part.gpu_telemetry else None,
-        "host_samples": _host_table(spec, tl, workload, ts),
-        "metrics": _metrics_table(spec, tl, rng),
-        "events": _table(
+    )
+    for ranks in _rank_blocks(p):
+        yield "steps", _steps_table(spec, tl, ranks)
+    if p > 1:  # a ring of one moves nothing: Horovod returns the tensor as it is
+        for ranks in _rank_blocks(p):
+            yield "comm", _comm_table(spec, tl, workload.grad_bytes, ranks)
+    if part.gpu_telemetry:
+        for ranks in _rank_blocks(p):
+            yield "gpu_samples", _gpu_table(spec, tl, workload, ts, rng, ranks)
+    yield "host_samples", _host_table(spec, tl, workload, ts)
+    metrics = _metrics_table(spec, tl, rng)
+    if metrics is not None:
+        yield "metrics", metrics
+    yield (
+        "events",
+        _table(
             "events",
             {
                 "rank": [0],
@@ -383,8 +409,7 @@ def simulate_run(spec: RunSpec, seed: int, t0_ns: int) -> dict[str, pa.Table]:
                 "message": "run generated by perfscope simulate from a cost model; nothing was measured",
             },
         ),
-    }
-    return {name: t for name, t in tables.items() if t is not None}
+    )
 
 
 _SOFTWARE_COLUMNS = ("python_version", "torch_version", "cuda_version", "nccl_version", "driver_version")
@@ -419,9 +444,11 @@ def write_runs(root: str | Path, specs: Sequence[RunSpec], seed: int, start_ns: 
     store_target(root, create=True)
     t0 = start_ns
     for spec in specs:
-        tables = simulate_run(spec, seed, t0)
         writer = StoreWriter(root, spec.run_id, writer_id=WRITER_ID)
-        for name, table in tables.items():
+        end_ns = t0
+        for name, table in simulate_run(spec, seed, t0):
+            if name == "runs":
+                end_ns = table.column("ended_ns")[0].as_py()
             writer.write_arrow(name, table)
         stats = writer.close()
         if stats.rows_dropped:
@@ -429,7 +456,7 @@ def write_runs(root: str | Path, specs: Sequence[RunSpec], seed: int, start_ns: 
                 f"could not write run {spec.run_id} to {root} ({stats.write_errors} failed writes); "
                 "check that the folder is writable and the disk has space"
             )
-        t0 = tables["runs"].column("ended_ns")[0].as_py() + RUN_GAP_NS
+        t0 = end_ns + RUN_GAP_NS
     return [s.run_id for s in specs]
 
 
