@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ..rollups import rank_sums_sql
 from ..store import Store
 from .cache import temp_table
 from .registry import analysis
@@ -30,28 +31,34 @@ def _with_run(store: Store, sel: Selection, sql: str, order: str) -> pa.Table:
 
 def _rank_steady(store: Store, sel: Selection) -> str:
     """Per run and rank (ranks with steps): steady steps, mean step time and mean compute, i.e.
-    forward + backward + optimizer, which no longer hold the exposed communication made in them."""
-    ss = _steady_steps(store, sel)
+    forward + backward + optimizer, which no longer hold the exposed communication made in them.
+    From the per-window rollups where they cover the run (rollups.py), else from the raw rows."""
+    sums = rank_sums_sql(
+        store, thresholds_table(store, sel), ("rows_all", "step_n_all", "step_sum_all", "compute_sum_all")
+    )
     return temp_table(
         store,
         ("pattern_rank_steady", sel),
         f"""
-        SELECT run_id, rank, count(*) AS steps, avg(step_ns) AS step_ns,
-               avg(coalesce(forward_ns, 0) + coalesce(backward_ns, 0) + coalesce(optimizer_ns, 0))
-                   AS compute_ns
-        FROM {ss} GROUP BY ALL
+        SELECT run_id, rank, rows_all::BIGINT AS steps,
+               step_sum_all::DOUBLE / nullif(step_n_all, 0) AS step_ns,
+               compute_sum_all::DOUBLE / rows_all AS compute_ns
+        FROM ({sums})
         """,
     )
 
 
 def _steady_steps(store: Store, sel: Selection) -> str:
-    """Per run, rank and steady step: the step's columns (ranks that record steps only)."""
+    """Per run, rank and steady step of the runs with comm rows (the only ones whose steps meet a
+    comm row): its step time."""
     thr = thresholds_table(store, sel)
     return temp_table(
         store,
         ("pattern_steady_steps", sel),
         f"""
-        SELECT s.* FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+        SELECT s.run_id, s.rank, s.step, s.step_ns
+        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
+        WHERE s.run_id IN (SELECT DISTINCT run_id FROM comm)
         """,
     )
 
@@ -61,18 +68,19 @@ def roles_table(store: Store, sel: Selection) -> str:
     point-to-point traffic without steps is a server; point-to-point with fixed peers and no
     collective is a pipeline stage (numbered by rank), unless its peers are servers (a worker)."""
     runs = runs_table(store, sel)
+    steps = rank_sums_sql(store, thresholds_table(store, sel), ("rows_all",), steady=False)
     return temp_table(
         store,
         ("roles", sel),
         f"""
-        WITH rk AS (
+        WITH st AS (
+            SELECT run_id, rank, rows_all::BIGINT AS steps FROM ({steps})
+        ), rk AS (
             SELECT run_id, rank FROM ranks WHERE run_id IN (SELECT run_id FROM {runs})
-            UNION SELECT run_id, rank FROM steps WHERE run_id IN (SELECT run_id FROM {runs})
+            UNION SELECT run_id, rank FROM st
             UNION SELECT run_id, rank FROM comm WHERE run_id IN (SELECT run_id FROM {runs})
         ), recorded AS (
             SELECT run_id, rank, max(role) AS role FROM ranks GROUP BY ALL
-        ), st AS (
-            SELECT run_id, rank, count(*) AS steps FROM steps GROUP BY ALL
         ), c AS (
             SELECT run_id, rank, count(*) FILTER (WHERE peer IS NOT NULL) AS p2p,
                    count(*) FILTER (WHERE peer IS NULL) AS collectives

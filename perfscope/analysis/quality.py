@@ -7,12 +7,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..rollups import rank_sums_sql
 from ..store import Store
 from .fitting import MIN_POINTS
 from .registry import analysis, run_analysis
 from .scaling import scaling_table
 from .selection import Selection, sql_literal
-from .steady import MIN_STEADY_STEPS, PHASES, run_stats_table, runs_table
+from .steady import MIN_STEADY_STEPS, PHASES, run_stats_table, runs_table, thresholds_table
 
 HIGH_CV = 0.25
 #: share of slow steps (steady.SLOW_STEP_RATIO × median) that makes two kinds of step: bimodal
@@ -119,13 +120,12 @@ def _identity_and_durations(store: Store, sel: Selection) -> list[dict[str, Any]
         )
         for r in shared
     ]
-    negative = " OR ".join(f"{p}_ns < 0" for p in PHASES if p != "other")  # other: a remainder
+    # step rows with a NULL or negative time, per run, from the rollups where they cover the run
+    sums = rank_sums_sql(store, thresholds_table(store, sel), ("null_steps", "negative"), steady=False)
     bad = store.query(
         f"""
-        SELECT run_id, count(*) FILTER (WHERE step_ns IS NULL) AS null_steps,
-               count(*) FILTER (WHERE step_ns < 0 OR {negative}) AS negative
-        FROM steps WHERE run_id IN (SELECT run_id FROM {runs})
-        GROUP BY run_id HAVING null_steps > 0 OR negative > 0 ORDER BY run_id
+        SELECT run_id, sum(null_steps)::BIGINT AS null_steps, sum(negative)::BIGINT AS negative
+        FROM ({sums}) GROUP BY run_id HAVING sum(null_steps) > 0 OR sum(negative) > 0 ORDER BY run_id
         """
     ).to_pylist()
     out += [

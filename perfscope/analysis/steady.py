@@ -3,6 +3,7 @@ every other analysis reads (two scans of `steps`, cached per store and selection
 
 from __future__ import annotations
 
+from ..rollups import by_step_sql, rank_sums_sql, step_bounds_sql
 from ..store import Store
 from .cache import temp_table
 from .selection import Selection
@@ -77,9 +78,8 @@ def thresholds_table(store: Store, sel: Selection) -> str:
         ("thresholds", sel),
         f"""
         WITH b AS (
-            SELECT run_id, min(step) AS first_step, max(step) AS last_step,
-                   max(step) - min(step) + 1 AS n_steps
-            FROM steps WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id
+            SELECT run_id, first_step, last_step, last_step - first_step + 1 AS n_steps
+            FROM ({step_bounds_sql(store, f"run_id IN (SELECT run_id FROM {runs})")})
         ), w AS (
             SELECT *, CASE WHEN {fallback} THEN n_steps // 2 ELSE {warmup} END AS warmup_steps,
                    {fallback} AS warmup_fallback
@@ -91,39 +91,36 @@ def thresholds_table(store: Store, sel: Selection) -> str:
 
 
 def step_agg_table(store: Store, sel: Selection) -> str:
-    """Per run and steady step: the slowest rank's step time (DESIGN step time), ranks present."""
+    """Per run and steady step: the slowest rank's step time (DESIGN step time), ranks present.
+    From the per-step rollups where they cover the run (rollups.py), else from the raw rows."""
     thr = thresholds_table(store, sel)
+    steps = by_step_sql(store, thr, ("n_valid", "step_max_ns"), "s.step >= t.first_steady_step")
     return temp_table(
         store,
         ("step_agg", sel),
-        f"""
-        SELECT s.run_id, s.step, max(s.step_ns) AS step_max_ns, count(*)::INTEGER AS n_ranks
-        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
-             AND {VALID_STEP}
-        GROUP BY s.run_id, s.step
-        """,
+        f"SELECT run_id, step, step_max_ns, n_valid::INTEGER AS n_ranks FROM ({steps}) WHERE n_valid > 0",
     )
 
 
 def rank_agg_table(store: Store, sel: Selection) -> str:
-    """Per run and rank, over its steady steps: sums and non-NULL counts of every phase."""
+    """Per run and rank, over its steady steps: sums and non-NULL counts of every phase (of the rows
+    with a valid step time). From the per-window rollups where they cover the run, else raw rows."""
     thr = thresholds_table(store, sel)
-    phase_cols = ",\n".join(
-        f"sum(s.{p}_ns)::DOUBLE AS {p}_sum, count(s.{p}_ns) AS {p}_n"
-        for p in PHASES
-        if p != "other"  # derived as step - named phases, so NULL 'other' cannot lose time
+    named = [p for p in PHASES if p != "other"]  # other: derived as step - named phases
+    sums = rank_sums_sql(
+        store,
+        thr,
+        ["rows", "step_sum", *(f"{p}_{x}" for p in named for x in ("sum", "n")), "samples_sum", "samples_n"],
     )
+    phase_cols = ",\n".join(f"{p}_sum::DOUBLE AS {p}_sum, {p}_n::BIGINT AS {p}_n" for p in named)
     return temp_table(
         store,
         ("rank_agg", sel),
         f"""
-        SELECT s.run_id, s.rank, count(*) AS rows,
-               sum(s.step_ns)::DOUBLE AS step_sum,
+        SELECT run_id, rank, rows::BIGINT AS rows, step_sum::DOUBLE AS step_sum,
                {phase_cols},
-               sum(s.samples)::DOUBLE AS samples_sum, count(s.samples) AS samples_n
-        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
-             AND {VALID_STEP}
-        GROUP BY s.run_id, s.rank
+               samples_sum::DOUBLE AS samples_sum, samples_n::BIGINT AS samples_n
+        FROM ({sums}) WHERE rows > 0
         """,
     )
 
@@ -242,15 +239,16 @@ def rank_comm_table(store: Store, sel: Selection) -> str:
     (`steps.comm_total_ns`, `steps.comm_count`). Kept out of the main per-rank scan so the
     scaling summary reads two columns less."""
     thr = thresholds_table(store, sel)
+    sums = rank_sums_sql(
+        store, thr, ("rows", "comm_total_sum", "comm_total_n", "comm_count_sum", "comm_count_n")
+    )
     return temp_table(
         store,
         ("rank_comm", sel),
         f"""
-        SELECT s.run_id, s.rank,
-               avg(s.comm_total_ns) AS comm_total_mean, avg(s.comm_count) AS comm_count_mean
-        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
-             AND {VALID_STEP}
-        GROUP BY s.run_id, s.rank
+        SELECT run_id, rank, comm_total_sum::DOUBLE / nullif(comm_total_n, 0) AS comm_total_mean,
+               comm_count_sum::DOUBLE / nullif(comm_count_n, 0) AS comm_count_mean
+        FROM ({sums}) WHERE rows > 0
         """,
     )
 
@@ -269,17 +267,23 @@ def run_comm_table(store: Store, sel: Selection) -> str:
 
 def window_table(store: Store, sel: Selection) -> str:
     """Per run: from the start of the first steady step to the end of the last step (rank 0's
-    clock). Reads only the row groups holding those two steps."""
+    clock). Reads only those two steps (of the rollups, or the row groups holding them)."""
     thr = thresholds_table(store, sel)
+    steps = by_step_sql(
+        store,
+        thr,
+        ("n_valid", "start_min_ns", "end_max_ns"),
+        "(s.step = t.first_steady_step OR s.step = t.last_step)",
+    )
     return temp_table(
         store,
         ("window", sel),
         f"""
-        SELECT s.run_id,
-               min(s.start_ns) FILTER (WHERE s.step = t.first_steady_step) AS window_start_ns,
-               max(s.start_ns + s.step_ns) FILTER (WHERE s.step = t.last_step) AS window_end_ns
-        FROM steps s JOIN {thr} t ON s.run_id = t.run_id
-             AND (s.step = t.first_steady_step OR s.step = t.last_step) AND {VALID_STEP}
-        GROUP BY s.run_id
+        SELECT b.run_id,
+               min(b.start_min_ns) FILTER (WHERE b.step = t.first_steady_step) AS window_start_ns,
+               max(b.end_max_ns) FILTER (WHERE b.step = t.last_step) AS window_end_ns
+        FROM ({steps}) b JOIN {thr} t ON b.run_id = t.run_id
+        WHERE b.n_valid > 0
+        GROUP BY b.run_id
         """,
     )

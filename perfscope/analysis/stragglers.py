@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ..rollups import by_step_sql
 from ..store import Store
 from .cache import temp_table
 from .registry import analysis
@@ -28,20 +29,21 @@ def _comm_runs(store: Store, sel: Selection) -> str:
 
 def sync_spread_table(store: Store, sel: Selection) -> str:
     """Per steady step of multi-rank runs without comm rows: the least and most exposed sync and
-    the rank with the least (it waited least, so it entered the synchronisation last)."""
+    the rank with the least (it waited least, so it entered the synchronisation last; a tie goes
+    to the lowest rank)."""
     thr = thresholds_table(store, sel)
     gs = grouped_stats_table(store, sel)
+    cols = ("sync_n", "sync_min_ns", "sync_max_ns", "sync_last_rank")
+    steps = by_step_sql(store, thr, cols, "s.step >= t.first_steady_step")
     return temp_table(
         store,
         ("sync_spread", sel),
         f"""
-        SELECT s.run_id, s.step, min(s.sync_exposed_ns) AS sync_min_ns,
-               max(s.sync_exposed_ns) AS sync_max_ns, arg_min(s.rank, s.sync_exposed_ns) AS last_rank
-        FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
-        WHERE s.run_id IN (SELECT run_id FROM {gs} WHERE world_size > 1)
-          AND s.run_id NOT IN ({_comm_runs(store, sel)})
-          AND s.sync_exposed_ns IS NOT NULL
-        GROUP BY s.run_id, s.step
+        SELECT run_id, step, sync_min_ns, sync_max_ns, sync_last_rank AS last_rank
+        FROM ({steps})
+        WHERE run_id IN (SELECT run_id FROM {gs} WHERE world_size > 1)
+          AND run_id NOT IN ({_comm_runs(store, sel)})
+          AND sync_n > 0
         """,
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ..rollups import by_step_sql
 from ..store import Store
 from .registry import analysis
 from .scaling import GROUP_SELECT, grouped_stats_table
@@ -145,8 +146,8 @@ def _run_t0(store: Store, sel: Selection) -> str:
         f"""
         SELECT r.run_id, coalesce(s.t0, r.started_ns, 0) AS t0
         FROM {runs} r LEFT JOIN (
-            SELECT s.run_id, min(s.start_ns) AS t0 FROM steps s JOIN {thr} t
-            ON s.run_id = t.run_id AND s.step = t.first_step GROUP BY s.run_id
+            SELECT run_id, min(start_min_all_ns) AS t0
+            FROM ({by_step_sql(store, thr, ("start_min_all_ns",), "s.step = t.first_step")}) GROUP BY run_id
         ) s USING (run_id)
         """,
     )
