@@ -1,0 +1,232 @@
+"""The store's manifest: what was learnt from each Parquet segment's footer (table, schema version,
+columns, rows, compaction claim, footprint, column ranges), keyed by the file's path in the store,
+size and mtime_ns, so opening a store of 100,000 segments reads no footer it has read before.
+
+It is `<store>/.perfscope-manifest`, a Parquet file: pyarrow is loaded to read the store anyway and
+reads 100,000 entries as a few columns in tens of milliseconds, with no per-entry parsing (JSON
+lines would parse every line; dictionary encoding keeps the repeated column lists small). It is
+written to a temporary name and renamed, so a reader sees the old one or the new one, never half.
+
+A cache, never a source of truth: a missing, truncated, foreign or other-version manifest is
+ignored; an entry is used only for a file found in the folder whose size and mtime_ns match it,
+so an entry cannot add a file or keep one that is gone, and a file without a matching entry is
+read from its footer (a manifest cannot hide one). What it may still change is what a listing says
+of a file whose name, size and mtime_ns it matches: the row count `perfscope info` shows, the
+column ranges, which columns are selected, the schema version (a forged one above ours refuses the
+store). Queries always read the real file's rows, and a compaction claim it carries is checked
+against the real bytes of the segments claimed, as a file's own claim is. Writing a matching entry
+needs write access to the store, which lets one rewrite the segments themselves: it grants nothing
+more.
+
+Only immutable `.parquet` segments are kept; live `.arrows` segments are read afresh every time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from .store import Segment
+
+MANIFEST_NAME = ".perfscope-manifest"
+#: the format of the file; another value (a newer perfscope's) is ignored and rewritten
+MANIFEST_VERSION = b"1"
+_META_KEY = b"perfscope.manifest"
+#: a manifest larger than this is not ours (100,000 entries take about 3 MB)
+MANIFEST_MAX_BYTES = 1 << 28
+#: opening a store saves the manifest only when it read at least this many footers the manifest
+#: lacked (or dropped as many gone files): a write into the user's folder, only when it pays off
+SAVE_MIN_CHANGES = 1000
+#: columns whose smallest and largest values (from the footer statistics) are kept: `perfscope
+#: info` takes ranks, first step and last step from them instead of reading every file
+RANGE_COLUMNS = ("rank", "start_ns", "step_ns")
+
+_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("mtime_ns", pa.int64()),
+        ("version", pa.int64()),
+        ("columns", pa.string()),
+        ("num_rows", pa.int64()),
+        ("replaces", pa.binary()),
+        ("footprint", pa.string()),
+    ]
+    + [(f"{c}_{end}", pa.int64()) for c in RANGE_COLUMNS for end in ("min", "max")]
+)
+
+
+def manifest_path(root: str) -> str:
+    return os.path.join(root, MANIFEST_NAME)
+
+
+def _read_table(path: str) -> pa.Table | None:
+    """The manifest's table, or None when there is none or it is not one we wrote (never follows a
+    link, never blocks on a FIFO, never reads a huge file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_MAX_BYTES:
+                return None
+            data = f.read()
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        meta = pf.schema_arrow.metadata or {}
+        if meta.get(_META_KEY) != MANIFEST_VERSION or not pf.schema_arrow.remove_metadata().equals(_SCHEMA):
+            return None
+        return pf.read()
+    except Exception:  # truncated, corrupt, foreign: rebuilt from the files
+        return None
+
+
+#: what an entry holds, in the order `Manifest._entries` keeps it (all but the last required)
+_ENTRY = ("size_bytes", "mtime_ns", "version", "columns", "num_rows", "footprint", "replaces")
+
+
+@dataclass
+class Manifest:
+    """The entries of one store's manifest, and what a listing learnt beside them (to save)."""
+
+    root: str
+    #: relative path -> (size, mtime_ns, version, columns, num_rows, footprint, replaces, ranges)
+    _entries: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: what the next save writes: (absolute path, size, mtime_ns, segment)
+    seen: list[tuple[str, int, int, Segment]] = field(default_factory=list)
+    #: segments whose entry matched their file
+    hits: int = 0
+
+    @classmethod
+    def load(cls, root: str) -> Manifest:
+        """The store's manifest; an empty one when it is missing or unusable. Entries with a missing
+        field, a column list that is not one or a negative row count are dropped here, once, so a
+        lookup checks only the key."""
+        m = cls(root)
+        t = _read_table(manifest_path(root))
+        if t is None:
+            return m
+        names = t.column("columns").unique().to_pylist()
+        parsed = {stored: _parse_columns(stored) for stored in names if stored is not None}
+        cols = {name: t.column(name).to_pylist() for name in _ENTRY if name != "columns"}
+        cols["columns"] = [parsed.get(v) if v is not None else None for v in t.column("columns").to_pylist()]
+        ends = [t.column(f"{c}_{end}").to_pylist() for c in RANGE_COLUMNS for end in ("min", "max")]
+        ranges = zip(*ends, strict=True)
+        rows = zip(*(cols[name] for name in _ENTRY), ranges, strict=True)
+        m._entries = {
+            p: row
+            for p, row in zip(t.column("path").to_pylist(), rows, strict=True)
+            if p is not None and None not in row[:6] and row[4] >= 0
+        }
+        return m
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @functools.cached_property
+    def _prefix(self) -> str:
+        return self.root + os.sep
+
+    def _entry(self, path: str, size: int, mtime_ns: int) -> tuple[Any, ...] | None:
+        prefix = self._prefix
+        e = self._entries.get(path[len(prefix) :]) if path.startswith(prefix) else None
+        return e if e is not None and e[0] == size and e[1] == mtime_ns else None
+
+    def lookup(self, path: str, table: str, size: int, mtime_ns: int) -> Segment | None:
+        """The segment at `path` as its entry describes it, when the entry matches the file's size
+        and mtime_ns; else None (read the footer)."""
+        e = self._entry(path, size, mtime_ns)
+        if e is None:
+            return None
+        from .store import Segment, _parse_replaces  # a cycle: store.py reads the manifest
+
+        _, _, version, columns, num_rows, footprint, raw, ranges = e
+        replaces, claim_problem = _parse_replaces(raw) if raw is not None else ((), "")
+        self.hits += 1
+        return Segment(
+            file=path,
+            table=table,
+            version=version,
+            columns=columns,
+            num_rows=num_rows,
+            replaces=replaces,
+            footprint=footprint,
+            claim_problem=claim_problem,
+            ranges=ranges,
+            replaces_raw=raw,
+        )
+
+    def confirm(self, path: str, size: int, mtime_ns: int) -> None:
+        """Count a segment found in this process's cache whose entry matches too."""
+        if self._entry(path, size, mtime_ns) is not None:
+            self.hits += 1
+
+    def note(self, path: str, size: int, mtime_ns: int, seg: Segment) -> None:
+        """Record a Parquet segment the listing found, for the next save."""
+        self.seen.append((path, size, mtime_ns, seg))
+
+    @property
+    def changes(self) -> int:
+        """Entries a save would add or replace (footers read), and drop (files gone)."""
+        return (len(self.seen) - self.hits) + (len(self._entries) - self.hits)
+
+    def save(self) -> bool:
+        """Write the segments seen by the last listing as the store's manifest; False when the store
+        cannot be written (a read-only store is read without one, silently)."""
+        prefix = self._prefix
+        columns_json: dict[frozenset[str], str] = {}
+        cols: dict[str, list[object]] = {name: [] for name in _SCHEMA.names}
+        for path, size, mtime_ns, seg in sorted(self.seen, key=lambda x: x[0]):
+            if not path.startswith(prefix):
+                continue
+            if seg.columns not in columns_json:
+                columns_json[seg.columns] = json.dumps(sorted(seg.columns))
+            values: dict[str, object] = {
+                "path": path[len(prefix) :],
+                "size_bytes": size,
+                "mtime_ns": mtime_ns,
+                "version": seg.version,
+                "columns": columns_json[seg.columns],
+                "num_rows": seg.num_rows,
+                "replaces": seg.replaces_raw,
+                "footprint": seg.footprint,
+            }
+            for k, col in enumerate(RANGE_COLUMNS):
+                values[f"{col}_min"], values[f"{col}_max"] = seg.ranges[2 * k : 2 * k + 2] or (None, None)
+            for name, v in values.items():
+                cols[name].append(v)
+        table = pa.table(cols, schema=_SCHEMA.with_metadata({_META_KEY: MANIFEST_VERSION}))
+        final = manifest_path(self.root)
+        tmp = os.path.join(self.root, f"{MANIFEST_NAME}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                pq.write_table(table, f, compression="zstd", use_dictionary=["columns"])
+            os.replace(tmp, final)  # replaces a link itself, never what it points to
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
+        return True
+
+
+def _parse_columns(stored: str) -> frozenset[str] | None:
+    """The column names an entry lists (a JSON list of strings), or None when it is not one."""
+    try:
+        names = json.loads(stored)
+    except ValueError:
+        return None
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        return None
+    return frozenset(names)
