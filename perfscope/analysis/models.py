@@ -20,6 +20,9 @@ from .sync import alpha_beta_fits
 
 #: Predict at these multiples of the largest measured world size.
 PREDICT_FACTORS = (2, 4, 8)
+#: A model's predicted step time further than this factor from what its components (compute per
+#: rank and the alpha-beta allreduce model) give at the same world size disagrees with them.
+COMPONENT_DISAGREEMENT = 2.0
 
 
 def _group_points(store: Store, sel: Selection) -> dict[str, list[dict[str, Any]]]:
@@ -65,8 +68,10 @@ def _group_cols(row: dict[str, Any]) -> dict[str, Any]:
 def scaling_model(store: Store, sel: Selection) -> pa.Table:
     """One row per scaling group: the chosen hypothesis, its coefficients and its fit quality."""
     rows = []
+    fits = alpha_beta_fits(store, sel)
     for model, grows in group_models(store, sel).values():
         npoints = len({r["world_size"] for r in grows})
+        disagrees = disagreement(model, grows, fits) if model else ""
         terms = list(model.terms) if model else []
         coefs = list(model.coefficients) if model else []
         row = _group_cols(grows[0]) | {
@@ -83,14 +88,68 @@ def scaling_model(store: Store, sel: Selection) -> pa.Table:
             "r2_adj": model.r2_adj if model else None,
             "loo_smape_pct": model.loo_smape_pct if model else None,
             "too_few_points": npoints < MIN_POINTS,
-            "trusted": bool(model and model.trusted),
-            "note": _note(model, npoints),
+            "trusted": bool(model and model.trusted and not disagrees),
+            "note": _note(model, npoints, disagrees),
         }
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=SCALING_MODEL_SCHEMA)
 
 
-def _note(model: NormalFormModel | None, npoints: int) -> str:
+def component_step_ns(
+    grows: list[dict[str, Any]], fits: dict[Any, Any], n: int
+) -> tuple[float, float, float] | None:
+    """(compute per rank, predicted allreduce, their sum) in ns per step at world size `n`, from the
+    group's baseline compute (step minus exposed sync, scaled by the samples per rank) and the
+    alpha-beta fit of its cluster, backend and scope; None where the allreduce model cannot predict."""
+    base = [r for r in grows if r["world_size"] == r["baseline_world_size"]]
+    grad_bytes = next((r["grad_bytes"] for r in grows if r["grad_bytes"]), None)
+    if not base or not grad_bytes or n <= 1:
+        return None
+    gpn = max(int(r["gpus_per_node"] or 1) for r in grows)
+    scope = "intra-node" if n <= gpn else "inter-node"
+    fit = fits.get((grows[0]["cluster"], grows[0]["backend"], scope), (None, []))[0]
+    if fit is None:
+        return None
+    n0 = float(grows[0]["baseline_world_size"])
+    compute0 = median(float(r["step_ns"]) - float(r["sync_exposed_ns"] or 0.0) for r in base)
+    # weak scaling keeps the samples per rank; strong scaling divides the baseline's among n ranks
+    compute = compute0 if grows[0]["scaling_mode"] == "weak" else compute0 * n0 / n
+    k = median(float(r["comm_count_mean"] or 1) for r in grows)
+    allreduce = float(fit.predict_s(n, grad_bytes, k)) * 1e9
+    return compute, allreduce, compute + allreduce
+
+
+def disagreement(model: NormalFormModel, grows: list[dict[str, Any]], fits: dict[Any, Any]) -> str:
+    """'' when the model agrees with its components at every predicted world size; otherwise where
+    it disagrees most, in words. The step time lies between max(compute, allreduce) (fully
+    overlapped) and their sum (not overlapped); a model beyond either by COMPONENT_DISAGREEMENT
+    disagrees."""
+    nmax = max(int(r["world_size"]) for r in grows)
+    worst: tuple[float, str] | None = None
+    for n in [nmax * f for f in PREDICT_FACTORS]:
+        parts = component_step_ns(grows, fits, n)
+        if parts is None:
+            continue
+        compute, allreduce, total = parts
+        t = float(model.predict(float(n)))
+        low, high = max(compute, allreduce), total
+        off = t / high if t > high else low / t if 0 < t < low else 1.0
+        if off > COMPONENT_DISAGREEMENT and (worst is None or off > worst[0]):
+            worst = (
+                off,
+                f"it predicts {t / 1e6:.1f} ms per step at N={n} where compute ({compute / 1e6:.1f} ms) "
+                f"and the alpha-beta allreduce model ({allreduce / 1e6:.2f} ms) give "
+                f"{low / 1e6:.1f}-{high / 1e6:.1f} ms",
+            )
+    return worst[1] if worst else ""
+
+
+def _note(model: NormalFormModel | None, npoints: int, disagrees: str = "") -> str:
+    if model is not None and disagrees:
+        return (
+            f"not trusted: the model disagrees with its components ({disagrees}); "
+            "trust neither until a larger world size is measured"
+        )
     if model is None:
         return f"no model: {npoints} world size(s); at least 3 are needed to fit and 5 to trust one"
     if npoints < MIN_POINTS:
@@ -128,6 +187,7 @@ def scaling_prediction(store: Store, sel: Selection) -> pa.Table:
             measured[int(r["world_size"])].append(float(r["step_ns"]))
         nmax = max(measured)
         sizes = sorted(measured) + [nmax * f for f in PREDICT_FACTORS]
+        trusted = model.trusted and not disagreement(model, grows, fits)
         for n in sizes:
             t_model = float(model.predict(float(n)))
             g = g0 * n / n0 if weak else g0
@@ -145,7 +205,8 @@ def scaling_prediction(store: Store, sel: Selection) -> pa.Table:
                     "model_speedup": speedup,
                     "model_efficiency": speedup * n0 / n if speedup is not None else None,
                     "predicted_allreduce_ns": allreduce,
-                    "trusted": model.trusted,
+                    "component_step_ns": parts[2] if (parts := component_step_ns(grows, fits, n)) else None,
+                    "trusted": trusted,
                 }
             )
     return pa.Table.from_pylist(out, schema=SCALING_PREDICTION_SCHEMA)
@@ -191,6 +252,7 @@ SCALING_PREDICTION_SCHEMA = pa.schema(
         ("model_speedup", pa.float64()),
         ("model_efficiency", pa.float64()),
         ("predicted_allreduce_ns", pa.float64()),
+        ("component_step_ns", pa.float64()),
         ("trusted", pa.bool_()),
     ]
 )

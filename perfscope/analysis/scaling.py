@@ -30,9 +30,11 @@ def grouped_stats_table(store: Store, sel: Selection) -> str:
 def scaling_table(store: Store, sel: Selection) -> str:
     gs = grouped_stats_table(store, sel)
     base_phases = ", ".join(f"median({p}_ns) AS {p}0" for p in BREAKDOWN_PHASES)
-    lost = ",\n".join(
-        f"world_size * {p}_ns - n0 * {p}0 * work_ratio AS lost_{p}_ns" for p in BREAKDOWN_PHASES
-    )
+    # Lost time has a floor of 0: a phase (or a whole step) cheaper than at the baseline is a gain,
+    # and lost_note names it (a superlinear step, from a contaminated baseline or a cache effect).
+    raw = {p: f"(world_size * {p}_ns - n0 * {p}0 * work_ratio)" for p in BREAKDOWN_PHASES}
+    lost = ",\n".join(f"greatest({raw[p]}, 0) AS lost_{p}_ns" for p in BREAKDOWN_PHASES)
+    gained = ", ".join(f"CASE WHEN {raw[p]} < 0 THEN '{p}' END" for p in BREAKDOWN_PHASES)
     phase_cols = ", ".join(f"{p}_ns" for p in BREAKDOWN_PHASES)
     return temp_table(
         store,
@@ -60,8 +62,15 @@ def scaling_table(store: Store, sel: Selection) -> str:
                world_size::DOUBLE / n0 AS ideal_speedup,
                throughput_samples_per_s / x0 * n0 / world_size AS efficiency,
                throughput_samples_per_s / x0 / world_size AS per_gpu_speedup,
-               world_size * step_ns - n0 * t0 * work_ratio AS lost_ns,
+               greatest(world_size * step_ns - n0 * t0 * work_ratio, 0) AS lost_ns,
                {lost},
+               CASE WHEN world_size * step_ns - n0 * t0 * work_ratio < 0 THEN
+                        'superlinear: less time per sample than at the baseline (a contaminated '
+                        || 'baseline or a cache effect), so nothing is lost'
+                    WHEN concat_ws(', ', {gained}) <> '' THEN
+                        'faster than at the baseline, shown as 0 lost: ' || concat_ws(', ', {gained})
+               END AS lost_note,
+
                sync_exposed_ns / nullif(step_ns, 0) AS sync_share,
                data_ns / nullif(step_ns, 0) AS data_share
         FROM j

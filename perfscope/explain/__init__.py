@@ -13,6 +13,7 @@ from ..analysis import Selection
 from ..errors import PerfscopeWarning
 from ..store import Store
 from . import rules_comm, rules_compute, rules_patterns, rules_quality, rules_topology  # noqa: F401  (registers rules)
+from .biggest_loss import uncovered_losses
 from .context import Context
 from .finding import CATEGORIES, SEVERITIES, Evidence, Finding, rank_findings
 from .root_causes import root_causes
@@ -43,4 +44,5 @@ def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
                 PerfscopeWarning,
                 stacklevel=2,
             )
+    findings += uncovered_losses(ctx, findings)  # the phase that lost most always has a finding
     return root_causes(annotate_contended(rank_findings(annotate_confounded(findings))))

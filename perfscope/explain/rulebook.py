@@ -1,5 +1,6 @@
-"""The rule registry and the helper that builds a Finding (marking simulated evidence, and holding
-its confidence at medium when an alpha-beta fit it rests on has too few points)."""
+"""The rule registry and the helper that builds a Finding: it marks simulated evidence and sets the
+confidence from the evidence (confidence.py: world sizes, fit quality, noise), saying what would
+raise it."""
 
 from __future__ import annotations
 
@@ -7,16 +8,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..analysis.fitting import MIN_POINTS
+from .confidence import (
+    FACT_RULES,
+    POOR_FIT_SMAPE_PCT,
+    THIN_FIT_CONFIDENCE,
+    VERDICTS,
+    Inputs,
+    Limit,
+    confidence,
+    more_sizes,
+)
 from .context import Context, Row
 from .finding import Evidence, Finding, Number
+from .hardware import setup_of
 
 RuleFn = Callable[[Context], list[Finding]]
 
 #: Share of the lost time a cause must explain to be an alarm rather than a warning.
 ALARM_SHARE = 0.25
-#: The most confidence a finding may state when an alpha-beta fit it rests on is marked
-#: `too_few_points` (allreduce_fit): below Finding.confidence_label's "high".
-THIN_FIT_CONFIDENCE = 0.6
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,12 @@ def make_finding(
         text = f"({'Simulated' if source == 'simulated' else 'Partly simulated'} runs.) {text}"
     if explained_loss is not None:
         explained_loss = max(0.0, min(1.0, explained_loss))
-    thin = thin_fits(ctx, run_ids) if "allreduce_fit" in analyses else []
-    if thin and confidence > THIN_FIT_CONFIDENCE:
-        confidence = THIN_FIT_CONFIDENCE
-        text = f"{text} {_what_would_raise(ctx, thin)}"
+    if category in VERDICTS and rule_id not in FACT_RULES:
+        confidence, why = evidence_confidence(ctx, confidence, run_ids, analyses, group_id)
+    else:
+        why = ""
+    if why:
+        text = f"{text} {why}"
     return Finding(
         id=f"{rule_id}:{scope}",
         rule=rule_id,
@@ -79,15 +90,50 @@ def make_finding(
         text=text,
         evidence=Evidence(tuple(sorted(set(run_ids))), analyses),
         recommendation=recommendation,
-        confidence=round(confidence, 2),
+        confidence=confidence,
         explained_loss=explained_loss,
         numbers=dict(numbers or {}),
         group_id=group_id,
     )
 
 
-def thin_fits(ctx: Context, run_ids: list[str] | tuple[str, ...]) -> list[Row]:
-    """The allreduce_fit rows, for these runs' (cluster, backend, scope), that have too few points."""
+#: Findings built on these analyses are verdicts about scaling: they compare world sizes.
+SCALING_ANALYSES = ("scaling", "lost_time")
+
+
+def evidence_confidence(
+    ctx: Context,
+    strength: float,
+    run_ids: list[str] | tuple[str, ...],
+    analyses: tuple[str, ...],
+    group_id: str | None,
+) -> tuple[float, str]:
+    """confidence.confidence() on this finding's evidence, collected from the context."""
+    runs = ctx.by_run("run_summary")
+    series = ctx.scaling_groups().get(group_id or "")
+    sizes = None
+    if series and any(a in analyses for a in SCALING_ANALYSES):
+        sizes = tuple(sorted({int(r["world_size"]) for r in series}))
+
+    noisy = max(
+        (runs[r] for r in run_ids if r in runs and runs[r]["step_cv"] is not None),
+        key=lambda r: r["step_cv"],
+        default=None,
+    )
+    fits = fit_limits(ctx, run_ids) if "allreduce_fit" in analyses else ()
+    return confidence(
+        strength,
+        Inputs(
+            world_sizes=sizes,
+            fit_limits=fits,
+            step_cv=noisy["step_cv"] if noisy else None,
+            noisiest_run=noisy["run_id"] if noisy else None,
+        ),
+    )
+
+
+def used_fits(ctx: Context, run_ids: list[str] | tuple[str, ...]) -> list[Row]:
+    """The allreduce_fit rows for these runs' (cluster, backend, scope) that have a fitted beta."""
     runs, sync = ctx.by_run("run_summary"), ctx.by_run("sync")
     used = {
         (runs[r]["cluster"], runs[r]["backend"], sync[r].get("scope"))
@@ -97,18 +143,47 @@ def thin_fits(ctx: Context, run_ids: list[str] | tuple[str, ...]) -> list[Row]:
     return [
         f
         for f in ctx.rows("allreduce_fit")
-        if (f["cluster"], f["backend"], f["scope"]) in used
-        and f["too_few_points"]
-        and f["beta_s_per_byte"] is not None
+        if (f["cluster"], f["backend"], f["scope"]) in used and f["beta_s_per_byte"] is not None
     ]
 
 
-def _what_would_raise(ctx: Context, thin: list[Row]) -> str:
-    """'Confidence is medium at most: ... measure N = 4 and 8 to raise it.'"""
-    fit = min(thin, key=lambda f: f["points"])
+def thin_fits(ctx: Context, run_ids: list[str] | tuple[str, ...]) -> list[Row]:
+    """The allreduce_fit rows, for these runs' (cluster, backend, scope), that have too few points."""
+    return [f for f in used_fits(ctx, run_ids) if f["too_few_points"]]
+
+
+def fit_limits(ctx: Context, run_ids: list[str] | tuple[str, ...]) -> tuple[Limit, ...]:
+    """What the alpha-beta fits these runs rest on say about the confidence: thin or poor fits."""
+    out = []
+    thin = thin_fits(ctx, run_ids)
+    if thin:
+        out.append(_thin_limit(ctx, min(thin, key=lambda f: f["points"]), run_ids))
+    poor = [
+        f
+        for f in used_fits(ctx, run_ids)
+        if not f["too_few_points"] and (f["smape_pct"] or 0.0) > POOR_FIT_SMAPE_PCT
+    ]
+    for f in poor:
+        out.append(
+            Limit(
+                THIN_FIT_CONFIDENCE,
+                f"the alpha-beta fit for {f['cluster']}/{f['backend']} ({f['scope']}) misses its points "
+                f"by {f['smape_pct']:.0f}% (SMAPE)",
+                "measure the collectives on a quiet host, or import a message-size sweep",
+            )
+        )
+    return tuple(out)
+
+
+def _thin_limit(ctx: Context, fit: Row, run_ids: list[str] | tuple[str, ...]) -> Limit:
+    """Why a thin fit holds the confidence down, and the world sizes (or sweep) that would fill it."""
     sizes = sorted({int(s) for s in str(fit["world_sizes"] or "").split(",") if s.strip()})
     wanted = max(1, MIN_POINTS - int(fit["points"]))
     more: list[int] = []
+    reason = (
+        f"the alpha-beta fit for {fit['cluster']}/{fit['backend']} ({fit['scope']}) rests on "
+        f"{fit['points']} point(s) at N = {', '.join(map(str, sizes)) or 'none'}, too few to trust"
+    )
     if fit["scope"] == "intra-node":  # more sizes inside one node, where this fit applies
         per_node = [
             r["gpus_per_node"]
@@ -116,22 +191,13 @@ def _what_would_raise(ctx: Context, thin: list[Row]) -> str:
             if r["cluster"] == fit["cluster"] and r["gpus_per_node"]
         ]
         more = [k for k in range(2, max(per_node, default=0) + 1) if k not in sizes][:wanted]
-    if fit["scope"] == "intra-node" and not more:
-        return (
-            f"Confidence is medium at most: the alpha-beta fit for {fit['cluster']}/{fit['backend']} "
-            f"(intra-node) rests on {fit['points']} point(s), and no other world size fits in one node; "
-            "an nccl-tests sweep of message sizes inside one node (`perfscope import nccl-tests`) "
-            "would raise it."
-        )
-    n = max([*sizes, *more], default=1)
-    while len(more) < wanted:
-        n *= 2
-        more.append(n)
-    todo = " and ".join(
-        [", ".join(str(m) for m in more[:-1]), str(more[-1])] if len(more) > 1 else [str(more[0])]
-    )
-    return (
-        f"Confidence is medium at most: the alpha-beta fit for {fit['cluster']}/{fit['backend']} "
-        f"({fit['scope']}) rests on {fit['points']} point(s) at N = {', '.join(map(str, sizes)) or 'none'}, "
-        f"too few to trust; measure N = {todo} to raise it."
-    )
+        if not more:
+            bench = (
+                "an nccl-tests sweep of message sizes inside one node (`perfscope import nccl-tests`)"
+                if setup_of(ctx, run_ids).uses("nccl")
+                else "a sweep of message sizes inside one node"
+            )
+            return Limit(THIN_FIT_CONFIDENCE, reason + ", and no other world size fits in one node", bench)
+    more += more_sizes([*sizes, *more], wanted - len(more)) if len(more) < wanted else []
+    todo = ", ".join(map(str, more[:-1])) + " and " + str(more[-1]) if len(more) > 1 else str(more[0])
+    return Limit(THIN_FIT_CONFIDENCE, reason, f"measure N = {todo}")

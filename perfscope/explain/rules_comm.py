@@ -11,6 +11,7 @@ from typing import Any
 from ..analysis.sync import alpha_beta_fits, fit_points
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
+from .hardware import Setup, fewer_hops, setup_of, transport_check
 from .rulebook import cause_severity, make_finding, rule
 from .rules_patterns import pattern_runs
 from .words import dur, gbps, listing, num, pct, times
@@ -48,13 +49,14 @@ def communication_bound(ctx: Context) -> list[Finding]:
         if s1 < s0 + SYNC_GROWTH:
             continue
         shares = [r["sync_share"] or 0.0 for r in rows]
+        hw = setup_of(ctx, [r["run_id"] for r in rows])
         monotone = all(b >= a - 0.01 for a, b in itertools.pairwise(shares))
         text = (
             f"In {gid}, efficiency at N={top['world_size']} is {num(eff)} (speedup "
             f"{num(top['speedup'])} of an ideal {num(top['ideal_speedup'], 0)}). Exposed gradient sync grows "
             f"from {dur(base['sync_exposed_ns'])} per step at N={base['world_size']} to "
             f"{dur(top['sync_exposed_ns'])} at N={top['world_size']} ({pct(s0)} → {pct(s1)} of the step) and "
-            f"accounts for {pct(share)} of the {dur(top['lost_ns'])} of GPU time lost per step."
+            f"accounts for {pct(share)} of the {dur(top['lost_ns'])} of {hw.time} lost per step."
         )
         out.append(
             make_finding(
@@ -71,8 +73,8 @@ def communication_bound(ctx: Context) -> list[Finding]:
                     "Hide or shrink the allreduce: let DDP overlap it with backward (smaller bucket_cap_mb "
                     "so the first bucket starts early, static_graph=True), send bf16/fp16 gradients (a "
                     "compression comm hook), synchronise less often (gradient accumulation with no_sync()), "
-                    "or give each GPU more work per step (a larger per-GPU batch) so the same sync is a "
-                    "smaller share. Check the bus bandwidth against the link (network rule)."
+                    f"or give each {hw.unit} more work per step (a larger batch per {hw.unit}) so the same "
+                    "sync is a smaller share. Check the bus bandwidth against the link (network rule)."
                 ),
                 confidence=0.85 if monotone and len(rows) >= 3 else 0.65,
                 explained_loss=share,
@@ -140,17 +142,12 @@ def network_under_delivering(ctx: Context) -> list[Finding]:
                             f"the other runs predicts for the same message sizes; its bus bandwidth is "
                             f"{gbps(srow.get('busbw_gb_per_s'))}. Something in this run's network "
                             "path differs: "
-                            "a fallback to TCP, the wrong network interface, a congested link or a bad node."
+                            "a fallback to TCP, the wrong network interface, a congested link or a "
+                            + ("bad node." if setup_of(ctx, [rid]).multi_node else "busy host.")
                         ),
                         run_ids=[rid],
                         analyses=("sync", "collectives", "allreduce_fit"),
-                        recommendation=(
-                            "Rerun with NCCL_DEBUG=INFO and check the transport it picks (NET/IB "
-                            "vs NET/Socket), "
-                            "NCCL_SOCKET_IFNAME / NCCL_IB_HCA, and the nodes the job landed on; "
-                            "run nccl-tests "
-                            "all_reduce_perf on the same nodes to compare."
-                        ),
+                        recommendation=_compare_transport(setup_of(ctx, [rid])),
                         confidence=0.7,
                         explained_loss=explained,
                         numbers={"slowdown": ratio, "busbw_gb_per_s": srow.get("busbw_gb_per_s")},
@@ -212,6 +209,13 @@ def network_under_delivering(ctx: Context) -> list[Finding]:
             )
         )
     return out
+
+
+def _compare_transport(hw: Setup) -> str:
+    """Advice for one run whose collectives are slower than the same setup's elsewhere."""
+    bench = "; run nccl-tests all_reduce_perf on the same nodes to compare." if hw.uses("nccl") else "."
+    check = transport_check(hw)
+    return check[0].upper() + check[1:] + bench
 
 
 def _below_reference(ctx: Context, references: dict[str, Row], scaling: dict[str, Row]) -> list[Finding]:
@@ -344,10 +348,7 @@ def latency_bound(ctx: Context) -> list[Finding]:
                     "Horovod's HOROVOD_FUSION_THRESHOLD, or flatten parameters before a manual allreduce; "
                     "synchronise every k steps with gradient accumulation."
                     if k > 2
-                    else "The gradients already travel in one message, so the latency is per ring "
-                    "hop: use an "
-                    "algorithm with fewer hops (NCCL_ALGO=Tree, hierarchical allreduce across nodes), or "
-                    "synchronise less often per sample (a larger batch, gradient accumulation)."
+                    else fewer_hops(setup_of(ctx, [top["run_id"]]))
                 ),
                 confidence=confidence,
                 explained_loss=explained,
@@ -404,8 +405,12 @@ def overlap_failure(ctx: Context) -> list[Finding]:
                     "early (lower bucket_cap_mb), avoid find_unused_parameters=True and work between "
                     "backward() and the optimizer that forces a wait; with a hand-written "
                     "allreduce, launch it "
-                    "per bucket from a gradient hook (async_op=True) instead of after backward; with Horovod "
-                    "tune HOROVOD_CYCLE_TIME and the fusion threshold."
+                    "per bucket from a gradient hook (async_op=True) instead of after backward"
+                    + (
+                        "; with Horovod tune HOROVOD_CYCLE_TIME and the fusion threshold."
+                        if setup_of(ctx, [x[0]["run_id"] for x in bad]).uses("horovod")
+                        else "."
+                    )
                 ),
                 confidence=0.75,
                 explained_loss=explained,
@@ -468,11 +473,7 @@ def backend_comparison(ctx: Context) -> list[Finding]:
                 text=text,
                 run_ids=[r["run_id"] for r in rows],
                 analyses=("backend_compare", "sync"),
-                recommendation=(
-                    "Use the faster backend for each placement. Inside a node MPI's shared-memory reduction "
-                    "can beat NCCL for small models; across nodes NCCL's ring over InfiniBand with GPUDirect "
-                    "usually wins. With small gradients the difference is small, because the sync is short."
-                ),
+                recommendation=_backend_advice(setup_of(ctx, [r["run_id"] for r in rows])),
                 confidence=0.8,
                 numbers=numbers,
             )
@@ -480,7 +481,29 @@ def backend_comparison(ctx: Context) -> list[Finding]:
     return out
 
 
+def _backend_advice(hw: Setup) -> str:
+    """Which backend tends to win where, for the backends compared and the hardware they ran on."""
+    if hw.gpu and hw.uses("nccl") and hw.uses("mpi"):
+        tip = "Inside a node MPI's shared-memory reduction can beat NCCL for small models; " + (
+            "across nodes NCCL's ring over InfiniBand with GPUDirect usually wins. "
+            if hw.multi_node
+            else "NCCL's NVLink/PCIe paths usually win for large gradients. "
+        )
+    elif not hw.gpu:
+        tip = "On CPUs an MPI library's shared-memory reduction usually beats gloo's TCP on one host" + (
+            "; across hosts compare them on the same network. " if hw.multi_node else ". "
+        )
+    else:
+        tip = ""
+    return (
+        "Use the faster backend for each placement. "
+        + tip
+        + "With small gradients the difference is small, because the sync is short."
+    )
+
+
 def _winner(items: list[str]) -> str:
+
     names = {i.split(": ", 1)[1].split(" by ")[0] for i in items if " by " in i}
     if not names:
         return "no meaningful difference"

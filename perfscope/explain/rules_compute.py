@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
+from .hardware import setup_of
 from .rulebook import cause_severity, make_finding, rule
 from .rules_patterns import pattern_runs
 from .rules_placement import crowded_hosts
@@ -57,10 +58,10 @@ def straggler(ctx: Context) -> list[Finding]:
             lb = p.get("load_balance")
             waits = strag.get(r["run_id"], [])
             last = max(waits, key=lambda s: s["last_share"] or 0, default=None)
-            others_wait = sum(
-                s["wait_per_step_ns"] or 0 for s in waits if last is None or s["rank"] != last["rank"]
-            )
-            wait_share = others_wait / max(1, len(waits) - 1) / r["step_ns"] if waits else 0.0
+            # the stragglers table's own number: the other ranks' mean wait per step for this rank
+            wait_share = (last["others_wait_share"] or 0.0) if last else 0.0
+            others_wait = (last["others_wait_per_step_ns"] or 0.0) * max(0, len(waits) - 1) if last else 0.0
+
             is_last = bool(last and last["is_straggler"] and wait_share >= STRAGGLER_WAIT_SHARE)
             if (lb is not None and lb < LOW_LOAD_BALANCE) or is_last:
                 lost = r["lost_ns"] if r["lost_ns"] and r["lost_ns"] > 0 else None
@@ -87,6 +88,7 @@ def straggler(ctx: Context) -> list[Finding]:
                 "on average"
             )
         gid = r["group_id"]
+        hw = setup_of(ctx, [r["run_id"]])
         out.append(
             make_finding(
                 ctx,
@@ -104,8 +106,13 @@ def straggler(ctx: Context) -> list[Finding]:
                 run_ids=[h[0]["run_id"] for h in hits],
                 analyses=("pop", "stragglers", "rank_breakdown", "collective_wait"),
                 recommendation=(
-                    "Find what is different about that rank: its host (a slower or throttled GPU, a busy "
-                    "CPU, a noisy neighbour), its data (uneven shard sizes or sequence lengths: use a "
+                    "Find what is different about that rank: its host ("
+                    + (
+                        "a slower or throttled GPU, a busy CPU"
+                        if hw.gpu
+                        else "fewer cores allowed, a busy CPU"
+                    )
+                    + ", a noisy neighbour), its data (uneven shard sizes or sequence lengths: use a "
                     "DistributedSampler with equal shards, bucket by length), or extra work on it (logging, "
                     "checkpointing, evaluation only on rank 0)."
                 ),
@@ -163,6 +170,7 @@ def input_bound(ctx: Context) -> list[Finding]:
                 f"{pct(top['data_share'])} at N={top['world_size']} and explains {pct(share)} of "
                 "the lost time"
             )
+        hw = setup_of(ctx, [r["run_id"] for r in rows])
         out.append(
             make_finding(
                 ctx,
@@ -179,6 +187,11 @@ def input_bound(ctx: Context) -> list[Finding]:
                     "non_blocking copies, persistent_workers and prefetch_factor, decode/augment on the GPU "
                     "(DALI), keep the dataset in RAM or GPU memory if it fits, and give each rank its own "
                     "CPU cores; on shared file systems stage the data to local disk first."
+                    if hw.gpu
+                    else "Feed the ranks faster: more DataLoader workers (num_workers), persistent_workers "
+                    "and prefetch_factor, the dataset kept in RAM if it fits; on a CPU host the workers take "
+                    "cores from the ranks, so count ranks × (threads + workers) against the cores; on "
+                    "shared file systems stage the data to local disk first."
                 ),
                 confidence=0.8,
                 explained_loss=share if growing else None,
@@ -232,6 +245,7 @@ def _batch_headroom(ctx: Context, rows: list[Row]) -> tuple[str, dict[str, float
             f"N={r['world_size']}: {times(gain)}"
             + (f" (efficiency {num(r['efficiency'])} → {num(eff_new)})" if eff_new is not None else "")
         )
+    unit = setup_of(ctx, [r["run_id"] for r in rows]).unit
     top_n = max(rows, key=lambda r: r["world_size"])
     extra_top = top_n["step_ns"] - t_b
     per_batch = [
@@ -240,11 +254,11 @@ def _batch_headroom(ctx: Context, rows: list[Row]) -> tuple[str, dict[str, float
         if bb > b
     ]
     text = (
-        f" A batch sweep at N={ws} shows {best_b} samples per GPU run at "
+        f" A batch sweep at N={ws} shows {best_b} samples per {unit} run at "
         f"{times((best_b / t_best) / (b / t_b))} the "
         f"samples/s of {b}. Since the gradients to synchronise do not grow with the batch, the same sync "
         f"is spread over more samples; estimated samples/s gain at batch {best_b}: {listing(gains, 10)}. "
-        f"At N={top_n['world_size']}, by batch per GPU: {listing(per_batch, 10)}."
+        f"At N={top_n['world_size']}, by batch per {unit}: {listing(per_batch, 10)}."
     )
     return text, numbers, best_b
 
@@ -286,7 +300,8 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
         if not reasons:
             continue
         b = top["batch_size_per_rank"]
-        text = f"In {gid} (batch {b} per GPU), " + "; ".join(reasons) + "." + headroom
+        hw = setup_of(ctx, [r["run_id"] for r in rows])
+        text = f"In {gid} (batch {b} per {hw.unit}), " + "; ".join(reasons) + "." + headroom
         ttm_runs = [
             t for t in ttm if t["experiment"] == top["experiment"] and t["reached"] and not t["diverged"]
         ]
@@ -296,7 +311,7 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
             text += (
                 f" Time to the {first['metric']} target ({num(first['target'], 4)}, "
                 f"{TARGET_SOURCES[first['target_source']]}) is shortest at batch "
-                f"{first['batch_size_per_rank']} per GPU and N={first['world_size']}{variant} "
+                f"{first['batch_size_per_rank']} per {hw.unit} and N={first['world_size']}{variant} "
                 f"({first['time_to_target_s']:.1f} s)."
             )
         explained = (
@@ -309,13 +324,16 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
                 gid,
                 severity=cause_severity(explained) if explained is not None else "warning",
                 category="cause",
-                title=f"Per-GPU work too small at batch {b}",
+                title=f"Per-{hw.unit} work too small at batch {b}",
                 text=text,
                 run_ids=[r["run_id"] for r in rows],
                 analyses=("pop", "utilisation", "batch_sweep", "time_to_metric"),
                 recommendation=(
-                    "Give each GPU more work per step: a larger per-GPU batch (or gradient accumulation), a "
-                    "larger model per GPU, or fewer GPUs for this model size. " + LR_CAVEATS
+                    f"Give each {hw.unit} more work per step: a larger batch per {hw.unit} (or gradient "
+                    f"accumulation), a larger model per {hw.unit}, or fewer {hw.units} for this model size"
+                    + ("" if hw.gpu else " (fewer ranks with more threads each)")
+                    + ". "
+                    + LR_CAVEATS
                 ),
                 confidence=0.7 if len(reasons) > 1 else 0.55,
                 explained_loss=explained,
@@ -338,7 +356,8 @@ def diverged(ctx: Context) -> list[Finding]:
     for exp, rows in by_exp.items():
         parts = [
             f"{r['run_id']} ({r['metric']} {r['diverged_reason']}: best {num(r['best_value'], 4)}, final "
-            f"{num(r['final_value'], 4)}; batch {r['batch_size_per_rank']} per GPU, N={r['world_size']}"
+            f"{num(r['final_value'], 4)}; batch {r['batch_size_per_rank']} per "
+            f"{setup_of(ctx, [r['run_id']]).unit}, N={r['world_size']}"
             + (f", {r['variant']}" if r["variant"] else "")
             + ")"
             for r in rows

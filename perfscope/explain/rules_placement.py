@@ -9,13 +9,16 @@ import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
+from .confidence import CONFOUND_FACTOR
+from .confidence import confounded as confounded_confidence
 from .context import Context, Row
 from .finding import Finding
+from .hardware import setup_of
 from .rulebook import make_finding, rule
 from .words import listing, num, pct
 
-#: Confidence of a cause found in oversubscribed runs is multiplied by this.
-CONFOUNDED_CONFIDENCE = 0.5
+#: Confidence of a cause found in oversubscribed runs is multiplied by this (confidence.py).
+CONFOUNDED_CONFIDENCE = CONFOUND_FACTOR
 #: Findings that are verdicts about timing (rules_quality.TIMING_CATEGORIES; it imports this module).
 _TIMING = ("cause", "comparison")
 
@@ -91,9 +94,10 @@ def oversubscription(ctx: Context) -> list[Finding]:
                 run_ids=rids,
                 analyses=("placement", "scaling"),
                 recommendation=(
-                    "Run at most one rank per core on CPU hosts (one per GPU on GPU hosts) and spread larger "
-                    "runs over more hosts; limit each rank's threads (OMP_NUM_THREADS or "
-                    "torch.set_num_threads(cores // ranks_per_host)). Read the scaling only up to the "
+                    "Run at most one rank per core on CPU hosts"
+                    + (" (one per GPU on GPU hosts)" if setup_of(ctx, rids).gpu else "")
+                    + " and spread larger runs over more hosts; limit each rank's threads (OMP_NUM_THREADS "
+                    "or torch.set_num_threads(cores // ranks_per_host)). Read the scaling only up to the "
                     "largest world size that fits the hardware."
                 ),
                 confidence=0.9,
@@ -162,7 +166,7 @@ def annotate_confounded(findings: list[Finding]) -> list[Finding]:
         lambda f: f.rule == "oversubscription",
         lambda f: f.category == "cause" and f.rule != "oversubscription",
         lambda hit: (
-            f"run(s) {listing(hit)} put more ranks on a host than it has cores or GPUs; contention "
+            f"run(s) {listing(hit)} put more ranks on a host than it can run at once; contention "
             "alone can produce this pattern, so fix the placement before acting on it."
         ),
     )
@@ -195,7 +199,9 @@ def add_caveat(
         hit = sorted(confounded & set(f.evidence.run_ids))
         if hit and applies(f):
             f = dataclasses.replace(
-                f, text=f"{f.text} Caveat: {caveat(hit)}", confidence=round(f.confidence * factor, 2)
+                f,
+                text=f"{f.text} Caveat: {caveat(hit)}",
+                confidence=confounded_confidence(f.confidence, factor),
             )
         out.append(f)
     return out

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .confidence import CONFOUND_FACTOR
 from .context import Context, Row
 from .finding import Finding, rank_confounds_first
 from .rulebook import make_finding, rule
 from .rules_placement import add_caveat, crowded_hosts
 from .words import listing, num
 
-#: Timing findings resting on contended runs keep this share of their confidence.
-CONTENDED_CONFIDENCE = 0.5
+#: Timing findings resting on contended runs keep this share of their confidence (confidence.py).
+CONTENDED_CONFIDENCE = CONFOUND_FACTOR
 #: Findings that are verdicts about timing (and so can be produced by contention alone).
 TIMING_CATEGORIES = ("cause", "comparison")
 
@@ -123,7 +124,7 @@ def contention(ctx: Context) -> list[Finding]:
                 text=(
                     "Read this before any timing verdict: system CPU minus the job's ranks' CPU shows other "
                     f"processes busy on the job's hosts ({listing(parts, limit=4)}). Slow steps, stragglers, "
-                    "latency and small per-GPU work can all come from that contention rather than from the "
+                    "latency and small per-rank work can all come from that contention rather than from the "
                     "job, so the findings that rest on these runs are less certain."
                 ),
                 run_ids=sorted({r["run_id"] for r in contended}),

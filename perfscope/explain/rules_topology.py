@@ -8,6 +8,7 @@ from collections import defaultdict
 from ..analysis.sync import alpha_beta_fits
 from .context import Context, Row, largest, node_boundary
 from .finding import Finding
+from .hardware import cheaper_network_hop, setup_of
 from .rulebook import cause_severity, make_finding, rule
 from .words import dur, gbps, num, pct, times
 
@@ -77,13 +78,7 @@ def node_boundary_knee(ctx: Context) -> list[Finding]:
                 ),
                 run_ids=[inside["run_id"], outside["run_id"]],
                 analyses=("scaling", "sync", "allreduce_fit"),
-                recommendation=(
-                    "Make the inter-node step cheaper: check that NCCL uses InfiniBand/RoCE with GPUDirect "
-                    "(NCCL_DEBUG=INFO), use hierarchical allreduce (Horovod's "
-                    "HOROVOD_HIERARCHICAL_ALLREDUCE, "
-                    "NCCL's tree algorithm), compress gradients for the network hop, or scale by filling "
-                    "whole nodes and accepting the knee as the price of the network."
-                ),
+                recommendation=cheaper_network_hop(setup_of(ctx, [inside["run_id"], outside["run_id"]])),
                 confidence=0.8,
                 explained_loss=explained,
                 numbers=numbers,
@@ -218,16 +213,17 @@ def cluster_comparison(ctx: Context) -> list[Finding]:
         b_row, b_base = best[1], best[2]
         w_row, w_base = worst[1], worst[2]
         compute_ratio = b_base["step_ns"] / w_base["step_ns"]
+        hw = setup_of(ctx, [x[1]["run_id"] for x in at])
         faster = w_row["throughput_samples_per_s"] / b_row["throughput_samples_per_s"]
         text = (
-            f"At N={b_row['world_size']}, {b_row['cluster']} reaches a per-GPU speedup of "
+            f"At N={b_row['world_size']}, {b_row['cluster']} reaches a per-{hw.unit} speedup of "
             f"{num(b_row['per_gpu_speedup'])} and {w_row['cluster']} {num(w_row['per_gpu_speedup'])}. "
             f"The exposed sync per step is {dur(b_row['sync_exposed_ns'])} on {b_row['cluster']} and "
             f"{dur(w_row['sync_exposed_ns'])} on {w_row['cluster']}, but one step of compute at "
             f"N={b_base['world_size']} takes {dur(b_base['step_ns'])} on {b_row['cluster']} against "
             f"{dur(w_base['step_ns'])} on {w_row['cluster']} ({times(compute_ratio)}), so the sync is a "
             f"smaller share of the step ({pct(b_row['sync_share'])} vs {pct(w_row['sync_share'])}). "
-            f"Slower per-GPU compute makes the same synchronisation cheaper in relative terms: "
+            f"Slower per-{hw.unit} compute makes the same synchronisation cheaper in relative terms: "
             f"{b_row['cluster']} scales better, yet {w_row['cluster']} still delivers "
             f"{times(faster)} its samples per second."
         )
@@ -239,7 +235,7 @@ def cluster_comparison(ctx: Context) -> list[Finding]:
                 severity="info",
                 category="comparison",
                 title=(
-                    f"{b_row['cluster']} scales better than {w_row['cluster']} because its GPUs "
+                    f"{b_row['cluster']} scales better than {w_row['cluster']} because its {hw.units} "
                     "compute slower, not because it syncs faster"
                 )
                 if compute_ratio > 1
@@ -249,8 +245,8 @@ def cluster_comparison(ctx: Context) -> list[Finding]:
                 analyses=("scaling", "sync", "run_summary"),
                 recommendation=(
                     "Compare clusters by time to solution (samples/s, time to accuracy), not by efficiency "
-                    "alone. On the fast-GPU cluster, raise the work per step (batch, model size) so compute "
-                    "again dominates the fixed cost of the sync."
+                    f"alone. On the fast-{hw.unit} cluster, raise the work per step (batch, model size) so "
+                    "compute again dominates the fixed cost of the sync."
                 ),
                 confidence=0.7,
                 numbers={
