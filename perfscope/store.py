@@ -663,9 +663,11 @@ def _check_root(root: Path) -> None:
 def open_store(path: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True) -> Store:
     """Open the store at `path` for reading: `store.con` has one view per table, `store.query`
     returns Arrow tables. Raises StoreError with what to do when the path holds no store. An
-    s3://bucket/prefix is read through a local mirror (objectstore.py)."""
-    from .objectstore import is_s3_url, open_mirrored
+    s3://bucket/prefix, or the folder that mirrors one, is read through that mirror, synced first
+    (objectstore.py)."""
+    from .objectstore import is_s3_url, mirror_source, open_mirrored
 
-    if is_s3_url(path):
-        return open_mirrored(str(path), allow_empty=allow_empty, warn=warn)
+    url = str(path) if is_s3_url(path) else mirror_source(path)
+    if url is not None:
+        return open_mirrored(url, allow_empty=allow_empty, warn=warn)
     return Store(path, allow_empty=allow_empty, warn=warn)

@@ -50,7 +50,8 @@ def sync_spread_table(store: Store, sel: Selection) -> str:
 
 @analysis("stragglers", "Wait at collective per rank", "wait-at-collective")
 def stragglers(store: Store, sel: Selection) -> pa.Table:
-    """Per run and rank: how often it entered a collective last, and how long it made others wait.
+    """Per run and rank: how often it entered a collective last, how long it waited, and how long
+    the other ranks waited on average (others_wait_*: what the rank costs them).
 
     With comm rows: per instance w_i = max_j(start_j) − start_i. Without: per step the rank with
     the least exposed sync entered last, and w_i = sync_i − min_j(sync_j), summed from the per-rank
@@ -98,11 +99,20 @@ def stragglers(store: Store, sel: Selection) -> pa.Table:
                w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0) AS wait_per_step_ns,
                w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0) / nullif(g.step_ns, 0)
                    AS wait_share_of_step,
+               -- what the rank costs the others: their mean wait per step (the straggler finding's number)
+               (sum(w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0)) OVER r
+                   - w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0))
+                   / nullif(count(*) OVER r - 1, 0) AS others_wait_per_step_ns,
+               (sum(w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0)) OVER r
+                   - w.wait_sum / nullif(coalesce(w.steps, g.steady_steps), 0))
+                   / nullif(count(*) OVER r - 1, 0) / nullif(g.step_ns, 0) AS others_wait_share,
                w.last_count / nullif(w.instances, 0) > {straggler_threshold_sql("g.ranks_seen")}
                    AS is_straggler,
                w.wait_source
         FROM w JOIN {gs} g USING (run_id) LEFT JOIN n USING (run_id, rank)
+        WINDOW r AS (PARTITION BY w.run_id)
         ORDER BY w.run_id, w.rank
+
         """
     )
 
