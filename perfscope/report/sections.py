@@ -372,9 +372,7 @@ def lost_time(ctx: Context) -> Section:
         ]
     )
     for r in _largest(scaling):
-        if not r["lost_ns"]:
-            continue
-        if r["lost_ns"] < 0:  # a negative loss is not a fact about N but a sign about the baseline
+        if (r["lost_note"] or "").startswith("superlinear"):  # not a fact about N: about the baseline
             s.blocks.append(
                 [
                     f"{r['group']}: at N = {r['world_size']} the step costs less {ctx.unit} time per "
@@ -383,6 +381,8 @@ def lost_time(ctx: Context) -> Section:
                     "per-rank work now fits in cache."
                 ]
             )
+            continue
+        if not r["lost_ns"]:
             continue
         worst = max(_PHASE_LOSS, key=lambda p: r[p[0]] or 0)
         s.blocks.append(
@@ -658,8 +658,8 @@ def stragglers(ctx: Context) -> Section:
                     ("rank", "rank"),
                     ("hostname", "host"),
                     ("last_share", "last in"),
-                    ("wait_per_step_ns", "others wait/step"),
-                    ("wait_share_of_step", "wait share"),
+                    ("others_wait_per_step_ns", "others wait/step"),
+                    ("others_wait_share", "others wait share"),
                     ("wait_source", "from"),
                 ),
                 flagged,
