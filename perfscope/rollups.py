@@ -369,84 +369,104 @@ def _files(paths: Iterable[str]) -> str:
     )
 
 
+def _split(store: Store, relation: str) -> tuple[dict[str, RunRollup], list[str]]:
+    """The runs of `relation` (a table with run_id): those the rollups cover, and the others as
+    SQL literals (a literal list lets DuckDB skip whole partitions of the raw rows)."""
+    index = rollup_index(store)
+    ids = store.query(f"SELECT DISTINCT run_id FROM {relation}").column("run_id").to_pylist()
+    covered = {r: index[r] for r in sorted(i for i in ids if i in index)}
+    return covered, [_lit(r) for r in sorted(i for i in ids if i not in index)]
+
+
+def _only(raw: list[str], column: str = "s.run_id") -> str:
+    return f"{column} IN ({', '.join(raw)})"
+
+
 def by_step_sql(store: Store, thr: str, columns: Iterable[str], where: str) -> str:
     """Per run and step of the selected runs (`thr`, aliased t, holds them): `columns` of STEP_COLUMNS,
     for the steps where `where` holds (over s.step and t.*), from the rollups where they are usable and
     from the raw rows elsewhere."""
-    index = rollup_index(store)
+    covered, raw = _split(store, thr)
     cols = list(columns)
     raw_cols = ", ".join(f"({STEP_COLUMNS[c][0]})::{_DUCK[STEP_COLUMNS[c][1]]} AS {c}" for c in cols)
-    covered = ", ".join(_lit(r) for r in sorted(index))
-    raw = (
-        f"SELECT s.run_id, s.step, {raw_cols} FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND {where}"
-        + (f" WHERE s.run_id NOT IN ({covered})" if covered else "")
-        + " GROUP BY s.run_id, s.step"
-    )
-    if not index:
-        return raw
-    rolled = (
-        f"SELECT s.run_id, s.step, {', '.join(f's.{c}' for c in cols)} "
-        f"FROM {_files(r.by_step for r in index.values())} s JOIN {thr} t ON s.run_id = t.run_id AND {where}"
-    )
-    return f"{rolled} UNION ALL {raw}"
+    parts = []
+    if covered:
+        parts.append(
+            f"SELECT s.run_id, s.step, {', '.join(f's.{c}' for c in cols)} "
+            f"FROM {_files(r.by_step for r in covered.values())} s "
+            f"JOIN {thr} t ON s.run_id = t.run_id AND {where}"
+        )
+    if raw or not covered:
+        parts.append(
+            f"SELECT s.run_id, s.step, {raw_cols} "
+            f"FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND {where}"
+            + (f" WHERE {_only(raw)}" if raw else "")
+            + " GROUP BY s.run_id, s.step"
+        )
+    return " UNION ALL ".join(parts)
 
 
-def step_bounds_sql(store: Store, run_filter: str) -> str:
-    """Per run (`run_filter`, a condition on run_id): first and last step, rows counted."""
-    index = rollup_index(store)
-    covered = ", ".join(_lit(r) for r in sorted(index))
-    raw = (
-        "SELECT run_id, min(step) AS first_step, max(step) AS last_step FROM steps "
-        f"WHERE {run_filter}" + (f" AND run_id NOT IN ({covered})" if covered else "") + " GROUP BY run_id"
-    )
-    if not index:
-        return raw
-    files = _files(r.by_window for r in index.values())
-    rolled = (
-        f"SELECT run_id, min(step_min) AS first_step, max(step_max) AS last_step FROM {files} "
-        f"WHERE {run_filter} GROUP BY run_id"
-    )
-    return f"{rolled} UNION ALL {raw}"
+def step_bounds_sql(store: Store, runs: str) -> str:
+    """Per run of `runs` (a table with run_id) that has steps: its first and last step."""
+    covered, raw = _split(store, runs)
+    parts = []
+    if covered:
+        parts.append(
+            "SELECT run_id, min(step_min) AS first_step, max(step_max) AS last_step "
+            f"FROM {_files(r.by_window for r in covered.values())} GROUP BY run_id"
+        )
+    if raw or not covered:
+        parts.append(
+            "SELECT run_id, min(step) AS first_step, max(step) AS last_step FROM steps "
+            f"WHERE {_only(raw, 'run_id') if raw else 'false'} GROUP BY run_id"
+        )
+    return " UNION ALL ".join(parts)
 
 
 def rank_sums_sql(store: Store, thr: str, columns: Iterable[str], *, steady: bool = True) -> str:
     """Per run and rank of the selected runs (`thr`): `columns` of WINDOW_COLUMNS summed over the steady
-    steps (every step when not `steady`). Rolled-up runs read whole windows and, when the cut falls
-    inside a window, that window's raw rows from the cut on; other runs read their raw rows."""
-    index = rollup_index(store)
+    steps (every step when not `steady`). Rolled-up runs read their whole windows from the cut on and,
+    when the cut falls inside a window, that window's raw rows from the cut; other runs read raw rows."""
+    covered, raw = _split(store, thr)
     cols = [c for c in columns if c not in _BOUNDS]
     raw_cols = ", ".join(f"({WINDOW_COLUMNS[c][0]})::HUGEINT AS {c}" for c in cols)
     cut = {r["run_id"]: int(r["first_steady_step"]) for r in store.query(f"SELECT * FROM {thr}").to_pylist()}
-    rolled: list[str] = []
-    edges: list[str] = []  # raw rows of a window the cut falls inside
-    done: list[str] = []
-    for run_id, c in sorted(cut.items()):
-        r = index.get(run_id)
-        if r is None:
-            continue
-        done.append(_lit(run_id))
+    whole: list[tuple[str, int]] = []  # (run, first window start read from the rollup)
+    edges: list[tuple[str, int, int]] = []  # (run, cut, end of the window it falls inside)
+    for run_id, r in covered.items():
         if not steady:
-            rolled.append(f"run_id = {_lit(run_id)}")
+            whole.append((run_id, -(2**62)))
             continue
+        c = cut[run_id]
         off = (c - r.anchor) % r.window_steps
-        first_whole = c if off == 0 else c - off + r.window_steps
-        rolled.append(f"(run_id = {_lit(run_id)} AND win_lo >= {first_whole})")
+        whole.append((run_id, c if off == 0 else c - off + r.window_steps))
         if off:
-            edges.append(f"(s.run_id = {_lit(run_id)} AND s.step >= {c} AND s.step < {first_whole})")
-    steady_on = "AND s.step >= t.first_steady_step" if steady else ""
-    parts = [
-        f"SELECT s.run_id, s.rank, {raw_cols} FROM steps s JOIN {thr} t ON s.run_id = t.run_id {steady_on}"
-        + (f" WHERE s.run_id NOT IN ({', '.join(done)})" if done else "")
-        + " GROUP BY s.run_id, s.rank"
-    ]
-    if rolled:
+            edges.append((run_id, c, c - off + r.window_steps))
+    parts = []
+    if raw or not covered:
+        steady_on = "AND s.step >= t.first_steady_step" if steady else ""
         parts.append(
-            f"SELECT run_id, rank, {', '.join(f'{c}::HUGEINT' for c in cols)} "
-            f"FROM {_files(index[k].by_window for k in sorted(index))} WHERE {' OR '.join(rolled)}"
+            f"SELECT s.run_id, s.rank, {raw_cols} "
+            f"FROM steps s JOIN {thr} t ON s.run_id = t.run_id {steady_on}"
+            + (f" WHERE {_only(raw)}" if raw else "")
+            + " GROUP BY s.run_id, s.rank"
+        )
+    if covered:
+        starts = ", ".join(f"({_lit(run)}, {lo})" for run, lo in whole)
+        parts.append(
+            f"SELECT w.run_id, w.rank, {', '.join(f'w.{c}::HUGEINT AS {c}' for c in cols)} "
+            f"FROM {_files(r.by_window for r in covered.values())} w "
+            f"JOIN (VALUES {starts}) c(run_id, lo) ON w.run_id = c.run_id AND w.win_lo >= c.lo"
         )
     if edges:
+        # one scan of the edge runs' partitions; the overall step range lets DuckDB skip row groups
+        ranges = ", ".join(f"({_lit(run)}, {lo}, {hi})" for run, lo, hi in edges)
         parts.append(
-            f"SELECT s.run_id, s.rank, {raw_cols} FROM steps s WHERE {' OR '.join(edges)} "
+            f"SELECT s.run_id, s.rank, {raw_cols} "
+            f"FROM steps s JOIN (VALUES {ranges}) e(run_id, lo, hi) "
+            "ON s.run_id = e.run_id AND s.step >= e.lo AND s.step < e.hi "
+            f"WHERE {_only([_lit(run) for run, _, _ in edges])} "
+            f"AND s.step >= {min(lo for _, lo, _ in edges)} AND s.step < {max(hi for _, _, hi in edges)} "
             "GROUP BY s.run_id, s.rank"
         )
     sums = ", ".join(f"sum({c}) AS {c}" for c in cols)

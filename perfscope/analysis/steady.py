@@ -79,7 +79,7 @@ def thresholds_table(store: Store, sel: Selection) -> str:
         f"""
         WITH b AS (
             SELECT run_id, first_step, last_step, last_step - first_step + 1 AS n_steps
-            FROM ({step_bounds_sql(store, f"run_id IN (SELECT run_id FROM {runs})")})
+            FROM ({step_bounds_sql(store, runs)})
         ), w AS (
             SELECT *, CASE WHEN {fallback} THEN n_steps // 2 ELSE {warmup} END AS warmup_steps,
                    {fallback} AS warmup_fallback
