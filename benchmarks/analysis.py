@@ -9,12 +9,22 @@ segment writer), then measures, each in a fresh process: the scaling summary
 (`run_analysis("scaling")`, timed inside the process) and the whole `perfscope analyze --json`
 command (wall time of the process). Peak memory is the child's maximum RSS (os.wait4).
 The stores are deleted afterwards unless --keep is given.
+
+Rollups (issue 15): `--rollups` writes the step rows with DuckDB's COPY from range() straight
+into the store's hive layout (schema and perfscope metadata included; about 1 B rows in minutes),
+then `perfscope compact` writes the rollups (perfscope/rollups.py), and `perfscope analyze --json` is
+measured with them and without them (the `_rollups` folder moved aside), checking that both give
+the same numbers:
+
+    .venv/bin/python benchmarks/analysis.py --generator duckdb --rows 1e8 1e9 \
+        --world-sizes 8 16 32 64 128 256 512 --rollups
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -23,10 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
-from perfscope.schema import TABLES
+from perfscope.rollups import ROLLUP_DIR
+from perfscope.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
 from perfscope.writer import StoreWriter, segment_dir, write_segment
 
 WORLD_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -88,6 +100,25 @@ def _steps_table(rng: np.random.Generator, n: int, steps: int, batch: int, sync_
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _write_meta(root: Path, run_id: str, n: int, nodes: int, backend: str, cluster: str, batch: int) -> None:
+    """The run's `runs` row and its ranks' `ranks` rows."""
+    with StoreWriter(root, run_id, writer_id="bench-meta") as w:
+        w.append("runs", _row(
+            "runs", experiment="bench", source="measured", started_ns=T0_NS, world_size=n,
+            nodes=nodes, gpus_per_node=min(n, GPUS_PER_NODE), backend=backend,
+            device_model="NVIDIA H100", device_peak_flops=989e12, cluster=cluster, model="resnet",
+            batch_size_per_rank=batch, global_batch_size=batch * n, param_count=25_000_000,
+            grad_bytes=100_000_000, scaling_mode="weak", dataset_samples=1_281_167,
+            hostname="node0", tags="{}", ended_ns=T0_NS + 10**12,
+        ))  # fmt: skip
+        w.extend("ranks", [
+            _row("ranks", rank=r, local_rank=r % GPUS_PER_NODE, node_rank=r // GPUS_PER_NODE,
+                 hostname=f"node{r // GPUS_PER_NODE}", pid=1000 + r, clock_offset_ns=0, cpu_count=64,
+                 device_index=r % GPUS_PER_NODE, device_name="NVIDIA H100", started_ns=T0_NS)
+            for r in range(n)
+        ])  # fmt: skip
+
+
 def generate(root: Path, target_rows: int, seed: int = 0) -> int:
     """Write runs whose step rows add up to about `target_rows`; returns the exact count."""
     rng = np.random.default_rng(seed)
@@ -103,21 +134,52 @@ def generate(root: Path, target_rows: int, seed: int = 0) -> int:
             d.mkdir(parents=True, exist_ok=True)
             write_segment(d / "bench-000001.parquet", table, row_group_size=ROW_GROUP)
             total += table.num_rows
-            with StoreWriter(root, run_id, writer_id="bench-meta") as w:
-                w.append("runs", _row(
-                    "runs", experiment="bench", source="measured", started_ns=T0_NS, world_size=n,
-                    nodes=nodes, gpus_per_node=min(n, GPUS_PER_NODE), backend=backend,
-                    device_model="NVIDIA H100", device_peak_flops=989e12, cluster=cluster, model="resnet",
-                    batch_size_per_rank=batch, global_batch_size=batch * n, param_count=25_000_000,
-                    grad_bytes=100_000_000, scaling_mode="weak", dataset_samples=1_281_167,
-                    hostname="node0", tags="{}", ended_ns=T0_NS + 10**12,
-                ))  # fmt: skip
-                w.extend("ranks", [
-                    _row("ranks", rank=r, local_rank=r % GPUS_PER_NODE, node_rank=r // GPUS_PER_NODE,
-                         hostname=f"node{r // GPUS_PER_NODE}", pid=1000 + r, clock_offset_ns=0, cpu_count=64,
-                         device_index=r % GPUS_PER_NODE, device_name="NVIDIA H100", started_ns=T0_NS)
-                    for r in range(n)
-                ])  # fmt: skip
+            _write_meta(root, run_id, n, nodes, backend, cluster, batch)
+    return total
+
+
+def generate_duckdb(root: Path, target_rows: int, world_sizes: tuple[int, ...], seed: int = 0) -> int:
+    """Like `generate`, but each run's step rows come from one DuckDB COPY of range() (hash noise
+    instead of numpy's), written as one Parquet file per run with 1M-row row groups."""
+    steps = max(40, target_rows // (len(CONFIGS) * sum(world_sizes)))
+    kv = f"{{'{META_TABLE.decode()}': 'steps', '{META_VERSION.decode()}': '{SCHEMA_VERSION}'}}"
+    total = 0
+    con = duckdb.connect(":memory:")
+    con.execute("SET enable_progress_bar=false")
+    for k, (cluster, backend, batch) in enumerate(CONFIGS):
+        for n in world_sizes:
+            run_id = f"bench-{cluster}-{backend}-b{batch}-n{n}"
+            nodes = -(-n // GPUS_PER_NODE)
+            sync_ns = 0 if n == 1 else int((0.5 if nodes == 1 else 2.0) * math.log2(n) * 1e6)
+            fwd_ns = int(10e6 * batch / 32)
+            d = segment_dir(root, "steps", run_id)
+            d.mkdir(parents=True, exist_ok=True)
+            path = str(d / "bench-000001.parquet").replace("'", "''")
+            con.execute(
+                f"""
+                COPY (
+                    WITH g AS (SELECT i, hash(i + {seed + 7919 * k + n}) AS h FROM range({n * steps}) t(i)),
+                    p AS (
+                        SELECT (i % {n})::INTEGER AS rank, (i // {n})::BIGINT AS step,
+                               {fwd_ns} + (h % 400000)::BIGINT - 200000 AS forward_ns,
+                               {sync_ns} + ((h >> 20) % 200000)::BIGINT AS sync_exposed_ns,
+                               50000 + ((h >> 40) % 100000)::BIGINT AS data_ns,
+                               20000 + ((h >> 8) % 60000)::BIGINT AS other_ns
+                        FROM g
+                    )
+                    SELECT rank, step,
+                           {T0_NS} + step * {3 * fwd_ns + sync_ns + 800_000}::BIGINT AS start_ns,
+                           data_ns + 3 * forward_ns + sync_exposed_ns + 500000 + other_ns AS step_ns,
+                           data_ns, forward_ns, 2 * forward_ns AS backward_ns, sync_exposed_ns,
+                           500000::BIGINT AS optimizer_ns, other_ns, 2 * sync_exposed_ns AS comm_total_ns,
+                           4::INTEGER AS comm_count, {batch}::INTEGER AS samples, 'cuda' AS clock
+                    FROM p
+                ) TO '{path}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP}, KV_METADATA {kv})
+                """
+            )
+            total += n * steps
+            _write_meta(root, run_id, n, nodes, backend, cluster, batch)
+    con.close()
     return total
 
 
@@ -172,12 +234,78 @@ def bench(root: Path, rows: int, repeat: int = 1) -> dict[str, object]:
     }
 
 
+def _max_rel_diff(a: object, b: object) -> float:
+    """The largest relative difference between two JSON documents' numbers; inf when they differ
+    in anything else (a key, a string, a length)."""
+    if (
+        isinstance(a, bool)
+        or isinstance(b, bool)
+        or not (isinstance(a, int | float) and isinstance(b, int | float))
+    ):
+        if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+            return max((_max_rel_diff(a[k], b[k]) for k in a), default=0.0)
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            return max((_max_rel_diff(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+        return 0.0 if a == b else math.inf
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(a), abs(b))
+
+
+def bench_rollups(root: Path, rows: int, world_sizes: tuple[int, ...], repeat: int = 1) -> dict[str, object]:
+    """Write a store with DuckDB, compact it (which writes the rollups), then time `analyze --json`
+    with the rollups and without them, and compare the two outputs' numbers."""
+    load_before = os.getloadavg()[0]
+    t = time.perf_counter()
+    exact = generate_duckdb(root, rows, world_sizes)
+    gen_s = time.perf_counter() - t
+    size_mb = sum(p.stat().st_size for p in root.rglob("*.parquet")) / 2**20
+    compact = _measure([sys.executable, "-m", "perfscope", "compact", str(root)])
+    rollup_mb = sum(p.stat().st_size for p in (root / ROLLUP_DIR).rglob("*.parquet")) / 2**20
+    cmd = [sys.executable, "-m", "perfscope", "analyze", str(root), "--json"]
+    rolled = _fastest(cmd, repeat)
+    aside = root / f"{ROLLUP_DIR}-aside"
+    os.rename(root / ROLLUP_DIR, aside)
+    try:
+        raw = _fastest(cmd, repeat)
+    finally:
+        os.rename(aside, root / ROLLUP_DIR)
+    diff = _max_rel_diff(json.loads(rolled["stdout"]), json.loads(raw["stdout"]))
+    return {
+        "step_rows": exact,
+        "world_sizes": list(world_sizes),
+        "runs": len(CONFIGS) * len(world_sizes),
+        "store_mb": round(size_mb, 1),
+        "generate_s": round(gen_s, 1),
+        "compact_with_rollups_wall_s": round(compact["wall_s"], 1),
+        "compact_cpu_s": round(compact["cpu_s"], 1),
+        "compact_peak_rss_mb": round(compact["peak_rss_mb"]),
+        "rollups_mb": round(rollup_mb, 1),
+        "repeat": repeat,
+        "analyze_rollups_wall_s": round(rolled["wall_s"], 2),
+        "analyze_rollups_cpu_s": round(rolled["cpu_s"], 2),
+        "analyze_rollups_peak_rss_mb": round(rolled["peak_rss_mb"]),
+        "analyze_raw_wall_s": round(raw["wall_s"], 2),
+        "analyze_raw_cpu_s": round(raw["cpu_s"], 2),
+        "analyze_raw_peak_rss_mb": round(raw["peak_rss_mb"]),
+        "max_rel_diff_rollups_vs_raw": diff,
+        "load1_before": round(load_before, 2),
+        "load1_after": round(os.getloadavg()[0], 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", nargs="+", type=float, default=[1e6, 1e7, 1e8], help="step rows per store")
     p.add_argument("--dir", default="/tmp/perfscope-bench-analysis", help="where the stores are written")
     p.add_argument("--keep", action="store_true", help="keep the generated stores")
     p.add_argument("--repeat", type=int, default=1, help="measure each this many times, keep the fastest")
+    p.add_argument("--world-sizes", nargs="+", type=int, default=list(WORLD_SIZES), help="ranks per run")
+    p.add_argument(
+        "--rollups",
+        action="store_true",
+        help="write the steps with DuckDB, compact, then time analyze --json with and without rollups",
+    )
     args = p.parse_args(argv)
     base = Path(args.dir)
     print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}")
@@ -185,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         root = base / f"rows_{int(rows):d}"
         shutil.rmtree(root, ignore_errors=True)
         try:
-            print(json.dumps(bench(root, int(rows), args.repeat)), flush=True)
+            if args.rollups:
+                result = bench_rollups(root, int(rows), tuple(args.world_sizes), args.repeat)
+            else:
+                result = bench(root, int(rows), args.repeat)
+            print(json.dumps(result), flush=True)
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)
