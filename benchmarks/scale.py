@@ -82,8 +82,12 @@ class Design:
 @dataclass
 class Ran:
     wall_s: float
+    cpu_s: float  # user + system, of the process and the children it waited for
     peak_rss_bytes: int
     stdout: str
+
+    def __str__(self) -> str:
+        return f"{self.wall_s:.1f} s ({self.cpu_s:.1f} s CPU, {mb(self.peak_rss_bytes)})"
 
 
 def log(msg: str) -> None:
@@ -105,7 +109,8 @@ def export_commit(commit: str, dest: Path) -> Path:
 
 
 def run(argv: list[str]) -> Ran:
-    """Run to the end: wall time and peak RSS (wait4 on its own pid). Fails on a non-zero exit."""
+    """Run to the end: wall time, CPU time and peak RSS (wait4 on its own pid). Fails on a non-zero
+    exit."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
@@ -116,11 +121,12 @@ def run(argv: list[str]) -> Ran:
         err.seek(0)
         if proc.returncode:
             raise RuntimeError(f"{argv[5:]} exited {proc.returncode}: {err.read().strip()[-2000:]}")
-        return Ran(wall, usage.ru_maxrss * 1024, out.read())
+        cpu = usage.ru_utime + usage.ru_stime
+        return Ran(wall, cpu, usage.ru_maxrss * 1024, out.read())
 
 
 def perfscope(d: Design, *args: str) -> Ran:
-    return run([sys.executable, "-c", CLI, d.tree, d.tree, *args])
+    return run([sys.executable, "-c", CLI, d.tree, *args])
 
 
 def files_and_size(root: Path) -> tuple[int, int, int]:
@@ -162,41 +168,43 @@ def gloo_job(d: Design, store: Path, ranks: int, steps: int) -> None:
         log_file = store.with_name(f"{store.name}-rank{r}.log")
         with log_file.open("w") as err:  # a file, not a pipe: a chatty rank never blocks
             procs.append(subprocess.Popen(argv, env=env, stdout=err, stderr=err))
+    cpu_s = 0.0
     for r, p in enumerate(procs):
-        if p.wait(timeout=3600):
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        cpu_s += usage.ru_utime + usage.ru_stime
+        if p.returncode:
             text = store.with_name(f"{store.name}-rank{r}.log").read_text()
             raise RuntimeError(f"rank {r} exited {p.returncode}: {text.strip()[-2000:]}")
     wall = time.perf_counter() - t0
     data, parquet, size = files_and_size(store)
-    info = json.loads(perfscope(d, "info", str(store), "--json").stdout)
-    rows = sum(r.get("step_rows") or 0 for r in info["runs"])
-    record(d, f"a. {ranks}-rank gloo job, {steps:,} steps: wall time", f"{wall:.1f} s")
+    i = perfscope(d, "info", str(store), "--json")
+    rows = sum(r.get("step_rows") or 0 for r in json.loads(i.stdout)["runs"])
+    record(
+        d,
+        f"a. {ranks}-rank gloo job, {steps:,} steps: wall (CPU of all ranks)",
+        f"{wall:.1f} s ({cpu_s:.1f} s)",
+    )
     record(d, "a. step rows in the store", f"{rows:,}")
+    record(d, "a. `perfscope info --json` on it", str(i))
     record(d, "a. data files left (of which .parquet)", f"{data:,} ({parquet:,})")
     record(d, "a. store size", mb(size))
 
 
 def study(d: Design, store: Path, ranks: int, steps: int) -> None:
     w = perfscope(d, "simulate", str(store), "--world-sizes", str(ranks), "--steps", str(steps))
-    record(d, f"b. simulate {ranks:,} ranks x {steps:,} steps: time", f"{w.wall_s:.1f} s")
-    record(d, "b. simulate peak RSS", mb(w.peak_rss_bytes))
+    record(d, f"b. `perfscope simulate` {ranks:,} ranks x {steps:,} steps", str(w))
     for when in ("before", "after"):
         if when == "after":
             c = perfscope(d, "compact", str(store), "--grace", "0")
-            record(d, "b. `perfscope compact` time (peak RSS)", f"{c.wall_s:.1f} s ({mb(c.peak_rss_bytes)})")
+            record(d, "b. `perfscope compact --grace 0`", str(c))
         data, parquet, size = files_and_size(store)
         record(d, f"b. data files {when} compaction (.parquet)", f"{data:,} ({parquet:,})")
         record(d, f"b. store size {when} compaction", mb(size))
         i = perfscope(d, "info", str(store), "--json")
-        record(
-            d, f"b. `perfscope info` {when}: time (peak RSS)", f"{i.wall_s:.1f} s ({mb(i.peak_rss_bytes)})"
-        )
+        record(d, f"b. `perfscope info --json`, {when} compaction", str(i))
         a = perfscope(d, "analyze", str(store), "--json")
-        record(
-            d,
-            f"b. `perfscope analyze --json` {when}: time (peak RSS)",
-            f"{a.wall_s:.1f} s ({mb(a.peak_rss_bytes)})",
-        )
+        record(d, f"b. `perfscope analyze --json`, {when} compaction", str(a))
         median = json.loads(a.stdout)["runs"][0]["step_median_ns"]
         record(d, f"b. median step time analyze reports, {when}", f"{median / 1e6:.3f} ms")
 
