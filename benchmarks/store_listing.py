@@ -1,76 +1,129 @@
-"""What the issue-10 checks of every file (real path inside the store, regular file, footer hash for
-identical copies, column types against the schema) cost when a store is opened, cold.
+"""Opening a store of many small segments and summarising it (`perfscope info`): today's tree, with
+and without its manifest, beside the design before the manifest (commit fc72bec), in one run.
 
-    .venv/bin/python benchmarks/store_listing.py                       # 2,000 small segments
-    .venv/bin/python benchmarks/store_listing.py --store /tmp/bench/10000000 --repeat 5
+    .venv/bin/python benchmarks/store_listing.py                        # 100,000 segments
+    .venv/bin/python benchmarks/store_listing.py --segments 10000 --before-max 10000
 
-Each measurement is a fresh process listing the store once (nothing cached), alternately with the
-checks and with them switched off (the listing as it was before), so both see the same machine load.
+The store: `--runs` runs of distinct one-row steps segments, the same files hard-linked into every
+run's folder (copies in different partitions are distinct segments), and a runs row per run. Each
+measurement is a fresh process that imports perfscope, opens the store and computes `perfscope
+info`'s summary; its wall time, CPU time and peak RSS (imports included) are printed. "before" runs
+the tree of fc72bec (`git archive`, in a temporary folder); "after, cold" today's tree on a store
+without a manifest (it reads every footer and saves one); "after" today's tree with the manifest
+saved. The old design takes about 2.5 ms and 85 KB per segment, so it is run only up to
+`--before-max` segments.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tarfile
 import tempfile
+from collections.abc import Mapping
+from io import BytesIO
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BEFORE_COMMIT = "fc72bec"
 
 CHILD = r"""
 import json, resource, sys, time
-from pathlib import Path
-import perfscope.store as S
-if sys.argv[2] == "off":
-    S._footprint = lambda path: ""
-    S._type_problem = lambda schema, table: ""
-    S._outside = lambda path, root: None
-    def _names_only(found, listing):
-        replaced = {r.name for seg in found for r in seg.replaces}
-        return [seg for seg in found if seg.path.name not in replaced]
-    S._partition_segments = _names_only
-c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-listing = S.list_store(Path(sys.argv[1]))
-c1 = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"wall_s": time.perf_counter() - t0,
-                  "cpu_s": c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime,
-                  "files": sum(len(v) for v in listing.segments.values())}))
+t0 = time.perf_counter()
+from perfscope.store import open_store
+from perfscope.commands.info import summary
+with open_store(sys.argv[1], warn=False) as store:
+    opened = time.perf_counter()
+    info = summary(store)
+done = time.perf_counter()
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"open_s": opened - t0, "total_s": done - t0, "cpu_s": use.ru_utime + use.ru_stime,
+                  "rss_mb": use.ru_maxrss / 1024,
+                  "files": sum(info["files"].values()), "steps": info["rows"]["steps"]}))
 """
 
 
-def small_segments(root: Path, runs: int = 4, segments: int = 500) -> Path:
-    from perfscope.writer import StoreWriter
+def build(root: Path, runs: int, per_run: int) -> None:
+    from perfscope.writer import rows_to_table, write_segment
 
+    steps_cols = ["rank", "step", "start_ns", "step_ns"]
+    src = root.parent / "src"
+    src.mkdir(parents=True)
+    for i in range(per_run):
+        values = dict(zip(steps_cols, (i % 8, i, 1_700_000_000_000_000_000 + i * 10**6, 10**6), strict=True))
+        write_segment(src / f"s{i:06d}.parquet", rows_to_table("steps", [_row("steps", values)]))
+    runs_row = {"experiment": "bench", "source": "measured", "world_size": 8, "backend": "gloo"}
+    write_segment(src / "runs.parquet", rows_to_table("runs", [_row("runs", runs_row)]))
     for r in range(runs):
-        with StoreWriter(root, f"run{r}") as w:
-            for s in range(segments):
-                for i in range(10):
-                    step = s * 10 + i
-                    w.append("steps", (0, step, step, 7, 1, 1, 1, 1, 1, 1, 1, 1, 4, "host"))
-                w.flush()
-    return root
+        steps = root / "steps" / f"run_id=r{r:04d}"
+        steps.mkdir(parents=True)
+        for i in range(per_run):
+            os.link(src / f"s{i:06d}.parquet", steps / f"w-{i:06d}.parquet")
+        (root / "runs" / f"run_id=r{r:04d}").mkdir(parents=True)
+        os.link(src / "runs.parquet", root / "runs" / f"run_id=r{r:04d}" / "w-000000.parquet")
+
+
+def _row(table: str, values: Mapping[str, object]) -> tuple[object, ...]:
+    from perfscope.schema import TABLES
+
+    return tuple(values.get(c) for c in TABLES[table].column_names)
+
+
+def measure(store: Path, pythonpath: Path) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(store)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd="/",
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def old_tree(dest: Path) -> Path:
+    """perfscope as it was at BEFORE_COMMIT, extracted under `dest`."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", BEFORE_COMMIT, "perfscope"], check=True, capture_output=True
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--store", help="an existing store (default: a new one of 2,000 small segments)")
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--segments", type=int, default=100_000, help="steps segments in the store")
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--before-max", type=int, default=10_000, help="largest store the old design opens")
+    p.add_argument("--repeat", type=int, default=3, help="measurements of the store with its manifest")
     args = p.parse_args(argv)
+    load_before = os.getloadavg()[0]
+    results: list[tuple[str, int, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.store) if args.store else small_segments(Path(tmp) / "store")
-        runs: dict[str, list[dict[str, float]]] = {"checks": [], "off": []}
-        for _ in range(args.repeat):
-            for mode, flag in (("checks", "on"), ("off", "off")):
-                out = subprocess.run(
-                    [sys.executable, "-c", CHILD, str(root), flag], check=True, capture_output=True, text=True
-                ).stdout
-                runs[mode].append(json.loads(out))
-    for mode, got in runs.items():
-        best = min(got, key=lambda r: r["cpu_s"])
-        print(
-            f"{mode:>6}: {best['files']} files, fastest of {len(got)}: {best['wall_s']:.3f} s wall, "
-            f"{best['cpu_s']:.3f} s CPU"
-        )
+        old = old_tree(Path(tmp) / "before")
+        sizes = sorted({min(args.segments, args.before_max), args.segments})
+        for n in sizes:
+            store = Path(tmp) / f"store-{n}" / "store"
+            build(store, args.runs, n // args.runs)
+            if n <= args.before_max:
+                results.append(("before (fc72bec, no manifest)", n, measure(store, old)))
+            results.append(("after, cold (reads every footer, saves the manifest)", n, measure(store, REPO)))
+            warm = [measure(store, REPO) for _ in range(args.repeat)]
+            best = min(warm, key=lambda r: r["cpu_s"])
+            results.append((f"after, with the manifest (best of {args.repeat})", n, best))
+    print(f"load average before the run: {load_before:.1f}")
+    print("| design | segments | open (wall) | open + info (wall) | CPU (whole process) | peak RSS |")
+    print("|---|---|---|---|---|---|")
+    for name, n, r in results:
+        assert r["files"] == n + args.runs and r["steps"] == n, r
+        cells = f"{r['open_s']:.2f} s | {r['total_s']:.2f} s | {r['cpu_s']:.2f} s | {r['rss_mb']:.0f} MB"
+        print(f"| {name} | {n:,} | {cells} |")
+    print(f"load average after the run: {os.getloadavg()[0]:.1f}")
     return 0
 
 

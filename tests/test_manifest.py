@@ -1,0 +1,391 @@
+"""The store's manifest (perfscope.manifest): a store of 100,000 segments opens without reading a
+footer; a missing, broken, foreign, stale or lying manifest is rebuilt to the truth, and a lie it
+may still tell is bounded; a SIGKILL mid-save leaves a manifest whole or absent."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from storegen import MS, T0_NS, make_run, row
+
+import perfscope.store as store_mod
+from perfscope import sample_traces
+from perfscope.commands.info import summary
+from perfscope.compact import compact
+from perfscope.leftovers import clean_leftovers
+from perfscope.manifest import MANIFEST_NAME, SAVE_MIN_CHANGES, Manifest
+from perfscope.store import Listing, Store, list_store, replaces_metadata
+from perfscope.writer import rows_to_table, write_segment
+
+RANKS = 8
+
+
+def _steps_segment(path: Path, i: int, rows: int = 1) -> None:
+    """Segment `i`: `rows` steps of rank i % RANKS, one ms each, starting at T0 + i ms."""
+    data = [
+        row("steps", rank=i % RANKS, step=i * rows + k, start_ns=T0_NS + (i * rows + k) * MS, step_ns=MS)
+        for k in range(rows)
+    ]
+    write_segment(path, rows_to_table("steps", data))
+
+
+def _runs_segment(path: Path, world_size: int = RANKS) -> None:
+    data = [row("runs", experiment="scale", source="measured", world_size=world_size, backend="gloo")]
+    write_segment(path, rows_to_table("runs", data))
+
+
+def _linked_store(root: Path, src: Path, runs: int, per_run: int) -> None:
+    """`runs` runs of `per_run` distinct steps segments each: the same files hard-linked into every
+    run's folder (copies in different partitions are distinct segments), and a runs row per run."""
+    src.mkdir()
+    for i in range(per_run):
+        _steps_segment(src / f"s{i:06d}.parquet", i)
+    _runs_segment(src / "runs.parquet")
+    for r in range(runs):
+        steps = root / "steps" / f"run_id=r{r:04d}"
+        steps.mkdir(parents=True)
+        for i in range(per_run):
+            os.link(src / f"s{i:06d}.parquet", steps / f"w-{i:06d}.parquet")
+        (root / "runs" / f"run_id=r{r:04d}").mkdir(parents=True)
+        os.link(src / "runs.parquet", root / "runs" / f"run_id=r{r:04d}" / "w-000000.parquet")
+
+
+@pytest.fixture
+def footer_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The files whose footer is read from now on (this process's cache emptied first)."""
+    reads: list[str] = []
+    real = store_mod._inspect_uncached
+
+    def counting(path: Path, table: str) -> store_mod.Segment | store_mod.SkippedFile:
+        reads.append(str(path))
+        return real(path, table)
+
+    monkeypatch.setattr(store_mod, "_inspect_cache", {})
+    monkeypatch.setattr(store_mod, "_inspect_uncached", counting)
+    yield reads
+
+
+def _forget() -> None:
+    """Empty this process's cache of footers, as a new process starts."""
+    store_mod._inspect_cache.clear()
+
+
+def _facts(listing: Listing) -> list[tuple[object, ...]]:
+    return sorted(
+        (s.file, s.table, s.version, tuple(sorted(s.columns)), s.num_rows, s.footprint, s.ranges, s.replaces)
+        for segs in listing.segments.values()
+        for s in segs
+    )
+
+
+def test_a_store_of_100000_segments_opens_from_its_manifest(tmp_path: Path, footer_reads: list[str]) -> None:
+    root = tmp_path / "store"
+    runs, per_run = 100, 1000
+    _linked_store(root, tmp_path / "src", runs, per_run)
+    # the manifest a first open (or `perfscope compact`) leaves: one footer read per distinct file here
+    seeded = Manifest(str(root))
+    facts = {}
+    for table in ("steps", "runs"):
+        for part in sorted((root / table).iterdir()):
+            for entry in os.scandir(part):
+                st = entry.stat()
+                if st.st_ino not in facts:
+                    seg = store_mod._inspect_uncached(Path(entry.path), table)
+                    assert isinstance(seg, store_mod.Segment)
+                    facts[st.st_ino] = seg
+                seeded.note(entry.path, st.st_size, st.st_mtime_ns, facts[st.st_ino])
+    assert seeded.save()
+    _forget()
+    footer_reads.clear()
+
+    with Store(root) as store:
+        assert footer_reads == []  # every segment's facts came from the manifest
+        assert store.row_count("steps") == runs * per_run and len(store.segments("steps")) == 100_000
+        info = summary(store)
+        assert "steps" in store._views_due  # info bound no view over the 100,000 files
+        assert info["files"]["steps"] == 100_000 and info["rows"]["runs"] == runs
+        assert info["runs_without_metadata"] == []
+        assert {r["run_id"] for r in info["runs"]} == {f"r{r:04d}" for r in range(runs)}
+        assert {(r["ranks_seen"], r["step_rows"]) for r in info["runs"]} == {(RANKS, per_run)}
+        assert info["first_step_ns"] == T0_NS and info["last_step_end_ns"] == T0_NS + per_run * MS
+        # queries read the real files
+        n = store.query("SELECT count(*) AS n FROM steps WHERE run_id = 'r0042'").column("n")[0].as_py()
+        assert n == per_run
+
+
+def test_a_cold_open_saves_the_manifest_and_the_next_reads_no_footer(
+    tmp_path: Path, footer_reads: list[str]
+) -> None:
+    root = tmp_path / "store"
+    _linked_store(root, tmp_path / "src", runs=3, per_run=SAVE_MIN_CHANGES // 3 + 10)
+    truth = list_store(root, save_manifest=False)
+    assert not (root / MANIFEST_NAME).exists()
+    _forget()
+    Store(root).close()  # reads every footer, and saves what it learnt: enough to be worth a write
+    assert (root / MANIFEST_NAME).is_file()
+    _forget()
+    footer_reads.clear()
+    again = list_store(root)
+    assert footer_reads == [] and _facts(again) == _facts(truth)
+    mtime = (root / MANIFEST_NAME).stat().st_mtime_ns
+    list_store(root)
+    assert (root / MANIFEST_NAME).stat().st_mtime_ns == mtime  # nothing changed: not rewritten
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> tuple[Path, Listing]:
+    """A store of 3 runs x 12 segments of 5 rows, its manifest saved; and its true listing."""
+    root = tmp_path / "store"
+    for r in range(3):
+        part = root / "steps" / f"run_id=r{r}"
+        part.mkdir(parents=True)
+        for i in range(12):
+            _steps_segment(part / f"w-{i:03d}.parquet", i, rows=5)
+        (root / "runs" / f"run_id=r{r}").mkdir(parents=True)
+        _runs_segment(root / "runs" / f"run_id=r{r}" / "w.parquet")
+    truth = list_store(root, save_manifest=False)
+    _forget()
+    list_store(root, save_manifest=True)
+    assert len(Manifest.load(str(root))) == 39
+    return root, truth
+
+
+def _rewrite(root: Path, change: Callable[[pa.Table], pa.Table]) -> None:
+    """Rewrite the manifest's table as `change` says, keeping its schema and metadata."""
+    path = root / MANIFEST_NAME
+    t = pq.read_table(path)
+    pq.write_table(change(t).cast(t.schema), path)
+
+
+def _set(t: pa.Table, column: str, index: int, value: object) -> pa.Table:
+    values = t.column(column).to_pylist()
+    values[index] = value
+    return t.set_column(
+        t.schema.get_field_index(column), column, pa.array(values, t.schema.field(column).type)
+    )
+
+
+def _entry_of(root: Path, name: str) -> int:
+    paths = pq.read_table(root / MANIFEST_NAME).column("path").to_pylist()
+    return next(i for i, p in enumerate(paths) if p.endswith(name))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["deleted", "truncated", "garbage", "foreign", "other version", "a link", "a FIFO", "empty"],
+)
+def test_a_broken_manifest_is_rebuilt_from_the_files(
+    small: tuple[Path, Listing], footer_reads: list[str], damage: str
+) -> None:
+    root, truth = small
+    path = root / MANIFEST_NAME
+    good = path.read_bytes()
+    path.unlink()
+    if damage == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif damage == "garbage":
+        path.write_bytes(random.Random(1).randbytes(len(good)))
+    elif damage == "foreign":  # a Parquet file, but no manifest
+        path.write_bytes((root / "steps" / "run_id=r0" / "w-000.parquet").read_bytes())
+    elif damage == "other version":
+        path.write_bytes(good)
+        t = pq.read_table(path)
+        pq.write_table(t.replace_schema_metadata({b"perfscope.manifest": b"99"}), path)
+    elif damage == "a link":  # even to a good manifest: never followed
+        (root.parent / "elsewhere").write_bytes(good)
+        path.symlink_to(root.parent / "elsewhere")
+    elif damage == "a FIFO":
+        os.mkfifo(path)
+    elif damage == "empty":
+        path.write_bytes(b"")
+    _forget()
+    footer_reads.clear()
+    listing = list_store(root, save_manifest=True)
+    assert _facts(listing) == _facts(truth)
+    assert len(footer_reads) == 39  # all read again
+    if damage not in ("a link", "a FIFO"):  # rewritten; a link or FIFO is replaced by the rename too
+        assert len(Manifest.load(str(root))) == 39
+    _forget()
+    footer_reads.clear()
+    assert _facts(list_store(root)) == _facts(truth) and footer_reads == []
+
+
+def test_an_entry_for_a_file_gone_adds_nothing_and_is_dropped(
+    small: tuple[Path, Listing], footer_reads: list[str]
+) -> None:
+    root, truth = small
+    gone = root / "steps" / "run_id=r1" / "w-004.parquet"
+    gone.unlink()
+    _forget()
+    listing = list_store(root, save_manifest=True)
+    assert gone.as_posix() not in {s.file for s in listing.segments["steps"]}
+    assert listing.segments["steps"].__len__() == len(truth.segments["steps"]) - 1
+    assert footer_reads == []
+    paths = pq.read_table(root / MANIFEST_NAME).column("path").to_pylist()
+    assert "steps/run_id=r1/w-004.parquet" not in paths and len(paths) == 38
+
+
+def test_an_entry_lying_about_rows_is_not_used_once_the_file_changed(
+    small: tuple[Path, Listing], footer_reads: list[str]
+) -> None:
+    root, truth = small
+    name = "run_id=r2/w-007.parquet"
+    _rewrite(root, lambda t: _set(t, "num_rows", _entry_of(root, name), 5000))
+    target = root / "steps" / name
+    st = target.stat()
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    _forget()
+    with Store(root) as store:
+        assert footer_reads == [str(target)]  # the stale entry was not trusted: its footer was read
+        assert store.row_count("steps") == 3 * 12 * 5
+        assert summary(store)["rows"]["steps"] == 3 * 12 * 5
+    truth_rows = {s.file: s.num_rows for s in truth.segments["steps"]}
+    assert truth_rows[str(target)] == 5
+
+
+def test_what_a_matching_lying_entry_can_change_is_bounded(
+    small: tuple[Path, Listing], footer_reads: list[str]
+) -> None:
+    """A forged entry that matches a file's name, size and mtime is trusted for the listing's facts
+    (what `info` counts), never for the rows a query reads; a forged claim to replace another
+    segment is checked against that segment's real bytes and rows."""
+    root, _ = small
+    liar, victim = "run_id=r0/w-000.parquet", "run_id=r0/w-001.parquet"
+    victim_path = root / "steps" / victim
+    victim_seg = next(s for s in list_store(root).segments["steps"] if s.file == str(victim_path))
+    claim = replaces_metadata([victim_seg])
+    _rewrite(root, lambda t: _set(t, "num_rows", _entry_of(root, liar), 5000))
+    _rewrite(root, lambda t: _set(t, "replaces", _entry_of(root, liar), claim))
+    _forget()
+    with Store(root, warn=False) as store:
+        assert footer_reads == []
+        assert summary(store)["rows"]["steps"] == 3 * 12 * 5 - 5 + 5000  # the bound: counts trust it
+        rows = store.query("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
+        assert rows == 3 * 12 * 5  # queries read the real files: the victim's rows are all there
+        assert str(victim_path) in {s.file for s in store.segments("steps")}
+        assert any("claim to replace segments ignored" in d.reason for d in store.doubtful)
+
+
+def test_a_sigkill_mid_save_leaves_a_whole_manifest_or_none(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _linked_store(root, tmp_path / "src", runs=20, per_run=1000)
+    truth = _facts(list_store(root, save_manifest=True))
+    n = len(Manifest.load(str(root)))
+    assert n == 20 * 1000 + 20
+    # each pass finds "no manifest" (and this process's cache warm), so each saves all n entries
+    saver = textwrap.dedent(
+        f"""
+        import perfscope.store as S
+        S.list_store({str(root)!r})
+        S.Manifest.load = classmethod(lambda cls, root: cls(root))
+        print("ready", flush=True)
+        while True:
+            S.list_store({str(root)!r})
+        """
+    )
+    rng = random.Random(7)
+    for _ in range(4):
+        proc = subprocess.Popen([sys.executable, "-c", saver], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.3, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert len(Manifest.load(str(root))) in (0, n)  # the old one or the new one, never half
+        _forget()
+        assert _facts(list_store(root, save_manifest=False)) == truth
+    leftovers = sorted(p.name for p in root.iterdir() if p.name.endswith(".tmp"))
+    removed = clean_leftovers(root, grace_s=0, temp_root=tmp_path / "no-spill")
+    assert sorted(p.name for p in removed) == leftovers
+    assert not [p for p in root.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_store_that_cannot_take_the_manifest_still_opens_quietly(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _linked_store(root, tmp_path / "src", runs=1, per_run=40)
+    (root / MANIFEST_NAME).mkdir()  # the rename over it fails, as in a read-only folder
+    _forget()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        listing = list_store(root, save_manifest=True)
+        with Store(root) as store:
+            assert store.row_count("steps") == 40
+    assert len(listing.segments["steps"]) == 40
+    assert (root / MANIFEST_NAME).is_dir() and not [p for p in root.iterdir() if p.name.endswith(".tmp")]
+
+
+def _tree(root: Path) -> list[tuple[str, int, int]]:
+    return sorted(
+        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    )
+
+
+def test_opening_the_bundled_stores_writes_nothing_into_them() -> None:
+    stores = sample_traces.bundled()
+    assert stores
+    before = {name: _tree(path) for name, path in stores.items()}
+    _forget()
+    for path in stores.values():
+        with Store(path, warn=False) as store:
+            summary(store)
+    assert {name: _tree(path) for name, path in stores.items()} == before
+    assert not any((path / MANIFEST_NAME).exists() for path in stores.values())
+
+
+def test_compact_leaves_a_manifest_of_the_files_it_left(small: tuple[Path, Listing]) -> None:
+    root, truth = small
+    compact(root, grace_s=0)
+    on_disk = sorted(
+        str(p.relative_to(root)) for t in ("steps", "runs") for p in (root / t).rglob("*.parquet")
+    )
+    paths = sorted(pq.read_table(root / MANIFEST_NAME).column("path").to_pylist())
+    assert paths == on_disk and all(p.endswith(".parquet") for p in paths)
+    assert any(Path(p).name.startswith("c-") for p in paths)
+    _forget()
+    with Store(root) as store:
+        assert store.row_count("steps") == sum(s.num_rows for s in truth.segments["steps"])
+
+
+def test_info_counts_from_the_listing_equal_the_rows(tmp_path: Path) -> None:
+    """Ranks, rows and time span as the old SQL over every row computed them, on runs written by the
+    real writer (segments of several ranks: counted in the rows) and on one-rank segments."""
+    root = tmp_path / "store"
+    make_run(root, "multi", world_size=4, steps=30)
+    part = root / "steps" / "run_id=single"
+    part.mkdir(parents=True)
+    for i in range(20):
+        _steps_segment(part / f"w-{i:03d}.parquet", i, rows=3)
+    (root / "runs" / "run_id=single").mkdir(parents=True)
+    _runs_segment(root / "runs" / "run_id=single" / "w.parquet")
+    orphan = root / "steps" / "run_id=orphan"
+    orphan.mkdir()
+    _steps_segment(orphan / "w.parquet", 99, rows=2)
+    with Store(root) as store:
+        info = summary(store)
+        oracle = store.query(
+            """SELECT r.run_id,
+                      (SELECT count(DISTINCT s.rank) FROM steps s WHERE s.run_id = r.run_id) AS ranks_seen,
+                      (SELECT count(*) FROM steps s WHERE s.run_id = r.run_id) AS step_rows
+               FROM runs r"""
+        ).to_pylist()
+        span = store.query(
+            "SELECT min(start_ns) AS a, max(start_ns::HUGEINT + step_ns) AS b FROM steps"
+        ).to_pylist()[0]
+    got = {r["run_id"]: (r["ranks_seen"], r["step_rows"]) for r in info["runs"]}
+    assert got == {r["run_id"]: (r["ranks_seen"], r["step_rows"]) for r in oracle}
+    assert got["multi"] == (4, 120) and got["single"] == (RANKS, 60)
+    assert info["first_step_ns"] == span["a"] and info["last_step_end_ns"] == int(span["b"])
+    assert info["runs_without_metadata"] == ["orphan"]
