@@ -9,9 +9,10 @@ from typing import Any
 
 import streamlit as st
 
+from perfscope import objectstore
 from perfscope.analysis import Selection
 from perfscope.charts.rows import rows
-from perfscope.errors import one_line
+from perfscope.errors import PerfscopeError, one_line
 from perfscope.store import Store
 
 from . import state
@@ -91,8 +92,13 @@ def _switch() -> None:
     if not typed:
         return
     try:
-        path = Path(typed).expanduser().resolve()
+        # an s3:// store is shown from its mirror folder, which open_store syncs and reads as the store
+        path = objectstore.mirror_path(typed) if objectstore.is_s3_url(typed) else Path(typed)
+        path = path.expanduser().resolve()
         is_dir, exists = path.is_dir(), path.exists()
+    except PerfscopeError as exc:
+        st.session_state[_SWITCH_ERROR] = one_line(exc.message)
+        return
     except (OSError, ValueError, RuntimeError) as exc:  # NUL byte, a loop of links, a name too long
         st.session_state[_SWITCH_ERROR] = f"not a usable path: {one_line(str(exc))}"
         return
@@ -110,13 +116,14 @@ def _switch() -> None:
 
 def store_info(path: Path, store: Store | None) -> None:
     st.caption("Store")
-    st.code(str(path), language=None, wrap_lines=True)
+    st.code(objectstore.mirror_source(path) or str(path), language=None, wrap_lines=True)
     st.text_input(
         "Open another store",
         key=_SWITCH_INPUT,
         placeholder="path/to/store, then Enter",
         on_change=_switch,
-        help="a folder perfscope.profile or perfscope simulate wrote; this browser tab switches to it",
+        help="a folder perfscope.profile or perfscope simulate wrote, or an s3://bucket/prefix; this "
+        "browser tab switches to it",
     )
     error = st.session_state.get(_SWITCH_ERROR)
     if error:

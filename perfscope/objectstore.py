@@ -17,6 +17,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,9 @@ DEFAULT_MAX_OBJECTS = 200_000
 CACHE_ENV = "PERFSCOPE_CACHE_DIR"
 #: seconds between two uploads of a staging folder
 UPLOAD_INTERVAL_S = 2.0
+#: a file that keeps growing (a live segment) is uploaded again at most once per interval per this
+#: many bytes of it: re-sending a 64 MiB segment every 2 s would cost more than the training's I/O
+REUPLOAD_BYTES_PER_INTERVAL = 8 << 20
 #: a store file is at most <table>/<partition>/<file>; each part a plain name, not hidden
 _MAX_DEPTH = 3
 _SAFE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
@@ -103,6 +107,8 @@ def filesystem() -> Any:
         "request_timeout": 30.0,
         # a dead endpoint answers in seconds, not after the SDK's ten tries
         "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=3),
+        # one PUT per small object instead of a three-request multipart upload
+        "allow_delayed_open": True,
     }
     endpoint = endpoint_url()
     if endpoint:
@@ -143,11 +149,37 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "perfscope"
 
 
+def _endpoint_dir() -> Path:
+    host = urlsplit(endpoint_url() or "").netloc or "aws"
+    return cache_root() / "s3" / re.sub(r"[^A-Za-z0-9._-]", "_", host)
+
+
 def mirror_dir(loc: S3Location) -> Path:
     """The local folder that mirrors `loc`: one per endpoint, bucket and prefix."""
-    host = urlsplit(endpoint_url() or "").netloc or "aws"
-    host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    return cache_root().joinpath("s3", host, loc.bucket, *filter(None, loc.prefix.split("/")))
+    return _endpoint_dir().joinpath(loc.bucket, *filter(None, loc.prefix.split("/")))
+
+
+def mirror_path(url: str) -> Path:
+    """The mirror folder of `url`, made if missing (not synced): a path that `open_store` reads as
+    the store at `url`, for code that passes stores around as folders (the dashboard)."""
+    path = mirror_dir(parse_url(url))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def mirror_source(path: str | os.PathLike[str]) -> str | None:
+    """The s3:// address whose mirror (for the endpoint of the environment) is the folder `path`."""
+    try:
+        rel = Path(path).resolve().relative_to(_endpoint_dir().resolve())
+    except (ValueError, OSError, RuntimeError):
+        return None
+    if not rel.parts:
+        return None
+    url = SCHEME + "/".join(rel.parts)
+    try:
+        return parse_url(url).url
+    except StoreError:
+        return None
 
 
 def key_problem(rel: str) -> str:
@@ -319,8 +351,8 @@ def _remove_unlisted(mirror: Path, keep: set[str]) -> None:
         d = Path(dirpath)
         for name in filenames:
             rel = (d / name).relative_to(mirror).as_posix()
-            if rel in (_STATE, _LOCK) or rel in keep:
-                continue
+            if name.startswith(".") or rel in keep:
+                continue  # our own state, or a file no object can be (a reader's cache, a lock)
             with contextlib.suppress(OSError):
                 (d / name).unlink()
         if d != mirror:
@@ -358,6 +390,8 @@ class Uploader:
         self._warned = False
         #: relative path -> (size, mtime_ns) of the version uploaded
         self.uploaded: dict[str, tuple[int, int]] = {}
+        #: relative path -> when (monotonic s) a changed version may be uploaded again
+        self._not_before: dict[str, float] = {}
         self._s3: Any = None
         self._stop = threading.Event()
         self._pass_lock = threading.Lock()
@@ -393,30 +427,42 @@ class Uploader:
                     found[rel] = (st.st_size, st.st_mtime_ns)
         return found
 
-    def sync_once(self) -> bool:
+    def sync_once(self, *, final: bool = False) -> bool:
         """One pass: upload what is new or changed (changed files first, so a sealed file's final
-        version lands before what replaces it), then delete what is gone. True when all succeeded."""
+        version lands before what replaces it), then delete what is gone. True when all succeeded.
+        A large growing file waits longer between uploads, unless new files arrived (a roll or a
+        seal: everything goes up together) or this is the `final` pass."""
         with self._pass_lock:
             try:
                 if self._s3 is None:
                     self._s3 = filesystem()
                 local = self._local_files()
                 changed = [r for r, sig in local.items() if self.uploaded.get(r) != sig]
+                now = time.monotonic()
+                if not final and all(r in self.uploaded for r in changed):
+                    changed = [r for r in changed if now >= self._not_before.get(r, 0.0)]
                 changed.sort(key=lambda r: (r not in self.uploaded, r))
                 for rel in changed:
                     self._put(rel, local[rel])
+                    extra_intervals = max(0.0, local[rel][0] / REUPLOAD_BYTES_PER_INTERVAL - 1.0)
+                    self._not_before[rel] = now + extra_intervals * self.interval_s
                 for rel in [r for r in self.uploaded if r not in local]:
                     with contextlib.suppress(FileNotFoundError):
                         self._s3.delete_file(f"{self.location.base}/{rel}")
                     del self.uploaded[rel]
+                    self._not_before.pop(rel, None)
                 return True
             except Exception as exc:
                 self.failures += 1
+                then = (
+                    "the recording is kept there (upload it with any S3 tool, or read it there)"
+                    if final
+                    else f"recording goes on there and the upload is retried every {self.interval_s:g} s"
+                )
                 self._warned = True
                 self._warn(
                     "s3_upload_failed",
-                    f"perfscope: cannot upload the store to {_s3_problem(self.location, exc)}; recording "
-                    f"goes on into {self.staging} and is retried every {self.interval_s:g} s",
+                    f"perfscope: cannot upload {self.staging} to {_s3_problem(self.location, exc)}; {then}",
                 )
                 return False
 
@@ -442,7 +488,7 @@ class Uploader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self.sync_once() and not self._local_files().keys() - self.uploaded.keys():
+        if self.sync_once(final=True) and not self._local_files().keys() - self.uploaded.keys():
             shutil.rmtree(self.staging, ignore_errors=True)
         elif not self._warned:  # the one warning already said where the recording is
             self._warn(

@@ -38,6 +38,10 @@ def _store(given: str | None) -> Path:
             return sample_traces.path(sample_traces.DEFAULT)
         except KeyError as exc:
             raise PerfscopeError(f"no store given and {exc.args[0]}; give a store folder") from None
+    from ..objectstore import is_s3_url, sync_mirror
+
+    if is_s3_url(given):  # the app opens the mirror folder, which it reads as the store at `given`
+        return sync_mirror(given)
     path = Path(given).expanduser().resolve()
     if not path.exists():
         raise PerfscopeError(
