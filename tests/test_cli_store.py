@@ -60,7 +60,7 @@ def test_info_names_skipped_files(store: Path, capsys: pytest.CaptureFixture[str
     (store / "steps" / "run_id=run-w1" / "broken.parquet").write_bytes(b"nope")
     assert main(["info", str(store)]) == 0
     out = capsys.readouterr().out
-    assert "skipped 1 file(s)" in out and "broken.parquet" in out and "run-w2" in out
+    assert "skipped 1 file\n" in out and "broken.parquet" in out and "run-w2" in out
 
 
 def test_sql_formats(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

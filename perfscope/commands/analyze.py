@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import textwrap
 from typing import Any
@@ -17,7 +16,8 @@ from ..analysis import DEFINITIONS, Selection, run_analysis
 from ..errors import PerfscopeError
 from ..explain import Finding, explain
 from ..store import Store, open_store
-from ..terminal import format_rows, heading, style, use_colour
+from ..terminal import format_rows, heading, prose_width, style, terminal_width, use_colour, wrap
+from ..words import counted
 
 #: Bump only when a key is renamed or removed or changes meaning; adding keys keeps the version.
 #: 2: step_ns is elapsed time per step (was the median); mfu, batch_sweep, time_to_metric and
@@ -131,7 +131,7 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def _describe(sel: Selection) -> str:
-    parts = [f"{k}={v}" for k, v in sel.as_dict().items() if v not in ((), [], None)]
+    parts = [f"{k}={v}" for k, v in sel.as_dict().items() if v not in ((), [], {}, None)]
     return "(" + ", ".join(parts) + ")" if parts else "(everything)"
 
 
@@ -139,7 +139,7 @@ def _ms(ns: float | None) -> float | None:
     return None if ns is None else round(ns / 1e6, 3)
 
 
-def render_runs(runs: pa.Table, colour: bool) -> str:
+def render_runs(runs: pa.Table, colour: bool, width: int | None = None) -> str:
     rows = [
         [
             r["run_id"],
@@ -173,10 +173,10 @@ def render_runs(runs: pa.Table, colour: bool) -> str:
         "p90 ms",
         "samples/s",
     ]
-    return format_rows(header, rows, colour=colour)
+    return format_rows(header, rows, colour=colour, width=width)
 
 
-def render_scaling(scaling: pa.Table, colour: bool) -> str:
+def render_scaling(scaling: pa.Table, colour: bool, width: int | None = None) -> str:
     out = []
     groups: dict[str, list[dict[str, Any]]] = {}
     singles = 0
@@ -188,12 +188,8 @@ def render_scaling(scaling: pa.Table, colour: bool) -> str:
             continue
         first = rows[0]
         note = f"  MIXED: {first['mode_note']}" if first["mixed"] else ""
-        out.append(
-            heading(
-                f"{gid}  ({first['scaling_mode']} scaling, baseline N0={first['baseline_world_size']}){note}",
-                colour=colour,
-            )
-        )
+        title = f"{gid}  ({first['scaling_mode']} scaling, baseline N0={first['baseline_world_size']}){note}"
+        out.append(heading(wrap(title, width, hang="    "), colour=colour))
         table = []
         for r in rows:
             phases = {
@@ -233,39 +229,51 @@ def render_scaling(scaling: pa.Table, colour: bool) -> str:
                 ],
                 table,
                 colour=colour,
+                width=width,
             )
         )
         out.append("")
     if singles:
         out.append(
-            f"({singles} group(s) with a single world size, such as batch-size sweeps, are in the "
-            "runs table.)"
+            wrap(
+                f"({counted(singles, 'group')} with a single world size, such as batch-size sweeps, "
+                f"{'is' if singles == 1 else 'are'} in the runs table.)",
+                width,
+            )
         )
         out.append("")
     return "\n".join(out)
 
 
-def render_mfu(mfu: pa.Table, colour: bool) -> str:
+def render_mfu(mfu: pa.Table, colour: bool, width: int | None = None) -> str:
     rows = [
         [r["run_id"], r["world_size"], r["device_model"], r["flops_per_step"], r["achieved_flops_per_s"],
          r["device_peak_flops"], r["mfu"]]
         for r in mfu.to_pylist()
     ]  # fmt: skip
     header = ["run", "N", "device", "FLOPs/step", "achieved FLOP/s", "peak FLOP/s", "MFU"]
-    return format_rows(header, rows, colour=colour) if rows else "(no run recorded its FLOPs per step)"
+    return (
+        format_rows(header, rows, colour=colour, width=width)
+        if rows
+        else "(no run recorded its FLOPs per step)"
+    )
 
 
-def render_batch_sweep(sweep: pa.Table, colour: bool) -> str:
+def render_batch_sweep(sweep: pa.Table, colour: bool, width: int | None = None) -> str:
     rows = [
         [r["experiment"], r["world_size"], r["batch_size_per_rank"], r["run_id"], _ms(r["step_ns"]),
          r["throughput_samples_per_s"], r["throughput_vs_smallest"], r["epoch_s"]]
         for r in sweep.to_pylist()
     ]  # fmt: skip
     header = ["experiment", "N", "batch/rank", "run", "step ms", "samples/s", "vs smallest batch", "epoch s"]
-    return format_rows(header, rows, colour=colour) if rows else "(no runs differ only in batch size)"
+    return (
+        format_rows(header, rows, colour=colour, width=width)
+        if rows
+        else "(no runs differ only in batch size)"
+    )
 
 
-def render_time_to_metric(ttm: pa.Table, colour: bool) -> str:
+def render_time_to_metric(ttm: pa.Table, colour: bool, width: int | None = None) -> str:
     rows = [
         [r["experiment"], r["variant"], r["metric"], f"{r['target']:.4g} ({r['target_source']})",
          r["run_id"], r["world_size"], r["batch_size_per_rank"],
@@ -275,38 +283,56 @@ def render_time_to_metric(ttm: pa.Table, colour: bool) -> str:
     ]  # fmt: skip
     header = ["experiment", "variant", "metric", "target", "run", "N", "batch/rank", "reached", "time s",
               "steps", "best"]  # fmt: skip
-    return format_rows(header, rows, colour=colour) if rows else "(no run logged a metric)"
+    return format_rows(header, rows, colour=colour, width=width) if rows else "(no run logged a metric)"
 
 
 def _explained(f: Finding) -> str:
     return f"explains {f.explained_loss:.0%} of the lost time" if f.explained_loss is not None else ""
 
 
-def render_findings(findings: list[Finding], colour: bool, width: int) -> str:
+def render_findings(findings: list[Finding], colour: bool, width: int | None) -> str:
     """Ranked root causes, each with its symptoms; the same cause on other groups one line each."""
     if not findings:
         return "No findings: nothing in the selected runs needs explaining."
     out = []
-    wrap = textwrap.TextWrapper(width=width, initial_indent="   ", subsequent_indent="   ")
-    also = textwrap.TextWrapper(width=width, initial_indent="   - ", subsequent_indent="     ")
+    lines = prose_width(width)
+    para = textwrap.TextWrapper(
+        width=lines, initial_indent="   ", subsequent_indent="   ", break_long_words=False
+    )
+    also = textwrap.TextWrapper(
+        width=lines, initial_indent="   - ", subsequent_indent="     ", break_long_words=False
+    )
     for i, f in enumerate(findings, 1):
         tag = style(f"[{f.severity.upper()}]", SEVERITY_STYLE[f.severity], enabled=colour)
         explained = ", " + _explained(f) if f.explained_loss is not None else ""
-        out.append(f"{i}. {tag} {style(f.title, '1', enabled=colour)}")
-        out.append(f"   ({f.category}, confidence {f.confidence_label}{explained})")
-        out.append(wrap.fill(f.text))
+        # wrapped before it is styled, so the escape codes do not count as width
+        prefix = f"{i}. [{f.severity.upper()}] "
+        title = wrap(prefix + f.title, width, hang="   ").split("\n")
+        out.append(f"{i}. {tag} {style(title[0][len(prefix) :], '1', enabled=colour)}")
+        out += [style(t, "1", enabled=colour) for t in title[1:]]
+        out.append(para.fill(f"({f.category}, confidence {f.confidence_label}{explained})"))
+        out.append(para.fill(f.text))
         if f.symptoms:  # one line each here; their full words are in --json and the report
-            out.append("   Symptoms of this cause (their shares overlap its share, they do not add to it):")
+            out.append(
+                para.fill("Symptoms of this cause (their shares overlap its share, they do not add to it):")
+            )
             for s in f.symptoms:
                 note = f" ({_explained(s)}, confidence {s.confidence_label})"
                 out.append(also.fill(s.title + (note if s.explained_loss is not None else "")))
         if f.recommendation:
-            out.append(wrap.fill("What to do: " + f.recommendation))
+            out.append(para.fill("What to do: " + f.recommendation))
         runs = f.evidence.run_ids
-        ev = f"{len(runs)} runs; " if len(runs) > 3 else (f"runs {', '.join(runs)}; " if runs else "")
-        out.append(wrap.fill(f"Evidence: {ev}analyses {', '.join(f.evidence.analyses)}"))
+        ev = (
+            f"{counted(len(runs), 'run')}; "
+            if len(runs) > 3
+            else (f"runs {', '.join(runs)}; " if runs else "")
+        )
+        names = ", ".join(f.evidence.analyses)
+        out.append(
+            para.fill(f"Evidence: {ev}{'analysis' if len(f.evidence.analyses) == 1 else 'analyses'} {names}")
+        )
         if f.also_in and f.group_id is None:  # a group finding's text already names its groups
-            out.append(f"   The same in {len(f.also_in)} more place(s):")
+            out.append(f"   The same in {counted(len(f.also_in), 'more place')}:")
             for g in f.also_in:
                 where = g.group_id or g.id.split(":", 1)[-1]
                 note = f" ({_explained(g)})" if g.explained_loss is not None else ""
@@ -324,38 +350,25 @@ def run(args: argparse.Namespace) -> int:
             print()
             return 0
         colour = use_colour()
-        width = min(110, shutil.get_terminal_size((100, 24)).columns)
+        width = terminal_width()
         print(heading(f"perfscope analyze {store.root}", colour=colour))
-        print(f"selection: {_describe(sel)}")
+        print(wrap(f"selection: {_describe(sel)}", width))
         print()
-        print(
-            heading(
-                "Runs (steady state, warm-up dropped; step = slowest rank's, elapsed per step)",
-                colour=colour,
-            )
-        )
-        print(render_runs(rep["runs"], colour))
-        print()
-        print(
-            heading(
-                "Scaling (speedup = X(N)/X(N0), efficiency = speedup·N0/N, "
-                "lost = N·T(N) − N0·T(N0)·G(N)/G(N0))",
-                colour=colour,
-            )
-        )
-        print(render_scaling(rep["scaling"], colour))
         sections = (
+            ("Runs (steady state, warm-up dropped; step = slowest rank's, elapsed per step)", render_runs,
+             "runs"),
+            ("Scaling (speedup = X(N)/X(N0), efficiency = speedup·N0/N, lost = N·T(N) − N0·T(N0)·G(N)/G(N0))",
+             render_scaling, "scaling"),
             ("MFU (achieved FLOP/s per device / peak)", render_mfu, "mfu"),
             ("Batch-size sweep (one world size, several batches)", render_batch_sweep, "batch_sweep"),
             ("Time to metric target (smoothed over 10 steps; variants side by side)", render_time_to_metric,
              "time_to_metric"),
         )  # fmt: skip
         for title, render, key in sections:
-            print(heading(title, colour=colour))
-            print(render(rep[key], colour))
+            print(heading(wrap(title, width), colour=colour))
+            print(render(rep[key], colour, width))
             print()
-        print(
-            heading(f"Findings ({len(rep['findings'])}), most lost efficiency explained first", colour=colour)
-        )
+        title = f"Findings ({len(rep['findings'])}), most lost efficiency explained first"
+        print(heading(wrap(title, width), colour=colour))
         print(render_findings(rep["findings"], colour, width))
     return 0

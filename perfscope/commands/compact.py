@@ -7,6 +7,7 @@ import math
 
 from ..compact import compact
 from ..errors import PerfscopeError
+from ..words import counted
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,12 +28,17 @@ def run(args: argparse.Namespace) -> int:
         raise PerfscopeError(f"--grace must be a finite number of seconds, 0 or more; got {args.grace}")
     r = compact(args.store, dry_run=args.dry_run, grace_s=args.grace)
     verb = "would merge" if args.dry_run else "merged"
-    print(f"{verb} {r.files_merged} segments in {r.partitions} partitions ({r.rows:,} rows)")
+    print(
+        f"{verb} {counted(r.files_merged, 'segment')} in {counted(r.partitions, 'partition')} "
+        f"({counted(r.rows, 'row')})"
+    )
     if not args.dry_run:
         print(
-            f"wrote {r.files_written} files, removed {r.files_removed}; "
+            f"wrote {counted(r.files_written, 'file')}, removed {r.files_removed}; "
             f"{r.bytes_before / 1e6:.2f} MB -> {r.bytes_after / 1e6:.2f} MB"
         )
+    for path in r.live_sealed:
+        print(f"sealed {path} (a killed writer's live segment)")
     for path in r.leftovers_removed:
         print(f"removed leftover {path} (a killed writer's, compaction's or query's)")
     for s in r.skipped:

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import PerfscopeError
 from ..output import store_target
 from ..simulate import existing_run_ids
+from ..words import counted
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,16 +51,16 @@ def run(args: argparse.Namespace) -> int:
     recorded = len(existing_run_ids(store) - before)
     if recorded < len(the_plan.runs):  # the collector only warns, so that a training job goes on
         raise PerfscopeError(
-            f"recorded {recorded} of {len(the_plan.runs)} runs into {store}; the warnings above say "
-            "what could not be written",
+            f"recorded {recorded} of {counted(len(the_plan.runs), 'run')} into {store}; the warnings "
+            "above say what could not be written",
             exit_code=1,
         )
     worlds = ", ".join(map(str, the_plan.world_sizes))
     batches = ", ".join(map(str, the_plan.batch_sizes))
     print(
-        f"recorded {len(the_plan.runs)} runs of experiment {labels['experiment']!r} into {store} in "
-        f"{time.monotonic() - started:.0f} s: world sizes {worlds} x batch {batches} per rank, "
-        f"{the_plan.steps} steps each, {labels['backend']} on {labels['device']}"
+        f"recorded {counted(len(the_plan.runs), 'run')} of experiment {labels['experiment']!r} into "
+        f"{store} in {time.monotonic() - started:.0f} s: world sizes {worlds} x batch {batches} per rank, "
+        f"{counted(the_plan.steps, 'step')} each, {labels['backend']} on {labels['device']}"
     )
     _next_steps(store)
     return 0
@@ -76,8 +77,8 @@ def _run_pattern(store: Path, pattern: str, quick: bool) -> int:
             f"recorded nothing into {store}; the warnings above say what could not be written", exit_code=1
         )
     print(
-        f"recorded a {pattern} job of {world} ranks, {options['steps']} steps, into {store} in "
-        f"{time.monotonic() - started:.0f} s (gloo on the CPU)"
+        f"recorded a {pattern} job of {counted(world, 'rank')}, {counted(options['steps'], 'step')}, "
+        f"into {store} in {time.monotonic() - started:.0f} s (gloo on the CPU)"
     )
     _next_steps(store)
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..analysis import Selection
 from ..errors import PerfscopeError
 from ..store import open_store
+from ..words import counted
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
             table_format=args.table_format,
             stream=sys.stderr,
         )
-    extra = f" and {len(written.files) - 1} more files" if len(written.files) > 1 else ""
+    extra = f" and {counted(len(written.files) - 1, 'more file')}" if len(written.files) > 1 else ""
     print(
-        f"wrote {written.report}{extra}: {written.runs} runs, {written.charts} charts, "
-        f"{written.findings} findings",
+        f"wrote {written.report}{extra}: {counted(written.runs, 'run')}, {counted(written.charts, 'chart')}, "
+        f"{counted(written.findings, 'finding')}",
         file=sys.stderr,
     )
     return 0

@@ -33,7 +33,8 @@ from ..simulate.presets import (
     with_overrides,
 )
 from ..store import open_store
-from ..terminal import format_rows
+from ..terminal import format_rows, terminal_width
+from ..words import counted, plural
 
 _SWEEP_FLAGS = (
     "partition",
@@ -277,7 +278,7 @@ def _cell(key: str, value: Any) -> Any:
 
 def _print_fits(fits: list[FittedModel]) -> None:
     rows = [[_cell(key, f.summary()[key]) for key, _ in _FIT_COLUMNS] for f in fits]
-    print(format_rows([heading for _, heading in _FIT_COLUMNS], rows))
+    print(format_rows([heading for _, heading in _FIT_COLUMNS], rows, width=terminal_width()))
     for f in fits:
         for note in f.notes:
             print(f"note ({f.cluster}, {f.backend.name}): {note}")
@@ -316,8 +317,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     ids = write_runs(args.store, specs, seed, start_ns)
     experiments = sorted({s.experiment for s in specs})
     print(
-        f"wrote {len(ids)} predicted runs (simulated, tagged fitted_from) to {args.store}: "
-        f"experiment {', '.join(experiments)}"
+        f"wrote {counted(len(ids), 'predicted run')} (simulated, tagged fitted_from) to {args.store}: "
+        f"{plural('experiment', len(experiments))} {', '.join(experiments)}"
     )
     return 0
 
@@ -347,5 +348,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = parse_config(PRESETS[args.preset or "seed-study"](), seed=args.seed)
     ids = write_study(Path(args.store), cfg)
     experiments = ", ".join(e.name for e in cfg.experiments)
-    print(f"wrote {len(ids)} simulated runs (seed {cfg.seed}) to {args.store}: experiment {experiments}")
+    print(
+        f"wrote {counted(len(ids), 'simulated run')} (seed {cfg.seed}) to {args.store}: "
+        f"{plural('experiment', len(cfg.experiments))} {experiments}"
+    )
     return 0

@@ -23,8 +23,9 @@ from ..errors import PerfscopeError
 from ..output import check_output_file, open_output, printable_columns
 from ..schema import TABLES
 from ..store import open_store
-from ..terminal import format_table, use_colour
+from ..terminal import format_table, terminal_width, use_colour
 from ..user_sql import DEFAULT_MEMORY_LIMIT, Rows, UserSql
+from ..words import counted
 
 Emit = Callable[[str], object]
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         with open_output(args.output) as f:
             n = _write(rows, args, lambda text: f.write(text.encode()), f)
     if args.format == "parquet":
-        print(f"wrote {n} rows to {args.output}", file=sys.stderr)
+        print(f"wrote {counted(n, 'row')} to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -94,7 +95,14 @@ def _write(rows: Rows, args: argparse.Namespace, emit: Emit, binary: BinaryIO | 
         return _csv(rows, emit)
     if args.format == "json":
         return _json(rows, emit)
-    return _table(rows, emit, colour=use_colour() and not args.output, limit=args.limit)
+    to_terminal = not args.output
+    return _table(
+        rows,
+        emit,
+        colour=use_colour() and to_terminal,
+        width=terminal_width() if to_terminal else None,
+        limit=args.limit,
+    )
 
 
 def _parquet(rows: Rows, f: BinaryIO) -> int:
@@ -135,7 +143,7 @@ def _json(rows: Rows, emit: Emit) -> int:
     return n
 
 
-def _table(rows: Rows, emit: Emit, *, colour: bool, limit: int) -> int:
+def _table(rows: Rows, emit: Emit, *, colour: bool, width: int | None, limit: int) -> int:
     shown: list[pa.RecordBatch] = []
     n = 0
     for batch in rows:
@@ -143,8 +151,8 @@ def _table(rows: Rows, emit: Emit, *, colour: bool, limit: int) -> int:
             shown.append(batch)
         n += batch.num_rows
     table = pa.Table.from_batches(shown, schema=rows.schema).slice(0, max(limit, 0))
-    text = format_table(printable_columns(table), colour=colour)
+    text = format_table(printable_columns(table), colour=colour, width=width)
     if n > table.num_rows:
-        text += f"\n... {n - table.num_rows} more rows"
+        text += f"\n... {counted(n - table.num_rows, 'more row')}"
     emit(text + "\n")
     return n

@@ -15,7 +15,7 @@ from ..analysis import Selection
 from ..errors import PerfscopeError, StoreError
 from ..explain import explain
 from ..store import Store, open_store
-from ..terminal import format_rows, heading, style, use_colour
+from ..terminal import format_rows, heading, style, terminal_width, use_colour, wrap
 
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
 #: a rank is named slowest when its compute exceeds the fastest rank's by more than this factor
@@ -104,12 +104,15 @@ def frame(store: Store, *, run_id: str | None, window: int, findings: bool = Tru
     return f
 
 
-def render(f: Frame, *, colour: bool, width: int = 100) -> str:
+def render(f: Frame, *, colour: bool, width: int | None = None) -> str:
+    """One frame as text, fitted to `width` columns (None: a file or pipe, tables whole)."""
     lines = [heading(f"perfscope top  {f.store}", colour=colour)]
     if f.run_id is None:
         lines.append("no steps recorded yet; waiting for the job to write its first segment ...")
         return "\n".join(lines)
-    lines.append(f"run {f.run_id}  experiment {f.experiment or '?'}  world size {f.world_size or '?'}")
+    lines.append(
+        wrap(f"run {f.run_id}  experiment {f.experiment or '?'}  world size {f.world_size or '?'}", width)
+    )
     lines.append("")
     header = ["rank", "step", "step ms", *[p.replace("_exposed", "") + " %" for p in PHASES], "comm %", ""]
     rows = []
@@ -125,18 +128,25 @@ def render(f: Frame, *, colour: bool, width: int = 100) -> str:
                 style(mark, "1;31", enabled=colour) if mark else "",
             ]
         )
-    lines.append(format_rows(header, rows, colour=colour))
+    lines.append(format_rows(header, rows, colour=colour, width=width))
     lines.append("")
-    lines.append("step ms: median of the last steps of each rank; shares of their summed time; comm %: all")
     lines.append(
-        "communication (overlapped or not) over step time; slowest: most compute, the rank others wait for"
+        wrap(
+            "step ms: median of the last steps of each rank; shares of their summed time; comm %: all "
+            "communication (overlapped or not) over step time; slowest: most compute, the rank others "
+            "wait for",
+            width,
+        )
     )
     lines.append("")
     lines.append(heading(f"findings so far ({len(f.findings)})", colour=colour))
     severity = {"alarm": "1;31", "warning": "1;33", "info": "1;34"}
     for sev, title in f.findings[:8] or [("", "none yet")]:
-        tag = style(f"[{sev.upper()}]", severity.get(sev, "0"), enabled=colour) + " " if sev else ""
-        lines.append(f"  {tag}{title}"[: width + 20])
+        tag = f"[{sev.upper()}] " if sev else ""
+        text = wrap(tag + title, width, indent="  ", hang="    ")  # wrapped before the tag is coloured
+        if tag:
+            text = text.replace(tag, style(tag[:-1], severity[sev], enabled=colour) + " ", 1)
+        lines.append(text)
     return "\n".join(lines)
 
 
@@ -152,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
                 render(
                     frame(store, run_id=args.run, window=args.window, findings=not args.no_findings),
                     colour=colour,
+                    width=terminal_width(),
                 )
             )
         return 0
@@ -162,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
                     text = render(
                         frame(store, run_id=args.run, window=args.window, findings=not args.no_findings),
                         colour=colour,
+                        width=terminal_width(),
                     )
             except StoreError as exc:  # started before the job: wait for its first segment
                 text = f"perfscope top: waiting for {args.store}: {exc.message}"

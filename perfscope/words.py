@@ -1,0 +1,23 @@
+"""Counts in words, shared by the CLI, the report and the dashboard: '1 run', '2 runs', '1,200 rows'."""
+
+from __future__ import annotations
+
+#: nouns whose plural is not the noun + "s"
+_IRREGULAR = {"analysis": "analyses", "process": "processes", "is": "are", "was": "were"}
+
+
+def plural(noun: str, n: int) -> str:
+    """`noun` as it reads after the count `n` ('run', 'runs'); the last word of a phrase is the one
+    that changes ('world size' -> 'world sizes')."""
+    if n == 1:
+        return noun
+    head, _, last = noun.rpartition(" ")
+    last = _IRREGULAR.get(
+        last, last[:-1] + "ies" if last.endswith("y") and last[-2:-1] not in "aeiou" else last + "s"
+    )
+    return f"{head} {last}" if head else last
+
+
+def counted(n: int, noun: str) -> str:
+    """The count and its noun: counted(1, 'run') == '1 run', counted(1200, 'row') == '1,200 rows'."""
+    return f"{n:,} {plural(noun, n)}"
