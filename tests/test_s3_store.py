@@ -406,3 +406,40 @@ def test_parse_url_and_endpoint_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://two:2")
     assert objectstore.endpoint_url() == "http://two:2"
     assert objectstore.mirror_dir(loc).parts[-4:] == ("two_2", "my-bucket", "a", "b")
+
+
+def _dashboard(store: str) -> None:
+    # AppTest runs this function's body as the script: it imports what it needs itself.
+    from perfscope.dashboard.app import main
+
+    main(store=store, page="overview")
+
+
+def test_the_dashboard_opens_an_s3_store_and_switches_to_one(
+    s3env: dict[str, str], small_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from perfscope.commands.dashboard import _store
+
+    bucket = s3env["BUCKET"]
+    _upload_store(small_store, bucket, "dash")
+    url = f"s3://{bucket}/dash"
+    with open_store(small_store) as local:
+        steps = local.row_count("steps")
+    # `perfscope dashboard s3://...` syncs first (a dead endpoint fails there, in one line) and hands
+    # the app the mirror folder, which open_store reads as the store at `url`
+    at = AppTest.from_function(_dashboard, args=(str(_store(url)),), default_timeout=120).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    shown = [c.value for c in at.sidebar.code]
+    assert url in shown
+    assert any(f"{steps:,} step rows" in c.value for c in at.sidebar.caption)
+
+    # the sidebar's "Open another store" takes an s3:// address too; a wrong one is one line
+    at = AppTest.from_function(_dashboard, args=(str(small_store),), default_timeout=120).run()
+    at.sidebar.text_input(key="store_switch").input("s3://no-such-bucket-x/p").run()
+    assert [e.value for e in at.sidebar.error] and "no-such-bucket-x" in at.sidebar.error[0].value
+    at.sidebar.text_input(key="store_switch").input(url).run()
+    assert not at.exception and not at.sidebar.error
+    assert url in [c.value for c in at.sidebar.code]
