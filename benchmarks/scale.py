@@ -130,12 +130,14 @@ def perfscope(d: Design, *args: str) -> Ran:
 
 
 def files_and_size(root: Path) -> tuple[int, int, int]:
-    """(data files, of which Parquet, bytes of all files): hidden and `_` names are not data."""
+    """(data files, of which Parquet, bytes of all files): a file or folder named with a leading
+    `.` or `_` (temporary files, the manifest, `_rollups/`) is not table data."""
     data = parquet = size = 0
     for dirpath, _, names in os.walk(root):
+        hidden = any(part.startswith((".", "_")) for part in Path(dirpath).relative_to(root).parts)
         for name in names:
             size += os.lstat(os.path.join(dirpath, name)).st_size
-            if not name.startswith((".", "_")):
+            if not hidden and not name.startswith((".", "_")):
                 data += 1
                 parquet += name.endswith(".parquet")
     return data, parquet, size
