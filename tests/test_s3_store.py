@@ -443,3 +443,23 @@ def test_the_dashboard_opens_an_s3_store_and_switches_to_one(
     at.sidebar.text_input(key="store_switch").input(url).run()
     assert not at.exception and not at.sidebar.error
     assert url in [c.value for c in at.sidebar.code]
+
+
+def test_perfscope_run_records_an_unchanged_script_to_s3(
+    s3env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_run_command import ACCUMULATING, BIN, _launch, _script
+
+    script = _script(tmp_path, "accum.py", ACCUMULATING, UPDATES=4)
+    url = f"s3://{s3env['BUCKET']}/runs"
+    env = {k: v for k, v in s3env.items() if k != "BUCKET"}
+    perfscope_run = [str(BIN / "perfscope"), "run", "--store", url, "--poll-hz", "0", "--"]
+    out = _launch([*perfscope_run, sys.executable, script.name], tmp_path, **env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "trained\n" and "warning" not in out.stderr, out.stderr
+    assert f"next: perfscope analyze {url}" in out.stderr
+    with open_store(url) as store:
+        assert store.query("SELECT step FROM steps ORDER BY step").column("step").to_pylist() == [0, 1, 2, 3]
+    bad = _launch([*perfscope_run[:3], "s3://Not_A_Bucket/x", "--", sys.executable, script.name], tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Not_A_Bucket" in bad.stderr
+    assert bad.stdout == ""  # the command never ran
