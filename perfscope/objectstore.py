@@ -199,6 +199,18 @@ def key_problem(rel: str) -> str:
     return ""
 
 
+def refuse_s3(store: object, doing: str) -> None:
+    """For the commands that write or rewrite a local folder (simulate, demo, import, compact): an
+    s3:// store is refused in one line saying what to do instead."""
+    if is_s3_url(store):
+        url = one_line(str(store))
+        raise StoreError(
+            f"{url}: {doing} needs a local folder; do it in one and copy that to S3 (aws s3 sync FOLDER "
+            f"{url}). Recording (perfscope.profile, perfscope run) and reading (info, analyze, report, "
+            "sql, dashboard) take s3:// addresses"
+        )
+
+
 # -- reading: the mirror ---------------------------------------------------------------------------
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:

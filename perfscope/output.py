@@ -191,6 +191,9 @@ def store_target(path: str | os.PathLike[str], *, what: str = "store", create: b
     """A folder to record runs into: an existing store, an empty folder, or a new folder in an existing
     one; anything else (a file, a device, a folder of other things, a missing parent) is refused. With
     `create`, a new folder is made."""
+    from .objectstore import refuse_s3
+
+    refuse_s3(path, f"writing a {what} (simulate, demo, import)")
     flag = "STORE"
     p = _as_path(path, what, flag)
     st = _lstat(p, what, flag)

@@ -463,3 +463,23 @@ def test_perfscope_run_records_an_unchanged_script_to_s3(
     bad = _launch([*perfscope_run[:3], "s3://Not_A_Bucket/x", "--", sys.executable, script.name], tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Not_A_Bucket" in bad.stderr
     assert bad.stdout == ""  # the command never ran
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compact", "URL"],
+        ["simulate", "URL"],
+        ["demo", "URL"],
+        ["import", "kineto", "--store", "URL", "trace.json"],
+    ],
+)
+def test_commands_that_write_a_local_folder_refuse_s3_in_one_line(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trace.json").write_text("{}")
+    code, out, err = cli(capsys, *[a.replace("URL", "s3://some-bucket/p") for a in argv])
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "needs a local folder" in err and "aws s3 sync" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]  # no ./s3: folder made

@@ -7,6 +7,7 @@ import math
 
 from ..compact import compact
 from ..errors import PerfscopeError
+from ..objectstore import refuse_s3
 from ..words import counted
 
 
@@ -26,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.grace < math.inf:  # also refuses nan
         raise PerfscopeError(f"--grace must be a finite number of seconds, 0 or more; got {args.grace}")
+    refuse_s3(args.store, "perfscope compact")
     r = compact(args.store, dry_run=args.dry_run, grace_s=args.grace)
     verb = "would merge" if args.dry_run else "merged"
     print(

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import PerfscopeError
 from ..importers import IMPORTERS, importer
 from ..importers.common import ImportOptions, check_paths
+from ..objectstore import refuse_s3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise PerfscopeError("--batch-size must be a positive number of samples")
     if not args.experiment.strip():
         raise PerfscopeError("--experiment must not be empty")
+    refuse_s3(args.store, "perfscope import")
     opts = ImportOptions(
         store=Path(args.store),
         experiment=args.experiment,
