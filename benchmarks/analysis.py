@@ -138,9 +138,14 @@ def generate(root: Path, target_rows: int, seed: int = 0) -> int:
     return total
 
 
-def generate_duckdb(root: Path, target_rows: int, world_sizes: tuple[int, ...], seed: int = 0) -> int:
+def generate_duckdb(
+    root: Path, target_rows: int, world_sizes: tuple[int, ...], seed: int = 0, *, link: bool = False
+) -> int:
     """Like `generate`, but each run's step rows come from one DuckDB COPY of range() (hash noise
-    instead of numpy's), written as one Parquet file per run with 1M-row row groups."""
+    instead of numpy's), written as one Parquet file per run with 1M-row row groups. With `link`,
+    the runs of one world size share the first configuration's file (hard links): a store of that
+    many rows written in a fraction of the time."""
+    first: dict[int, Path] = {}
     steps = max(40, target_rows // (len(CONFIGS) * sum(world_sizes)))
     kv = f"{{'{META_TABLE.decode()}': 'steps', '{META_VERSION.decode()}': '{SCHEMA_VERSION}'}}"
     total = 0
@@ -154,6 +159,12 @@ def generate_duckdb(root: Path, target_rows: int, world_sizes: tuple[int, ...], 
             fwd_ns = int(10e6 * batch / 32)
             d = segment_dir(root, "steps", run_id)
             d.mkdir(parents=True, exist_ok=True)
+            total += n * steps
+            _write_meta(root, run_id, n, nodes, backend, cluster, batch)
+            if link and n in first:
+                os.link(first[n], d / "bench-000001.parquet")
+                continue
+            first[n] = d / "bench-000001.parquet"
             path = str(d / "bench-000001.parquet").replace("'", "''")
             con.execute(
                 f"""
@@ -177,8 +188,6 @@ def generate_duckdb(root: Path, target_rows: int, world_sizes: tuple[int, ...], 
                 ) TO '{path}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP}, KV_METADATA {kv})
                 """
             )
-            total += n * steps
-            _write_meta(root, run_id, n, nodes, backend, cluster, batch)
     con.close()
     return total
 
@@ -252,31 +261,60 @@ def _max_rel_diff(a: object, b: object) -> float:
     return abs(a - b) / max(abs(a), abs(b))
 
 
-def bench_rollups(root: Path, rows: int, world_sizes: tuple[int, ...], repeat: int = 1) -> dict[str, object]:
+def bench_rollups(
+    root: Path,
+    rows: int,
+    world_sizes: tuple[int, ...],
+    repeat: int = 1,
+    *,
+    link: bool = False,
+    raw: bool = True,
+) -> dict[str, object]:
     """Write a store with DuckDB, compact it (which writes the rollups), then time `analyze --json`
-    with the rollups and without them, and compare the two outputs' numbers."""
+    with the rollups and without them, and compare the two outputs' numbers. With `link`, the
+    rollups of the runs sharing one file are written once (timed) and copied (their sources are
+    the same file: they check out)."""
     load_before = os.getloadavg()[0]
     t = time.perf_counter()
-    exact = generate_duckdb(root, rows, world_sizes)
+    exact = generate_duckdb(root, rows, world_sizes, link=link)
     gen_s = time.perf_counter() - t
     size_mb = sum(p.stat().st_size for p in root.rglob("*.parquet")) / 2**20
+    built = {}
+    if link:
+        cluster, backend, batch = CONFIGS[0]
+        firsts = [f"bench-{cluster}-{backend}-b{batch}-n{n}" for n in world_sizes]
+        code = (
+            "import sys; from perfscope.rollups import write_rollups; "
+            "write_rollups(sys.argv[1], run_ids=sys.argv[2:])"
+        )
+        built = _measure([sys.executable, "-c", code, str(root), *firsts])
+        for cluster, backend, batch in CONFIGS[1:]:
+            for n, src in zip(world_sizes, firsts, strict=True):
+                dest = root / ROLLUP_DIR / f"run_id=bench-{cluster}-{backend}-b{batch}-n{n}"
+                shutil.copytree(root / ROLLUP_DIR / f"run_id={src}", dest)
     compact = _measure([sys.executable, "-m", "perfscope", "compact", str(root)])
     rollup_mb = sum(p.stat().st_size for p in (root / ROLLUP_DIR).rglob("*.parquet")) / 2**20
     cmd = [sys.executable, "-m", "perfscope", "analyze", str(root), "--json"]
     rolled = _fastest(cmd, repeat)
     aside = root / f"{ROLLUP_DIR}-aside"
-    os.rename(root / ROLLUP_DIR, aside)
-    try:
-        raw = _fastest(cmd, repeat)
-    finally:
-        os.rename(aside, root / ROLLUP_DIR)
-    diff = _max_rel_diff(json.loads(rolled["stdout"]), json.loads(raw["stdout"]))
+    unrolled: dict[str, Any] = {"wall_s": math.nan, "cpu_s": math.nan, "peak_rss_mb": math.nan}
+    diff = math.nan
+    if raw:
+        os.rename(root / ROLLUP_DIR, aside)
+        try:
+            unrolled = _fastest(cmd, repeat)
+        finally:
+            os.rename(aside, root / ROLLUP_DIR)
+        diff = _max_rel_diff(json.loads(rolled["stdout"]), json.loads(unrolled["stdout"]))
     return {
         "step_rows": exact,
         "world_sizes": list(world_sizes),
         "runs": len(CONFIGS) * len(world_sizes),
         "store_mb": round(size_mb, 1),
         "generate_s": round(gen_s, 1),
+        "linked_runs_share_files": link,
+        "rollups_of_distinct_files_wall_s": round(built["wall_s"], 1) if built else None,
+        "rollups_of_distinct_files_cpu_s": round(built["cpu_s"], 1) if built else None,
         "compact_with_rollups_wall_s": round(compact["wall_s"], 1),
         "compact_cpu_s": round(compact["cpu_s"], 1),
         "compact_peak_rss_mb": round(compact["peak_rss_mb"]),
@@ -285,9 +323,9 @@ def bench_rollups(root: Path, rows: int, world_sizes: tuple[int, ...], repeat: i
         "analyze_rollups_wall_s": round(rolled["wall_s"], 2),
         "analyze_rollups_cpu_s": round(rolled["cpu_s"], 2),
         "analyze_rollups_peak_rss_mb": round(rolled["peak_rss_mb"]),
-        "analyze_raw_wall_s": round(raw["wall_s"], 2),
-        "analyze_raw_cpu_s": round(raw["cpu_s"], 2),
-        "analyze_raw_peak_rss_mb": round(raw["peak_rss_mb"]),
+        "analyze_raw_wall_s": round(unrolled["wall_s"], 2),
+        "analyze_raw_cpu_s": round(unrolled["cpu_s"], 2),
+        "analyze_raw_peak_rss_mb": round(unrolled["peak_rss_mb"]),
         "max_rel_diff_rollups_vs_raw": diff,
         "load1_before": round(load_before, 2),
         "load1_after": round(os.getloadavg()[0], 2),
@@ -306,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write the steps with DuckDB, compact, then time analyze --json with and without rollups",
     )
+    p.add_argument(
+        "--link",
+        action="store_true",
+        help="with --rollups: the runs of one world size share one file (hard links), rollups built once",
+    )
+    p.add_argument("--no-raw", action="store_true", help="with --rollups: do not time analyze without them")
     args = p.parse_args(argv)
     base = Path(args.dir)
     print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}")
@@ -314,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         try:
             if args.rollups:
-                result = bench_rollups(root, int(rows), tuple(args.world_sizes), args.repeat)
+                result = bench_rollups(
+                    root, int(rows), tuple(args.world_sizes), args.repeat, link=args.link, raw=not args.no_raw
+                )
             else:
                 result = bench(root, int(rows), args.repeat)
             print(json.dumps(result), flush=True)

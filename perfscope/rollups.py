@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -136,9 +136,12 @@ def _default_cut_sql(n_steps: str) -> str:
     return f"CASE WHEN {n_steps} - {warmup} < {MIN_STEADY_STEPS} THEN {n_steps} // 2 ELSE {warmup} END"
 
 
-def write_rollups(root: str | os.PathLike[str], *, window_steps: int = WINDOW_STEPS) -> int:
-    """Write the rollups of every run whose steps segments changed since its rollups were written;
-    returns how many runs got new ones. A run whose sums overflow 64 bits keeps none (raw rows answer)."""
+def write_rollups(
+    root: str | os.PathLike[str], *, window_steps: int = WINDOW_STEPS, run_ids: Collection[str] | None = None
+) -> int:
+    """Write the rollups of every run (of `run_ids`, when given) whose steps segments changed since its
+    rollups were written; returns how many runs got new ones. A run whose sums overflow 64 bits keeps
+    none (the raw rows answer)."""
     from .store import _view_sql, list_store
 
     root = Path(root).resolve()
@@ -148,6 +151,8 @@ def write_rollups(root: str | os.PathLike[str], *, window_steps: int = WINDOW_ST
         by_run.setdefault(seg.path.parent, []).append(seg)
     written = 0
     for part, segs in sorted(by_run.items()):
+        if run_ids is not None and part.name.split("=", 1)[1] not in run_ids:
+            continue
         sources = _sources(segs)
         out_dir = root / ROLLUP_DIR / part.name
         if all(_recorded(out_dir / f"{k}.parquet") == (sources, window_steps) for k in (BY_STEP, BY_WINDOW)):
