@@ -578,8 +578,8 @@ def profile(
     count_flops: bool = False,
     **options: Any,
 ) -> Profiler:
-    """Record this rank's training into the store folder `store`; use as a context manager on
-    every rank:
+    """Record this rank's training into the store folder `store` (or an s3://bucket/prefix, uploaded
+    from a local staging folder: docs/object_storage.md); use as a context manager on every rank:
 
         with perfscope.profile("traces/", experiment="resnet-scaling", batch_size=75) as prof:
             prof.watch(model)
