@@ -25,6 +25,8 @@ from .step_rows import (
 
 #: steps kept waiting for their timing marks before the oldest is written incomplete
 MAX_PENDING_STEPS = 64
+#: never: a timeline that does not watch for a step that never ends
+_NEVER = 1 << 62
 
 
 def infer_samples(batch: Any) -> int | None:
@@ -73,6 +75,10 @@ class Timeline:
         self.nvtx_step_begin: Callable[[int], Any] = _noop1
         self.nvtx_step_end: Callable[[Any], None] = _noop1
         self._step_range: Any = None
+        #: `on_long_step(ns)` is called once when a phase starts this long after its step began
+        #: (a loop that never ends a step: prof.step() forgotten)
+        self.long_step_ns = _NEVER
+        self.on_long_step: Callable[[int], None] = _noop1
 
     def use_marks(self, marks: Marks) -> bool:
         """Switch the timing clock (to CUDA events once the model is on a GPU); only before anything
@@ -109,6 +115,9 @@ class Timeline:
     def enter(self, name: str) -> Span:
         t = perf_ns()
         cur = self.cur or self.current()
+        if t - cur.start_host > self.long_step_ns:
+            self.long_step_ns = _NEVER
+            self.on_long_step(t - cur.start_host)
         stack = self.stack
         span = [
             name,

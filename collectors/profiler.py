@@ -29,6 +29,9 @@ from .run_metadata import cuda_device_name, ranks_row, runs_row, split_keywords,
 #: set to 1 to turn perfscope.profile into a pass-through without touching the script
 DISABLE_ENV = "PERFSCOPE_DISABLE"
 
+#: a phase this long after its step began, outside prof.steps: one warning that prof.step() is missing
+NO_STEP_WARN_S = 120.0
+
 #: called with every Profiler as it starts recording (`perfscope run` steps aside for a script's own)
 START_LISTENERS: list[Callable[[Profiler], None]] = []
 
@@ -82,6 +85,32 @@ class _Guard:
         return True
 
 
+class StepBlock:
+    """What `prof.step()` returns. The call itself has ended the step; as a context manager,
+    `with prof.step(): ...` makes the block one step instead: it ends when the block ends, and the
+    time between blocks (waiting for the next batch) counts in the next block's step. An exception
+    leaving the block fails its step: its spans are kept with their error, it gets no steps row."""
+
+    __slots__ = ("_prof",)
+
+    def __init__(self, prof: Profiler) -> None:
+        self._prof = prof
+
+    def __enter__(self) -> StepBlock:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        prof = self._prof
+        if not prof._recording or prof._in_steps:
+            return
+        if exc_type is not None:
+            with prof._guard:
+                prof._timeline.abandon_open_step()
+            return
+        prof._end_step(None)
+        prof._block_ended = True
+
+
 class Profiler:
     """One rank's recording of one run. Create it with `perfscope.profile(...)`."""
 
@@ -124,6 +153,9 @@ class Profiler:
         self._closed = False
         self._start_rows_written = False
         self._in_steps = 0
+        self._block = StepBlock(self)
+        self._block_ended = False  # the last step ended with a `with prof.step():` block
+        self._step_called = False
         self._phases: dict[str, Phase] = {}
         self._hooks: list[Any] = []
         self._dist: DistRecorder | None = None
@@ -211,6 +243,8 @@ class Profiler:
         self._timeline = Timeline(
             placement.rank, HostMarks(), self.clock, self._writer.extend, default_samples=self.batch_size
         )
+        self._timeline.long_step_ns = int(NO_STEP_WARN_S * 1e9)
+        self._timeline.on_long_step = self._no_step_ended
         if self._timing == "cuda" or (self._timing == "auto" and _cuda_in_use()):
             self._use_cuda_timing()
         ranges = NvtxRanges(self._nvtx_enabled)
@@ -369,24 +403,51 @@ class Profiler:
         finally:
             self._in_steps -= 1
 
-    def step(self, samples: int | None = None) -> None:
-        """End the current step (for loops that do not iterate through prof.steps)."""
+    def step(self, samples: int | None = None) -> StepBlock:
+        """End the step in progress, for loops that do not iterate through prof.steps: call it once
+        at the end of every training step, after the optimizer update:
+
+            for x, y in loader:
+                with prof.phase("forward"):
+                    loss = loss_fn(model(x), y)
+                ...
+                optimizer.step()
+                optimizer.zero_grad()
+                prof.step()
+
+        or wrap the step's body in a block, `with prof.step(): ...` (see StepBlock). `samples`
+        overrides the profile's batch_size for this step. A first call before anything was
+        recorded starts the clock instead (the time before the loop is no step)."""
         if not self._recording:
-            return
+            return self._block
         if self._in_steps:
             self.faults.report(
                 "step_inside_steps",
                 "perfscope: prof.step() was called inside `for batch in prof.steps(loader)`, which already "
                 "ends a step per batch; the extra call is ignored.",
             )
-            return
+            return self._block
         self._write_start_rows()
+        tl = self._timeline
+        cur = tl.cur
+        if cur is None or cur.empty():
+            if self._block_ended:  # the wait for the next batch since a block ended: in the next step
+                self._block_ended = False
+                return self._block
+            if tl.index == 0 and not self._step_called:  # nothing recorded yet: the first step starts now
+                self._step_called = True
+                with self._guard:
+                    tl.begin_loop()
+                return self._block
+        self._step_called = True
+        self._block_ended = False
         self._end_step(samples)
         if self.count_flops and self._timeline.index == 1 and not self._flops.running:
             try:
                 self._flops.start()  # loops without a loader: count the second step, the first fully seen
             except Exception as exc:
                 self._internal_error(exc)
+        return self._block
 
     def log(self, **values: Any) -> None:
         """User metrics of the step in progress: `prof.log(loss=loss.item(), accuracy=acc)`."""
@@ -469,6 +530,19 @@ class Profiler:
             flops = self._flops.stop()
             if flops is not None and self._columns.get("flops_per_step") is None:
                 self._columns["flops_per_step"] = flops
+
+    def _no_step_ended(self, open_ns: int) -> None:
+        """The step in progress has been open for `open_ns` while phases go on: a loop that forgot
+        prof.step(). One warning (and events row); recording goes on."""
+        if self._in_steps:
+            return  # prof.steps ends every step: this one is just long
+        self.faults.report(
+            "no_step",
+            f"perfscope: phases have been recorded for {open_ns / 1e9:.0f} s without a step ending; "
+            "call prof.step() at the end of each training step (after optimizer.step()), wrap the "
+            "step in `with prof.step():`, or iterate `for batch in prof.steps(loader)`. "
+            "A step's rows are written when it ends.",
+        )
 
     def _internal_error(self, exc: Exception) -> None:
         """A bug of ours in the hot path: stop recording rather than risk the job."""

@@ -45,5 +45,6 @@ def warn_once(key: str, message: str) -> bool:
         if key in _seen:
             return False
         _seen.add(key)
-    warnings.warn(message, PerfscopeWarning, stacklevel=3)
+    # one line: at perfscope's own line (line 0 of "perfscope"), so no source line is printed under it
+    warnings.warn_explicit(message, PerfscopeWarning, "perfscope", 0, module="perfscope")
     return True
