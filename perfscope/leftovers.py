@@ -20,9 +20,12 @@ from .schema import TABLES
 #: a leftover younger than this may belong to a process still writing it
 LEFTOVER_GRACE_S = 600.0
 
-# `.c-<hex>.parquet.tmp`: a compaction's merged file in progress (compact.py);
-# `.<segment>.parquet.<8 hex>.tmp`: a writer's segment in progress (writer.write_segment)
-_STORE_TMP = re.compile(r"\.c-[0-9a-f]+\.parquet\.tmp|\..+\.parquet\.[0-9a-f]{8}\.tmp")
+# `.c-[<host tag>-]<hex>.parquet.tmp`: a compaction's (or a closing writer's) merged file in progress
+# (compact.py); `.<segment>.parquet.<8 hex>.tmp`: a segment being written or sealed (writer.write_segment).
+# A live segment (`.arrows`) is no leftover: `perfscope compact` seals a killed writer's.
+_STORE_TMP = re.compile(r"\.c-(?:h[0-9a-f]{6}-)?[0-9a-f]+\.parquet\.tmp|\..+\.parquet\.[0-9a-f]{8}\.tmp")
+# `.perfscope-manifest.<8 hex>.tmp`: a manifest being saved, in the store's root (manifest.py)
+_MANIFEST_TMP = re.compile(r"\.perfscope-manifest\.[0-9a-f]{8}\.tmp")
 # `perfscope-duckdb-<pid>-<random>` (store._spill_dir); older versions had no pid
 _SPILL_DIR = re.compile(r"perfscope-duckdb-(?:(\d+)-)?[A-Za-z0-9_]+")
 SPILL_PREFIX = "perfscope-duckdb-"
@@ -42,9 +45,15 @@ def _subdirs(path: str) -> list[os.DirEntry[str]]:
 
 
 def store_leftovers(root: str | os.PathLike[str], *, grace_s: float = LEFTOVER_GRACE_S) -> list[Path]:
-    """Temporary segment files in the store's partition folders last modified over `grace_s` ago."""
+    """Temporary segment files in the store's partition folders (and manifests being saved, in its root)
+    last modified over `grace_s` ago."""
     cutoff = time.time() - grace_s
     found: list[Path] = []
+    try:
+        with os.scandir(root) as it:
+            found += [Path(e.path) for e in it if _MANIFEST_TMP.fullmatch(e.name) and _old_regular(e, cutoff)]
+    except OSError:
+        pass
     for table in _subdirs(os.fspath(root)):
         if table.name not in TABLES:
             continue

@@ -1,12 +1,14 @@
 """Reads a store: validates its segments and exposes one DuckDB view per table.
 
 A truncated, corrupt or foreign file is skipped and named in a warning; it never breaks a query.
-The connection can read only the store's own folder.
+The connection can read only the store's own folder. Live segments (`.arrows`, perfscope.live) are
+read up to their last complete batch and registered on the connection beside the Parquet files.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import os
@@ -15,8 +17,9 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import PerfscopeWarning, StoreError, one_line
+from .live import LIVE_SUFFIX, read_live, twin
+from .manifest import RANGE_COLUMNS, SAVE_MIN_CHANGES, Manifest
 from .schema import (
     META_REPLACES,
     META_TABLE,
@@ -65,7 +70,9 @@ class Replaced:
 
 @dataclass(frozen=True)
 class Segment:
-    path: Path
+    #: the file's absolute path (`path` makes it a Path on demand: a listing of 100,000 segments
+    #: builds no Path objects)
+    file: str
     table: str
     version: int
     columns: frozenset[str]
@@ -75,6 +82,28 @@ class Segment:
     footprint: str = ""
     #: why the file's `perfscope.replaces` cannot be honoured, when it cannot
     claim_problem: str = ""
+    #: a live segment's complete batches, read when it was listed (None for a Parquet segment)
+    live: pa.Table | None = field(default=None, compare=False, repr=False)
+    #: smallest and largest value of each of the manifest's RANGE_COLUMNS, in turn, from the footer
+    #: statistics (None where a row group has none; a row group of NULLs only adds nothing)
+    ranges: tuple[int | None, ...] = ()
+    #: the file's `perfscope.replaces` metadata as written (kept in the manifest)
+    replaces_raw: bytes | None = field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def path(self) -> Path:
+        return Path(self.file)
+
+    @functools.cached_property
+    def name(self) -> str:
+        return os.path.basename(self.file)
+
+    def range_of(self, column: str) -> tuple[int, int] | None:
+        """The smallest and largest value of `column` (one of RANGE_COLUMNS) in the file, when the
+        footer gave them."""
+        k = 2 * RANGE_COLUMNS.index(column)
+        lo, hi = self.ranges[k : k + 2] or (None, None)
+        return (lo, hi) if lo is not None and hi is not None and lo <= hi else None
 
 
 @dataclass
@@ -86,6 +115,8 @@ class Listing:
     superseded_by: dict[Path, Path] = field(default_factory=dict)
     #: files that are read, but whose claim to replace other segments was ignored, and why
     doubtful: list[SkippedFile] = field(default_factory=list)
+    #: live segments not read because their sealed Parquet twin is (a seal was interrupted, or is under way)
+    sealed_live: list[Path] = field(default_factory=list)
 
 
 # (path, size, mtime_ns) -> Segment | SkippedFile; files are immutable once renamed into place.
@@ -102,32 +133,44 @@ def _outside(path: Path, root: Path) -> Path | None:
     return None if real == root or real.is_relative_to(root) else real
 
 
-def _inspect(path: Path, table: str, root: Path) -> Segment | SkippedFile | None:
-    """None when the file vanished meanwhile (a compaction removed it)."""
+def _inspect(
+    path: str | Path, table: str, root: Path, manifest: Manifest | None = None
+) -> Segment | SkippedFile | None:
+    """None when the file vanished meanwhile (a compaction removed it). A Parquet segment's facts
+    come from this process's cache, else from the store's `manifest` (when its entry matches the
+    file's size and mtime_ns), else from its footer; the manifest notes each for its next save."""
+    file = os.fspath(path)
     try:
-        st = os.lstat(path)
+        st = os.lstat(file)
         if stat.S_ISLNK(st.st_mode):
-            real = _outside(path, root)
+            real = _outside(Path(file), root)
             if real is not None:
-                return SkippedFile(str(path), f"a symbolic link to {real}, outside the store")
-            st = os.stat(path)
+                return SkippedFile(file, f"a symbolic link to {real}, outside the store")
+            st = os.stat(file)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return SkippedFile(str(path), f"cannot stat: {exc.strerror}")
+        return SkippedFile(file, f"cannot stat: {exc.strerror}")
     if not stat.S_ISREG(st.st_mode):
-        return SkippedFile(str(path), "not a regular file")
-    key = (str(path), st.st_size, st.st_mtime_ns)
+        return SkippedFile(file, "not a regular file")
+    if file.endswith(LIVE_SUFFIX):  # still growing: never cached
+        return _inspect_live(Path(file), table)
+    key = (file, st.st_size, st.st_mtime_ns)
     with _cache_lock:
         hit = _inspect_cache.get(key)
-    if hit is not None:
-        return hit
-    result = _inspect_uncached(path, table)
-    if isinstance(result, SkippedFile) and not path.exists():
-        return None
+    if manifest is not None and isinstance(hit, Segment):
+        manifest.confirm(file, st.st_size, st.st_mtime_ns)
+    elif hit is None and manifest is not None:
+        hit = manifest.lookup(file, table, st.st_size, st.st_mtime_ns)
+    if hit is None:
+        hit = _inspect_uncached(Path(file), table)
+        if isinstance(hit, SkippedFile) and not os.path.exists(file):
+            return None
     with _cache_lock:
-        _inspect_cache[key] = result
-    return result
+        _inspect_cache[key] = hit
+    if manifest is not None and isinstance(hit, Segment):
+        manifest.note(file, st.st_size, st.st_mtime_ns, hit)
+    return hit
 
 
 def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
@@ -138,8 +181,55 @@ def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
     except Exception as exc:
         return SkippedFile(str(path), f"not a readable Parquet file (truncated or corrupt): {exc}")
     kv = meta.metadata or {}
+    version = _check_meta(path, kv, arrow_schema, table, "Parquet file")
+    if isinstance(version, SkippedFile):
+        return version
+    replaces, claim_problem = _parse_replaces(kv.get(META_REPLACES))
+    return Segment(
+        file=str(path),
+        table=table,
+        version=version,
+        columns=frozenset(arrow_schema.names),
+        num_rows=meta.num_rows,
+        replaces=replaces,
+        footprint=footprint,
+        claim_problem=claim_problem,
+        ranges=_ranges(meta),
+        replaces_raw=kv.get(META_REPLACES),
+    )
+
+
+def _ranges(meta: pq.FileMetaData) -> tuple[int | None, ...]:
+    """Smallest and largest value of each of the manifest's RANGE_COLUMNS, from every row group's
+    statistics; None and None for a column absent, or without them in some row group."""
+    leaf = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+    found: list[int | None] = []
+    for col in RANGE_COLUMNS:
+        i = leaf.get(col)
+        found += [None, None]
+        if i is None:
+            continue
+        lo: int | None = None
+        hi: int | None = None
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            st = rg.column(i).statistics
+            if st is not None and st.has_min_max and isinstance(st.min, int) and isinstance(st.max, int):
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+            elif not (st is not None and st.has_null_count and st.null_count == rg.num_rows):
+                break
+        else:
+            found[-2:] = [lo, hi]
+    return tuple(found)
+
+
+def _check_meta(
+    path: Path, kv: dict[bytes, bytes], arrow_schema: pa.Schema, table: str, kind: str
+) -> int | SkippedFile:
+    """The schema version a segment's metadata gives, or why it cannot enter the table's view."""
     if META_TABLE not in kv or META_VERSION not in kv:
-        return SkippedFile(str(path), "foreign Parquet file: no perfscope metadata")
+        return SkippedFile(str(path), f"foreign {kind}: no perfscope metadata")
     file_table = kv[META_TABLE].decode(errors="replace")
     if file_table != table:
         return SkippedFile(str(path), f"holds table {file_table!r} but lies in the {table!r} folder")
@@ -150,16 +240,34 @@ def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
     wrong = _type_problem(arrow_schema, table)
     if wrong:
         return SkippedFile(str(path), wrong)
-    replaces, claim_problem = _parse_replaces(kv.get(META_REPLACES))
+    return version
+
+
+def _inspect_live(path: Path, table: str) -> Segment | SkippedFile | None:
+    """A live segment's complete batches, validated as a Parquet segment is; None when it vanished
+    (sealed meanwhile: its twin is listed instead) or holds no batch yet."""
+    try:
+        data = read_live(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return SkippedFile(str(path), f"cannot read: {exc.strerror}")
+    except ValueError as exc:
+        return SkippedFile(str(path), f"not a live segment: {exc}")
+    if data is None:
+        return None
+    version = _check_meta(path, data.schema.metadata or {}, data.schema, table, "Arrow IPC stream")
+    if isinstance(version, SkippedFile):
+        return version
     return Segment(
-        path=path,
+        file=str(path),
         table=table,
         version=version,
-        columns=frozenset(arrow_schema.names),
-        num_rows=meta.num_rows,
-        replaces=replaces,
-        footprint=footprint,
-        claim_problem=claim_problem,
+        columns=frozenset(data.schema.names),
+        num_rows=data.num_rows,
+        replaces=(),
+        footprint=f"live:{path}",
+        live=data,
     )
 
 
@@ -291,6 +399,8 @@ def _claim_problem(seg: Segment, present: dict[str, Segment]) -> str:
         if not same:
             return f"{r.name} is not the segment it claims to replace (rows, size or hash differ)"
         if not _contained_cached(other, seg):
+            if not other.path.exists():
+                continue  # removed meanwhile (the read failed): nothing left to hide
             return f"it does not hold all the rows of {r.name}"
     return ""
 
@@ -305,6 +415,8 @@ def _contained_cached(segment: Segment, merged: Segment) -> bool:
         hit = _contained_cache.get(key)
     if hit is None:
         hit = rows_contained(segment.path, merged.path)
+        if not hit and not (segment.path.exists() and merged.path.exists()):
+            return False  # a compaction removed one meanwhile: no answer to keep
         with _cache_lock:
             _contained_cache[key] = hit
     return hit
@@ -313,11 +425,11 @@ def _contained_cached(segment: Segment, merged: Segment) -> bool:
 def _partition_segments(found: list[Segment], listing: Listing) -> list[Segment]:
     """The segments of one partition that are read: checked compaction claims honoured, identical copies
     counted once; the rest recorded in `listing` with the reason."""
-    present = {seg.path.name: seg for seg in found}
+    present = {seg.name: seg for seg in found}
     hidden: dict[str, Segment] = {}
     merged_copies: dict[tuple[int, int, str], Segment] = {}
     for seg in found:
-        claimed = [r for r in seg.replaces if r.name in present and r.name != seg.path.name]
+        claimed = [r for r in seg.replaces if r.name in present and r.name != seg.name]
         if not seg.claim_problem and not claimed:
             if sum(r.rows for r in seg.replaces) == seg.num_rows:
                 for r in seg.replaces:  # a copy of a segment merged long ago is recognised by its hash
@@ -325,9 +437,7 @@ def _partition_segments(found: list[Segment], listing: Listing) -> list[Segment]
             continue
         problem = _claim_problem(seg, present)
         if problem:
-            listing.doubtful.append(
-                SkippedFile(str(seg.path), f"claim to replace segments ignored: {problem}")
-            )
+            listing.doubtful.append(SkippedFile(seg.file, f"claim to replace segments ignored: {problem}"))
             continue
         for r in seg.replaces:
             merged_copies[(r.rows, r.size_bytes, r.blake2b)] = seg
@@ -336,13 +446,13 @@ def _partition_segments(found: list[Segment], listing: Listing) -> list[Segment]
     kept: list[Segment] = []
     first_of: dict[str, Segment] = {}
     for seg in found:
-        if seg.path.name in hidden:
+        if seg.name in hidden:
             listing.superseded.append(seg.path)
-            listing.superseded_by[seg.path] = hidden[seg.path.name].path
+            listing.superseded_by[seg.path] = hidden[seg.name].path
             continue
         copy_of = _copy_of(seg, first_of, merged_copies)
         if copy_of:
-            listing.skipped.append(SkippedFile(str(seg.path), f"identical copy of {copy_of}: counted once"))
+            listing.skipped.append(SkippedFile(seg.file, f"identical copy of {copy_of}: counted once"))
             continue
         first_of.setdefault(seg.footprint, seg)
         kept.append(seg)
@@ -354,13 +464,13 @@ def _copy_of(seg: Segment, first_of: dict[str, Segment], merged: dict[tuple[int,
     try:
         first = first_of.get(seg.footprint)
         if first is not None and content_digest(first.path) == content_digest(seg.path):
-            return first.path.name
+            return first.name
         if merged:
             size = seg.path.stat().st_size
             if any(rows == seg.num_rows and nbytes == size for rows, nbytes, _ in merged):
                 owner = merged.get((seg.num_rows, size, content_digest(seg.path)))
                 if owner is not None and owner is not seg and rows_contained(seg.path, owner.path):
-                    return f"a segment already merged into {owner.path.name}"
+                    return f"a segment already merged into {owner.name}"
     except OSError:
         pass  # removed meanwhile: the next listing settles it
     return ""
@@ -383,10 +493,16 @@ def rows_contained(segment: Path, merged: Path) -> bool:
         con.close()
 
 
-def list_store(root: Path) -> Listing:
-    """Every valid segment per table, the files skipped and why, and segments a compaction replaced."""
+def list_store(root: Path, *, run_id: str | None = None, save_manifest: bool | None = None) -> Listing:
+    """Every valid segment per table (of one run, when `run_id` is given), the files skipped and why,
+    and segments a compaction replaced.
+
+    The store's manifest (perfscope.manifest) spares reading the footers of segments already seen;
+    it is saved when `save_manifest` is True and anything changed, or when None and at least
+    SAVE_MIN_CHANGES footers were read (or gone files dropped); never for one run's listing."""
     root = Path(root).resolve()
     listing = Listing()
+    manifest = Manifest.load(str(root))
     for name in TABLES:
         table_dir = root / name
         segs: list[Segment] = []
@@ -399,23 +515,66 @@ def list_store(root: Path) -> Listing:
                 SkippedFile(str(table_dir), f"a folder leading to {real}, outside the store")
             )
             continue
-        for stray in sorted(table_dir.glob("*.parquet")):
+        for stray in sorted([*table_dir.glob("*.parquet"), *table_dir.glob(f"*{LIVE_SUFFIX}")]):
             listing.skipped.append(SkippedFile(str(stray), f"not inside a {PARTITION_KEY}=... folder"))
         for part in _partition_dirs(table_dir, root, listing.skipped):
+            if run_id is not None and part.name != f"{PARTITION_KEY}={run_id}":
+                continue
             found: list[Segment] = []
-            for path in sorted(part.glob("*.parquet")):
-                if path.name.startswith("."):
-                    continue  # a segment still being written
-                res = _inspect(path, name, root)
-                if res is None:
+            names = _partition_names(part)
+            folder = f"{part}{os.sep}"
+            for fname in sorted(n for n in names if n.endswith(".parquet") and not n.startswith(".")):
+                _admit(_inspect(folder + fname, name, root, manifest), listing, found)
+            sealed = {seg.name.removesuffix(".parquet") for seg in found}
+            for fname in sorted(n for n in names if n.endswith(LIVE_SUFFIX) and not n.startswith(".")):
+                path = part / fname
+                if path.stem in sealed:  # a valid twin holds its rows
+                    listing.sealed_live.append(path)
                     continue
-                if isinstance(res, SkippedFile):
-                    listing.skipped.append(res)
-                else:
-                    _check_version(res)
-                    found.append(res)
+                res = _inspect(path, name, root)
+                if res is None and twin(path).name not in names:
+                    res = _inspect(twin(path), name, root, manifest)  # sealed since the scan
+                _admit(res, listing, found)
             segs.extend(_partition_segments(found, listing))
+    worth = 1 if save_manifest else SAVE_MIN_CHANGES
+    if run_id is None and save_manifest is not False and manifest.changes >= worth:
+        manifest.save()
     return listing
+
+
+def _admit(res: Segment | SkippedFile | None, listing: Listing, found: list[Segment]) -> None:
+    """Add an inspected file to the partition's segments, or to the listing's skipped files."""
+    if isinstance(res, SkippedFile):
+        listing.skipped.append(res)
+    elif res is not None:
+        _check_version(res)
+        found.append(res)
+
+
+#: a partition folder changed this recently may have a live segment being sealed in it
+_SEAL_RACE_S = 5.0
+
+
+def _partition_names(part: Path) -> set[str]:
+    """The names in a partition folder. A scan racing a seal (the twin renamed in, then the live
+    segment removed) may see neither file; when a writer may be sealing there, a second scan (which
+    sees the twin) is added to the first."""
+    first = _scan_names(part)
+    try:
+        recent = part.stat().st_mtime > time.time() - _SEAL_RACE_S
+    except OSError:
+        recent = False
+    if recent or any(n.endswith(LIVE_SUFFIX) for n in first):
+        return first | _scan_names(part)
+    return first
+
+
+def _scan_names(part: Path) -> set[str]:
+    try:
+        with os.scandir(part) as it:
+            return {e.name for e in it}
+    except OSError:
+        return set()
 
 
 def _view_sql(table: str, segments: list[Segment]) -> str:
@@ -442,8 +601,55 @@ def _view_sql(table: str, segments: list[Segment]) -> str:
 
 
 def _version_sql(table: str, version: int, segments: list[Segment]) -> str:
+    parquet = [s for s in segments if s.live is None]
+    selects = [_parquet_sql(table, version, parquet)] if parquet else []
+    for seg in segments:
+        if seg.live is not None:  # registered on the connection (create_views)
+            run = seg.path.parent.name.partition("=")[2].replace("'", "''")
+            cols = _columns_sql(table, version, [seg], f"'{run}' AS {PARTITION_KEY}")
+            selects.append(f"SELECT {cols} FROM {live_relation(seg)}")
+    return " UNION ALL ".join(selects)
+
+
+def live_relation(seg: Segment) -> str:
+    """The name a live segment's rows are registered under on a connection."""
+    return "_perfscope_live_" + hashlib.blake2b(seg.file.encode(), digest_size=8).hexdigest()
+
+
+def create_views(
+    con: duckdb.DuckDBPyConnection,
+    listing: Listing,
+    *,
+    replace: bool = False,
+    tables: Iterable[str] | None = None,
+) -> set[str]:
+    """Register the listing's live segments on `con` and create one view per table (of `tables`,
+    default all) over them and the Parquet segments; returns the names registered."""
+    chosen = [t for t in listing.segments if tables is None or t in tables]
+    registered: set[str] = set()
+    for name in chosen:
+        for seg in listing.segments[name]:
+            if seg.live is not None:
+                con.register(live_relation(seg), seg.live)
+                registered.add(live_relation(seg))
+    verb = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW"
+    for name in chosen:
+        con.execute(f"{verb} {name} AS {_view_sql(name, listing.segments[name])}")
+    return registered
+
+
+def _parquet_sql(table: str, version: int, segments: list[Segment]) -> str:
+    files = ", ".join("'" + s.file.replace("'", "''") + "'" for s in segments)
+    src = (
+        f"read_parquet([{files}], hive_partitioning=true, union_by_name=true, "
+        f"hive_types={{'{PARTITION_KEY}': 'VARCHAR'}})"
+    )
+    return f"SELECT {_columns_sql(table, version, segments, PARTITION_KEY)} FROM {src}"
+
+
+def _columns_sql(table: str, version: int, segments: list[Segment], partition: str) -> str:
     present = frozenset().union(*(s.columns for s in segments))
-    parts = [PARTITION_KEY]
+    parts = [partition]
     for c in TABLES[table].columns:
         if c.migrated is not None and version < c.since:  # written before the column existed
             parts.append(f'CAST({c.migrated} AS {_DUCK_TYPES[c.type]}) AS "{c.name}"')
@@ -451,12 +657,7 @@ def _version_sql(table: str, version: int, segments: list[Segment]) -> str:
             parts.append(f'"{c.name}"')
         else:
             parts.append(f'CAST(NULL AS {_DUCK_TYPES[c.type]}) AS "{c.name}"')
-    files = ", ".join("'" + str(s.path).replace("'", "''") + "'" for s in segments)
-    src = (
-        f"read_parquet([{files}], hive_partitioning=true, union_by_name=true, "
-        f"hive_types={{'{PARTITION_KEY}': 'VARCHAR'}})"
-    )
-    return f"SELECT {', '.join(parts)} FROM {src}"
+    return ", ".join(parts)
 
 
 def _is_utf8(text: str) -> bool:
@@ -487,18 +688,22 @@ class Store:
         self._forced_skips: dict[str, str] = {}
         self._lock = threading.RLock()
         self._spill_dir = _spill_dir()
-        self.con = duckdb.connect(":memory:")
-        self.con.execute(f"SET temp_directory='{self._spill_dir}'")
+        self._con = duckdb.connect(":memory:")
+        self._con.execute(f"SET temp_directory='{self._spill_dir}'")
         # DuckDB draws a progress bar on stdout for long queries, which would corrupt --json output
-        self.con.execute("SET enable_progress_bar=false")
-        self.con.execute(
+        self._con.execute("SET enable_progress_bar=false")
+        self._con.execute(
             "SET allowed_directories=["
             + ", ".join("'" + str(p).replace("'", "''") + "'" for p in (self.root, self._spill_dir))
             + "]"
         )
-        self.con.execute("SET enable_external_access=false")
-        self.con.execute("SET lock_configuration=true")
+        self._con.execute("SET enable_external_access=false")
+        self._con.execute("SET lock_configuration=true")
         self.listing = Listing()
+        self._live_names: set[str] = set()
+        #: tables whose view is (re)created when a query first names one: binding a view reads a
+        #: footer per file, which a store of 100,000 segments cannot afford at every open
+        self._views_due: set[str] = set()
         self.refresh()
 
     @property
@@ -532,7 +737,7 @@ class Store:
         _check_root(self.root)
         listing = list_store(self.root)
         for segs in listing.segments.values():
-            segs[:] = [s for s in segs if str(s.path) not in self._forced_skips]
+            segs[:] = [s for s in segs if s.file not in self._forced_skips]
         if not self._allow_empty and not any(listing.segments.values()):
             reasons = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in listing.skipped[:3])
             raise StoreError(
@@ -543,8 +748,13 @@ class Store:
         new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
         new_doubts = {s.path for s in listing.doubtful} - {s.path for s in self.listing.doubtful}
         self.listing = listing
-        for name, segs in listing.segments.items():
-            self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {_view_sql(name, segs)}")
+        live = {
+            live_relation(seg) for segs in listing.segments.values() for seg in segs if seg.live is not None
+        }
+        for gone in self._live_names - live:
+            self._con.unregister(gone)
+        self._live_names &= live
+        self._views_due = set(listing.segments)
         if self._warn and new_skips:
             self._warn_skipped([s for s in listing.skipped if s.path in new_skips])
         if self._warn and new_doubts:
@@ -559,6 +769,29 @@ class Store:
             stacklevel=3,
         )
 
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The connection, with one view per table."""
+        with self._lock:
+            for attempt in range(8):
+                try:
+                    self._create_views(None)
+                    break
+                except duckdb.IOException:
+                    # a file vanished between listing and binding: a compaction finished; list again
+                    if attempt == 7:
+                        raise
+                    self.refresh()
+            return self._con
+
+    def _create_views(self, sql: str | None) -> None:
+        """Create the views `sql` may name (a word of the text, so a mention in a string counts too;
+        all of them when `sql` is None) that are not up to date with the listing."""
+        due = {t for t in self._views_due if sql is None or re.search(rf"\b{t}\b", sql, re.IGNORECASE)}
+        if due:
+            self._live_names |= create_views(self._con, self.listing, replace=True, tables=due)
+            self._views_due -= due
+
     def query(self, sql: str, params: list[Any] | dict[str, Any] | None = None) -> pa.Table:
         """Run `sql` and return an Arrow table; a segment compacted away or found corrupt mid-query
         is handled by re-listing the store and trying again."""
@@ -566,7 +799,8 @@ class Store:
         for _ in range(20):
             with self._lock:
                 try:
-                    rel = self.con.sql(sql, params=params)
+                    self._create_views(sql)
+                    rel = self._con.sql(sql, params=params)
                     if rel is None:  # a statement that returns nothing
                         return pa.table({})
                     return rel.to_arrow_table()
@@ -583,7 +817,7 @@ class Store:
         the query may run again; False when the failure is the query's own. A file a query merely
         failed to read some other way (`read_csv` of a segment) is never marked bad."""
         bad = self._file_named_in(str(exc))
-        listed = {str(seg.path) for segs in self.listing.segments.values() for seg in segs}
+        listed = {seg.file for segs in self.listing.segments.values() for seg in segs}
         if bad is None or bad not in listed:
             return False  # only the store's own segments are re-listed or marked, never a path a query named
         with self._lock:
@@ -610,7 +844,7 @@ class Store:
             return session.fetch(sql, timeout_s=timeout_s).table
 
     def close(self) -> None:
-        self.con.close()
+        self._con.close()
 
     def __enter__(self) -> Store:
         return self

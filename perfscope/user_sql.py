@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from .errors import PerfscopeError
-from .store import Listing, Store, _spill_dir, _view_sql
+from .store import Listing, Store, _spill_dir, create_views
 
 #: DuckDB's memory for one user query; beyond it, sorts and joins spill to disk or the query fails
 DEFAULT_MEMORY_LIMIT = "2GB"
@@ -106,8 +106,7 @@ def _connect(
         con.execute(f"SET allowed_paths={_quoted(files)}")
         con.execute(f"SET allowed_directories={_quoted([spill])}")
         con.execute("SET enable_external_access=false")
-        for name, segs in listing.segments.items():
-            con.execute(f"CREATE VIEW {name} AS {_view_sql(name, segs)}")
+        create_views(con, listing)
         con.execute("SET lock_configuration=true")
     except duckdb.Error as exc:
         con.close()

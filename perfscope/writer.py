@@ -1,20 +1,26 @@
-"""Writes rows into a store as immutable Parquet segments, encoded off the caller's thread.
+"""Writes rows into a store: a live Arrow IPC segment per table, sealed into Parquet, off the job's thread.
 
-Rows are buffered per table (bounded), handed to one background thread every `roll_interval_s`
-or when a buffer fills, and written as `<table>/run_id=<run>/<writer>-<seq>.parquet` through a
-temporary name and an atomic rename. The first rows of a prompt table (`steps`) are written at
-once rather than at the next roll, so a job killed in its first second keeps its first step. A
-process killed mid-run loses at most the rows of the current interval. A folder deleted under a
-running writer is made again (one warning). A write that fails (full or read-only disk, a bug of
-ours) drops that batch with one warning; the caller never sees an exception.
+Rows are buffered per table (bounded) and handed to one background thread every `roll_interval_s`
+or when a buffer fills. The thread appends them as one record batch to the table's live segment
+`<table>/run_id=<run>/<writer>-<seq>.arrows`, an Arrow IPC stream flushed to the OS at every batch,
+which readers read up to its last complete batch: a process killed mid-run loses at most the rows
+of the current interval. A live segment is sealed at `live_max_bytes`, after `live_max_age_s` and at
+close: written as `<same stem>.parquet` (temporary name, atomic rename), then removed; readers
+ignore a `.arrows` whose `.parquet` twin exists. At close the sealed segments this host wrote for the
+run are merged into one file per table (perfscope.compact, under the store's lock, capped). The
+first rows of a prompt table (`steps`) are written at once rather than at the next roll. A folder
+deleted under a running writer is made again (one warning). A write that fails (full or read-only
+disk, a bug of ours) drops that batch with one warning; the caller never sees an exception.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import queue
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -28,6 +34,7 @@ import pyarrow.parquet as pq
 
 from . import leftovers
 from .errors import warn_once
+from .live import LIVE_SUFFIX, LiveSegment, read_live, twin
 from .schema import PARTITION_KEY, TABLES
 
 Row = Sequence[Any]
@@ -36,14 +43,33 @@ _STOP = object()
 
 #: how often the writer thread looks for the first rows of a prompt table
 FIRST_ROWS_POLL_S = 0.05
+#: a live segment is sealed into Parquet once it is this large or this old
+LIVE_MAX_BYTES = 64 << 20
+LIVE_MAX_AGE_S = 600.0
+#: close() merges this host's sealed files of the run only up to this size (`perfscope compact`
+#: does the rest), waiting at most MERGE_WAIT_S for another merge or compaction to finish
+MERGE_MAX_BYTES = 256 << 20
+MERGE_WAIT_S = 20.0
+
+
+def host_tag(hostname: str | None = None) -> str:
+    """`h` and 6 hex digits of the host name's hash: leads every writer id, so the files one host
+    wrote can be found (and merged) by name."""
+    name = socket.gethostname() if hostname is None else hostname
+    return "h" + hashlib.blake2b(name.encode(errors="replace"), digest_size=3).hexdigest()
 
 
 @dataclass
 class WriterStats:
     rows_written: int = 0
     rows_dropped: int = 0
+    #: batches appended to live segments
+    batches_written: int = 0
+    #: live segments sealed into Parquet
     segments_written: int = 0
     write_errors: int = 0
+    #: files the merge at close replaced (0 when it was skipped)
+    files_merged: int = 0
 
 
 def segment_dir(root: str | os.PathLike[str], table: str, run_id: str) -> Path:
@@ -63,18 +89,52 @@ def write_segment(
         raise
 
 
+#: numpy's dtype of each numeric Arrow type. Columns are built from buffers: pa.array and
+#: DataType.to_pandas_dtype import pandas, seconds on a loaded machine before a job's first rows.
+_NUMPY_DTYPES = {
+    t: np.dtype(name)
+    for t, name in (
+        (pa.int8(), "int8"),
+        (pa.int16(), "int16"),
+        (pa.int32(), "int32"),
+        (pa.int64(), "int64"),
+        (pa.uint8(), "uint8"),
+        (pa.uint16(), "uint16"),
+        (pa.uint32(), "uint32"),
+        (pa.uint64(), "uint64"),
+        (pa.float32(), "float32"),
+        (pa.float64(), "float64"),
+    )
+}
+
+
 def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
-    # numpy converts a list of Python numbers several times faster than pa.array does;
-    # a None (NULL) or an out-of-range value falls back to Arrow's own converter.
-    if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+    # numpy converts a list of Python numbers several times faster than pa.array does; a None
+    # is a NULL (a validity bitmap); an out-of-range value falls back to Arrow's own converter.
+    n = len(values)
+    valid: Any = None
+    if None in values:
+        mask = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+        valid = pa.py_buffer(np.packbits(mask, bitorder="little"))
+    dtype = _NUMPY_DTYPES.get(typ)
+    if dtype is not None:
         try:
             # fromiter reads 64-bit timestamps about twice as fast as np.array does
-            arr = np.fromiter(values, dtype=typ.to_pandas_dtype(), count=len(values))
+            it = values if valid is None else (0 if v is None else v for v in values)
+            arr = np.fromiter(it, dtype=dtype, count=n)
         except (TypeError, ValueError, OverflowError):
             return pa.array(values, type=typ)
-        # numpy turns None into NaN for floats; NULL must stay NULL
-        if arr.dtype.kind != "f" or not np.isnan(arr).any() or None not in values:
-            return pa.array(arr)
+        return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(arr)])
+    if typ == pa.string():
+        try:
+            encoded = [v.encode() for v in values] if valid is None else [(v or "").encode() for v in values]
+        except (AttributeError, UnicodeEncodeError):  # not text
+            return pa.array(values, type=typ)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out=offsets[1:])
+        if offsets[-1] < 2**31:
+            data = pa.py_buffer(b"".join(encoded))
+            return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(offsets.astype(np.int32)), data])
     return pa.array(values, type=typ)
 
 
@@ -116,18 +176,29 @@ class StoreWriter:
         compression: str = "snappy",
         prompt_tables: Iterable[str] = ("steps",),
         clean_leftovers: bool = False,
+        live_max_bytes: int = LIVE_MAX_BYTES,
+        live_max_age_s: float = LIVE_MAX_AGE_S,
+        merge_at_close: bool = True,
     ) -> None:
         """`prompt_tables`: tables whose first rows are written within FIRST_ROWS_POLL_S instead of
         at the next roll. `clean_leftovers`: once running, remove temporary files that killed
-        writers and compactions left in the store (see perfscope.leftovers)."""
+        writers and compactions left in the store (see perfscope.leftovers). `live_max_bytes`,
+        `live_max_age_s`: when a live segment is sealed. `merge_at_close`: merge this host's sealed
+        segments of the run into one file per table at close. The writer id is prefixed with the
+        host's tag (host_tag)."""
         if roll_interval_s <= 0:
             raise ValueError("roll_interval_s must be positive")
         if not run_id or "/" in run_id or run_id.startswith("."):
             raise ValueError(f"run_id {run_id!r} cannot name a folder")
         self.root = Path(root)
         self.run_id = run_id
-        self.writer_id = writer_id or f"p{os.getpid()}-{secrets.token_hex(3)}"
+        self.host_tag = host_tag()
+        self.writer_id = f"{self.host_tag}-{writer_id or f'p{os.getpid()}-{secrets.token_hex(3)}'}"
         self.roll_interval_s = roll_interval_s
+        self.live_max_bytes = live_max_bytes
+        self.live_max_age_s = live_max_age_s
+        self._merge_at_close = merge_at_close
+        self._live: dict[str, LiveSegment] = {}
         self.compression = compression
         self.stats = WriterStats()
         self._width = {name: len(t.columns) for name, t in TABLES.items()}
@@ -293,6 +364,7 @@ class StoreWriter:
                     next_roll = time.monotonic() + self.roll_interval_s
                     for table, flat in self._take_all():
                         self._write(table, flat)
+                    self._seal_old()
                     if not first and self._clean_leftovers:
                         self._clean_leftovers = False
                         # its own thread: a scan of a large store must not hold up the segments
@@ -302,6 +374,9 @@ class StoreWriter:
                 continue
             if item is _STOP:
                 self._drain()
+                for table in list(self._live):
+                    self._seal(table)
+                self._merge_host()
                 if self._clean_leftovers:  # a writer closed before its first roll
                     self._clean_leftovers = False
                     self._remove_leftovers()
@@ -333,28 +408,11 @@ class StoreWriter:
         self._not_yet_written.discard(table)  # tried: a failing disk is not retried every poll
         try:
             arrow = data if isinstance(data, pa.Table) else flat_to_table(table, data)
-            directory = segment_dir(self.root, table, self.run_id)
-            if directory not in self._made_dirs:
-                directory.mkdir(parents=True, exist_ok=True)
-                self._made_dirs.add(directory)
-            self._seq += 1
-            path = directory / f"{self.writer_id}-{self._seq:06d}.parquet"
-            try:
-                write_segment(path, arrow, compression=self.compression)
-            except FileNotFoundError:
-                if directory.is_dir():
-                    raise
-                # someone deleted the store or this table's folder: the rest of the run still counts
-                directory.mkdir(parents=True, exist_ok=True)
-                warn_once(
-                    f"writer-folder-gone-{self.writer_id}",
-                    f"perfscope: the store folder {directory} was deleted while the run was recording; "
-                    "made it again. Rows written before the deletion are gone, the rest are kept.",
-                )
-                write_segment(path, arrow, compression=self.compression)
+            live = self._append(table, arrow)
         except Exception as exc:  # disk full, read-only store, a bug of ours: never the job's problem
             self.stats.rows_dropped += n
             self.stats.write_errors += 1
+            self._abandon(table)
             warn_once(
                 f"writer-error-{self.writer_id}",
                 f"perfscope: could not write to the store {self.root} ({type(exc).__name__}: {exc}); "
@@ -363,11 +421,110 @@ class StoreWriter:
             )
             return
         self.stats.rows_written += n
-        self.stats.segments_written += 1
+        self.stats.batches_written += 1
+        if live.size_bytes >= self.live_max_bytes:
+            self._seal(table)
+
+    def _append(self, table: str, arrow: pa.Table) -> LiveSegment:
+        """Append `arrow` to the table's live segment, opening one when there is none (or when
+        someone deleted it, or its folder, under the running writer)."""
+        live = self._live.get(table)
+        if live is not None and not live.path.exists():
+            self._abandon(table)  # its rows went with it; an open file would take the rest unseen
+            self._folder_gone(live.path.parent)
+            live = None
+        if live is None:
+            directory = segment_dir(self.root, table, self.run_id)
+            if directory not in self._made_dirs:
+                directory.mkdir(parents=True, exist_ok=True)
+                self._made_dirs.add(directory)
+            self._seq += 1
+            path = directory / f"{self.writer_id}-{self._seq:06d}{LIVE_SUFFIX}"
+            live = self._live[table] = LiveSegment(path, TABLES[table].arrow_schema)
+        try:
+            live.append(arrow)
+        except FileNotFoundError:
+            if live.rows or live.path.parent.is_dir():
+                raise
+            # someone deleted the store or this table's folder: the rest of the run still counts
+            self._folder_gone(live.path.parent)
+            live.path.parent.mkdir(parents=True, exist_ok=True)
+            live.append(arrow)
+        return live
+
+    def _folder_gone(self, directory: Path, *, remake: bool = True) -> None:
+        if remake:
+            directory.mkdir(parents=True, exist_ok=True)
+        warn_once(
+            f"writer-folder-gone-{self.writer_id}",
+            f"perfscope: the store folder {directory} was deleted while the run was recording; "
+            "made it again. Rows written before the deletion are gone, the rest are kept.",
+        )
+
+    def _abandon(self, table: str) -> None:
+        """Stop appending to the table's live segment after a failure: its complete batches stay
+        readable, and `perfscope compact` seals it."""
+        live = self._live.pop(table, None)
+        if live is not None:
+            with contextlib.suppress(Exception):
+                live.close()
+
+    def _seal_old(self) -> None:
+        now = time.monotonic()
+        for table, live in list(self._live.items()):
+            if now - live.opened_s >= self.live_max_age_s:
+                self._seal(table)
+
+    def _seal(self, table: str) -> None:
+        """Write the table's live segment as its Parquet twin (the complete batches readers saw),
+        then remove it. On failure it stays readable, for `perfscope compact` to seal."""
+        live = self._live.pop(table)
+        try:
+            live.close()
+            if not live.path.exists():  # deleted under the running writer, with its rows
+                self._folder_gone(live.path.parent, remake=False)
+                return
+            data = read_live(live.path)
+            if data is not None and data.num_rows:
+                write_segment(twin(live.path), data, compression=self.compression)
+                self.stats.segments_written += 1
+            live.path.unlink(missing_ok=True)
+        except Exception as exc:
+            self.stats.write_errors += 1
+            warn_once(
+                f"writer-seal-{self.writer_id}",
+                f"perfscope: could not seal {live.path} into Parquet ({type(exc).__name__}: {exc}); "
+                f"its rows stay readable, and `perfscope compact {self.root}` seals it later.",
+            )
+
+    def _merge_host(self) -> None:
+        """Merge the sealed segments this host wrote for the run into one file per table; the last
+        writer of a host to close leaves one. Skipped quietly when another process holds the store's
+        lock too long or the store cannot be locked; any other failure is one warning."""
+        if not self._merge_at_close or not self.stats.segments_written:
+            return
+        from .compact import compact_host  # the analysis side's imports, only at close
+
+        try:
+            result = compact_host(
+                self.root, self.run_id, self.host_tag, max_bytes=MERGE_MAX_BYTES, wait_s=MERGE_WAIT_S
+            )
+        except Exception as exc:
+            warn_once(
+                f"writer-merge-{self.writer_id}",
+                f"perfscope: could not merge this run's segments in {self.root} ({type(exc).__name__}: "
+                f"{exc}); they are all readable, and `perfscope compact {self.root}` merges them.",
+            )
+            return
+        if result is not None:
+            self.stats.files_merged = result.files_merged
 
 
 def _warm_up() -> None:
-    """Encode an empty segment in memory once: the first Parquet write of a process pays for
-    lazy initialisation, which should not delay the first real segment."""
+    """Encode an empty batch in memory once: the first IPC write of a process pays for lazy
+    initialisation, which should not delay the first rows. (Parquet, whose first write imports far
+    more, is written only when a segment is sealed.)"""
     with contextlib.suppress(Exception):
-        pq.write_table(TABLES["steps"].arrow_schema.empty_table(), pa.BufferOutputStream())
+        empty = flat_to_table("steps", [])  # Schema.empty_table would import pandas
+        with pa.ipc.new_stream(pa.BufferOutputStream(), empty.schema) as stream:
+            stream.write_table(empty)

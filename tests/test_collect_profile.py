@@ -226,7 +226,7 @@ def test_a_full_disk_costs_rows_not_the_training(tmp_path: Path, monkeypatch: py
     def no_space(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(perfscope.writer, "write_segment", no_space)
+    monkeypatch.setattr(perfscope.writer.LiveSegment, "append", no_space)  # every batch meets a full disk
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with perfscope.profile(tmp_path, poll_hz=0, roll_interval_s=0.05) as prof:

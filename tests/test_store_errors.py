@@ -179,7 +179,7 @@ def test_unwritable_store_never_raises_into_the_job(tmp_path: Path, monkeypatch:
     def full(*a: object, **k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer_mod, "write_segment", full)
+    monkeypatch.setattr(writer_mod.LiveSegment, "append", full)  # every batch meets a full disk
     with pytest.warns(PerfscopeWarning) as rec:
         w = StoreWriter(tmp_path, "r", roll_interval_s=0.05)
         for i in range(100):

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from perfscope import open_store
+from perfscope.compact import compact
 
 ROLL_S = 0.25
 
@@ -50,6 +51,14 @@ def test_sigkill_loses_at_most_one_roll_interval(tmp_path: Path) -> None:
     lost_s = (killed_ns - last_ns) / 1e9
     # at most the roll interval in flight, plus scheduling slack on a loaded 2-core machine
     assert lost_s <= ROLL_S + 0.35, f"lost {lost_s:.3f} s of rows"
-    # the segment in flight never shows: no temporary file is taken for data
-    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".parquet")]
+    # the batch in flight never shows: the killed writer's live segments read up to their last
+    # complete batch; nothing else but temporary (hidden) files is left
+    leftovers = [
+        p.name for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith((".parquet", ".arrows"))
+    ]
     assert all(name.startswith(".") for name in leftovers)
+    # `perfscope compact` seals them: the same rows, now all in Parquet
+    result = compact(tmp_path, grace_s=0)
+    assert result.live_sealed and not list(tmp_path.rglob("*.arrows"))
+    with open_store(tmp_path) as store:
+        assert store.query("SELECT step FROM steps ORDER BY step").column("step").to_pylist() == steps
