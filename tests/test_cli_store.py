@@ -90,7 +90,8 @@ def test_sql_refuses_writes_and_bad_sql(store: Path, capsys: pytest.CaptureFixtu
 
 
 def test_compact_verb(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with StoreWriter(store, "run-w1") as w:  # a second segment for one partition
+    # a second segment for one partition (a writer merges its host's segments at close: not this one)
+    with StoreWriter(store, "run-w1", merge_at_close=False) as w:
         w.append("steps", (0, 5, 10**18, 10**9, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
     assert main(["compact", str(store), "--dry-run"]) == 0
     assert "would merge 2 segments in 1 partitions" in capsys.readouterr().out
