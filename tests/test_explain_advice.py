@@ -11,7 +11,8 @@ import pytest
 from storegen import DEFAULT_PHASES, MS, Comm, make_run, ring_transfer_ns
 
 from perfscope import Store, open_store
-from perfscope.explain import Finding, explain
+from perfscope.explain import Evidence, Finding, explain
+from perfscope.explain.root_causes import root_causes
 from perfscope.sample_traces import bundled
 
 pytestmark = pytest.mark.filterwarnings("error::perfscope.errors.PerfscopeWarning")
@@ -145,3 +146,28 @@ def test_an_nccl_group_across_nodes_keeps_its_nccl_advice(tmp_path: Path) -> Non
     knee = next(g for g in flat if g.rule == "node-boundary-knee")
     assert "NCCL uses InfiniBand/RoCE" in knee.recommendation
     assert "gloo" not in knee.recommendation and "HOROVOD" not in knee.recommendation
+
+
+def test_a_rule_collapsed_across_groups_keeps_each_groups_own_advice() -> None:
+    def found(group: str, advice: str, share: float) -> Finding:
+        return Finding(
+            id=f"node-boundary-knee:{group}",
+            rule="node-boundary-knee",
+            severity="alarm",
+            category="cause",
+            title="Knee at the node boundary",
+            text="A knee.",
+            evidence=Evidence((group,), ("scaling",)),
+            recommendation=advice,
+            confidence=0.8,
+            explained_loss=share,
+            group_id=group,
+        )
+
+    mpi, nccl = "exp/c1/horovod-mpi/m/weak:b8", "exp/c1/horovod-nccl/m/weak:b8"
+    (one,) = root_causes([found(mpi, "Check the MPI transport.", 0.5), found(nccl, "Check NCCL_DEBUG.", 0.4)])
+    assert (
+        one.recommendation == "For horovod-mpi: Check the MPI transport. For horovod-nccl: Check NCCL_DEBUG."
+    )
+    (same,) = root_causes([found(mpi, "Fill whole nodes.", 0.5), found(nccl, "Fill whole nodes.", 0.4)])
+    assert same.recommendation == "Fill whole nodes."

@@ -70,7 +70,6 @@ def scaling_table(store: Store, sel: Selection) -> str:
                     WHEN concat_ws(', ', {gained}) <> '' THEN
                         'faster than at the baseline, shown as 0 lost: ' || concat_ws(', ', {gained})
                END AS lost_note,
-
                sync_exposed_ns / nullif(step_ns, 0) AS sync_share,
                data_ns / nullif(step_ns, 0) AS data_share
         FROM j

@@ -112,7 +112,6 @@ def stragglers(store: Store, sel: Selection) -> pa.Table:
         FROM w JOIN {gs} g USING (run_id) LEFT JOIN n USING (run_id, rank)
         WINDOW r AS (PARTITION BY w.run_id)
         ORDER BY w.run_id, w.rank
-
         """
     )
 

@@ -97,6 +97,7 @@ def collapse_repeats(ranked: list[Finding]) -> list[Finding]:
                 text=f"{lead.text} Seen in {len(found)} places: {named}.",
                 severity=min((f.severity for f in found), key=SEVERITIES.index),
                 evidence=_union_evidence(found),
+                recommendation=_advice_by_place(found, labels),
                 also_in=lead.also_in + tuple(others),
             )
         out.append(lead)
@@ -115,6 +116,17 @@ def short_labels(places: list[str]) -> dict[str, str]:
         return {p: p for p in places}
     differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
     return {p: "/".join(q[i] for i in differ) or p for p, q in zip(places, parts, strict=True)}
+
+
+def _advice_by_place(found: list[Finding], labels: dict[str, str]) -> str:
+    """One recommendation when the places share it; otherwise each, naming the places it is for
+    (a Horovod-over-MPI group is not told what fits an NCCL one)."""
+    places: dict[str, list[str]] = {}
+    for f in found:
+        places.setdefault(f.recommendation, []).append(labels[where(f)])
+    if len(places) == 1:
+        return found[0].recommendation
+    return " ".join(f"For {', '.join(p)}: {rec}" for rec, p in places.items())
 
 
 def _with_count(title: str, n: int) -> str:

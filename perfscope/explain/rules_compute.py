@@ -61,7 +61,6 @@ def straggler(ctx: Context) -> list[Finding]:
             # the stragglers table's own number: the other ranks' mean wait per step for this rank
             wait_share = (last["others_wait_share"] or 0.0) if last else 0.0
             others_wait = (last["others_wait_per_step_ns"] or 0.0) * max(0, len(waits) - 1) if last else 0.0
-
             is_last = bool(last and last["is_straggler"] and wait_share >= STRAGGLER_WAIT_SHARE)
             if (lb is not None and lb < LOW_LOAD_BALANCE) or is_last:
                 lost = r["lost_ns"] if r["lost_ns"] and r["lost_ns"] > 0 else None
@@ -312,7 +311,7 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
                 f" Time to the {first['metric']} target ({num(first['target'], 4)}, "
                 f"{TARGET_SOURCES[first['target_source']]}) is shortest at batch "
                 f"{first['batch_size_per_rank']} per {hw.unit} and N={first['world_size']}{variant} "
-                f"({first['time_to_target_s']:.1f} s)."
+                f"({dur(first['time_to_target_s'] * 1e9)})."
             )
         explained = (
             lost_share(top, "forward", "backward", "optimizer") if "computation_scaling" in numbers else None
