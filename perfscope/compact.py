@@ -40,6 +40,8 @@ from .store import (
 from .writer import LIVE_MAX_AGE_S, write_segment
 
 ROW_GROUP_ROWS = 1_000_000
+#: how long `compact` waits for the store's lock before saying another compaction holds it
+COMPACT_WAIT_S = 30.0
 
 
 @dataclass
@@ -131,9 +133,13 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
     root_path = Path(root).resolve()
     _check_root(root_path)
     try:
-        with _store_lock(root_path, wait_s=0.0) as locked:
+        # a closing writer's merge holds the lock for seconds (capped): wait that long, not a compaction's
+        with _store_lock(root_path, wait_s=COMPACT_WAIT_S) as locked:
             if not locked:
-                raise StoreError(f"another `perfscope compact` is running on {root_path}; wait for it.")
+                raise StoreError(
+                    f"another `perfscope compact` (or a closing writer's merge) is running on {root_path}; "
+                    "wait for it."
+                )
             result = CompactResult()
             if not dry_run:  # temporary files of killed compactions and writers, DuckDB spill folders
                 result.leftovers_removed = clean_leftovers(root_path)
@@ -221,6 +227,10 @@ def _seal_crashed(root: Path, result: CompactResult) -> None:
             if seg.live is None:
                 continue
             alive = writer_alive(seg.path)
+            if twin(seg.path).exists():  # not a valid segment, or the listing would have hidden this one
+                why = f"its twin {twin(seg.path).name} is no valid segment: remove it, and compact again"
+                result.skipped.append(SkippedFile(str(seg.path), f"not sealed: {why}"))
+                continue
             try:
                 if alive or (alive is None and seg.path.stat().st_mtime > stale):
                     continue  # its writer is running (or, without flock, may be)

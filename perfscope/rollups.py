@@ -153,6 +153,8 @@ def write_rollups(
     for part, segs in sorted(by_run.items()):
         if run_ids is not None and part.name.split("=", 1)[1] not in run_ids:
             continue
+        if any(seg.live is not None for seg in segs):
+            continue  # still being written (perfscope.live): rolled up once its segments are sealed
         sources = _sources(segs)
         out_dir = root / ROLLUP_DIR / part.name
         if all(_recorded(out_dir / f"{k}.parquet") == (sources, window_steps) for k in (BY_STEP, BY_WINDOW)):

@@ -1,0 +1,254 @@
+"""Live segments (`.arrows`): read up to the last complete batch, hidden by their sealed twin, hostile
+ones skipped and named, sealed by `perfscope compact` only when their writer is gone, and a reader
+never sees rows doubled or missing while segments are sealed and merged under it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from perfscope import PerfscopeWarning, open_store
+from perfscope.compact import compact
+from perfscope.live import LIVE_READ_MAX_BYTES, LiveSegment, read_live, twin
+from perfscope.schema import TABLES
+from perfscope.store import list_store
+from perfscope.writer import StoreWriter, rows_to_table, segment_dir, write_segment
+
+
+def _step(rank: int, step: int) -> tuple[object, ...]:
+    return (rank, step, 10**18 + step * 1_000_000, 1_000_000, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host")
+
+
+def _row(table: str, step: int) -> tuple[object, ...]:
+    return _step(0, step) if table == "steps" else (0, step, step, "loss", 1.0)
+
+
+def _live(root: Path, name: str, batches: list[range], table: str = "steps") -> Path:
+    """A live segment written batch by batch, as a writer does, left open (no end marker)."""
+    path = segment_dir(root, table, "r") / f"{name}.arrows"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seg = LiveSegment(path, TABLES[table].arrow_schema)
+    for steps in batches:
+        seg.append(rows_to_table(table, [_row(table, s) for s in steps]))
+    # as a SIGKILL leaves it: no end-of-stream marker, its lock let go
+    assert seg._file is not None and seg._hold is not None
+    seg._file.close()
+    os.close(seg._hold)
+    return path
+
+
+def _steps(root: Path) -> list[int]:
+    with open_store(root) as store:
+        return store.query("SELECT step FROM steps ORDER BY step").column("step").to_pylist()
+
+
+def test_a_torn_tail_is_read_up_to_the_last_complete_batch(tmp_path: Path) -> None:
+    path = _live(tmp_path, "w-000001", [range(0, 10), range(10, 20), range(20, 30)])
+    whole = path.read_bytes()
+    assert _steps(tmp_path) == list(range(30))
+    last = len(whole)
+    for cut in (last - 1, last - 100):  # the writer killed inside its third batch
+        path.write_bytes(whole[:cut])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PerfscopeWarning)  # a torn tail is no error
+            assert _steps(tmp_path) == list(range(20))
+    path.write_bytes(b"")  # killed before its first batch: no rows, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerfscopeWarning)
+        with open_store(tmp_path, allow_empty=True) as store:
+            assert store.row_count("steps") == 0 and not store.skipped
+
+
+def test_live_rows_are_read_while_the_writer_runs_and_sealed_at_close(tmp_path: Path) -> None:
+    w = StoreWriter(tmp_path, "r", roll_interval_s=0.05)
+    for i in range(100):
+        w.append("steps", _step(0, i))
+    w.flush()
+    part = segment_dir(tmp_path, "steps", "r")
+    (live,) = part.glob("*.arrows")
+    assert live.name.startswith(w.host_tag + "-")
+    with open_store(tmp_path) as store:
+        assert store.query("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 100
+        # the user's SQL connection sees them too
+        assert store.read_only_query("SELECT max(step) AS m FROM steps").column("m")[0].as_py() == 99
+    w.close()
+    assert not list(part.glob("*.arrows")) and [p.name for p in part.glob("*.parquet")] == [
+        live.with_suffix(".parquet").name
+    ]
+    assert _steps(tmp_path) == list(range(100))
+
+
+def test_a_sealed_twin_hides_its_live_segment_and_compact_removes_it(tmp_path: Path) -> None:
+    path = _live(tmp_path, "w-000001", [range(0, 10), range(10, 20)])
+    data = read_live(path)
+    assert data is not None
+    write_segment(twin(path), data)  # a writer killed between the rename and the unlink
+    assert _steps(tmp_path) == list(range(20))  # counted once
+    assert list_store(tmp_path).sealed_live == [path]
+    result = compact(tmp_path, grace_s=0)
+    assert result.live_sealed == [path] and not path.exists()
+    assert _steps(tmp_path) == list(range(20))
+
+
+def _hostile(root: Path) -> dict[str, str]:
+    """Hostile files beside a good live segment: name -> what the skip reason must say."""
+    part = segment_dir(root, "steps", "r")
+    (part / "garbage.arrows").write_bytes(b"\x00" * 7 + os.urandom(500))
+    metrics = _live(root, "other-table", [range(3)], table="metrics")  # a metrics stream ...
+    os.replace(metrics, part / "other-table.arrows")  # ... in the steps folder
+    foreign = pa.table({"step": pa.array([1, 2], pa.int64())})
+    with pa.OSFile(str(part / "foreign.arrows"), "wb") as f, pa.ipc.new_stream(f, foreign.schema) as s:
+        s.write_table(foreign)
+    typed = TABLES["steps"].arrow_schema
+    wrong = pa.schema(
+        [f.with_type(pa.string()) if f.name == "step" else f for f in typed], metadata=typed.metadata
+    )
+    cols = [pa.array(["x"], pa.string()) if f.name == "step" else pa.nulls(1, f.type) for f in typed]
+    with pa.OSFile(str(part / "wrong-type.arrows"), "wb") as f, pa.ipc.new_stream(f, wrong) as s:
+        s.write_table(pa.Table.from_arrays(cols, schema=wrong))
+    outside = root.parent / "outside.arrows"
+    outside.write_bytes(_live(root, "source", [range(5)]).read_bytes())
+    (part / "source.arrows").unlink()
+    (part / "link.arrows").symlink_to(outside)
+    with open(part / "huge.arrows", "wb") as f:
+        f.truncate(LIVE_READ_MAX_BYTES + 1)  # sparse: no disk used
+    (part / "folder.arrows").mkdir()
+    # a garbage Parquet twin does not hide the live segment's rows
+    (part / "w-000001.parquet").write_bytes(b"PAR1 not really")
+    return {
+        "garbage.arrows": "not a readable Arrow IPC stream",
+        "other-table.arrows": "holds table 'metrics'",
+        "foreign.arrows": "no perfscope metadata",
+        "wrong-type.arrows": "column 'step' has type string",
+        "link.arrows": "outside the store",
+        "huge.arrows": "which no live segment is",
+        "folder.arrows": "not a regular file",
+        "w-000001.parquet": "not a readable Parquet file",
+    }
+
+
+def test_hostile_live_segments_are_skipped_and_named(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _live(root, "w-000001", [range(0, 10), range(10, 20)])
+    expected = _hostile(root)
+    with pytest.warns(PerfscopeWarning) as caught:
+        store = open_store(root)
+    with store:
+        skipped = {Path(s.path).name: s.reason for s in store.skipped}
+        assert store.query("SELECT step FROM steps ORDER BY step").column("step").to_pylist() == list(
+            range(20)
+        )
+    for name, why in expected.items():
+        assert why in skipped.get(name, ""), (name, skipped.get(name))
+    text = "\n".join(str(w.message) for w in caught)
+    assert all(name in text for name in expected)
+    # compact leaves them all alone, and a live segment whose twin is garbage is not sealed over it
+    result = compact(root, grace_s=0)
+    assert all((segment_dir(root, "steps", "r") / n).exists() or n == "link.arrows" for n in expected)
+    assert (segment_dir(root, "steps", "r") / "w-000001.arrows").exists()
+    assert not (tmp_path / "outside.arrows.parquet").exists() and (tmp_path / "outside.arrows").exists()
+    assert {Path(s.path).name for s in result.skipped} >= set(expected) - {"folder.arrows"}
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from perfscope.writer import StoreWriter
+    w = StoreWriter(sys.argv[1], "r", roll_interval_s=0.02, writer_id="killed")
+    for i in range(500):
+        w.append("steps", (1, i, 10**18 + i, 1, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
+    w.flush()
+    print("written", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_compact_seals_a_killed_writers_live_segment_but_not_a_running_ones(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    running = StoreWriter(tmp_path, "r", roll_interval_s=0.02, writer_id="running")
+    try:
+        for i in range(50):
+            running.append("steps", _step(0, i))
+        running.flush()
+        part = segment_dir(tmp_path, "steps", "r")
+        (killed,) = part.glob("*-killed-*.arrows")
+        (alive,) = part.glob("*-running-*.arrows")
+        result = compact(tmp_path, grace_s=0)
+        assert result.live_sealed == [killed] and not killed.exists() and twin(killed).exists()
+        assert alive.exists() and not twin(alive).exists()
+        with open_store(tmp_path) as store:
+            got = store.query("SELECT rank, count(*) AS n FROM steps GROUP BY rank ORDER BY rank").to_pylist()
+        assert got == [{"rank": 0, "n": 50}, {"rank": 1, "n": 500}]
+    finally:
+        running.close()
+
+
+def test_a_reader_never_sees_doubled_or_missing_rows_while_segments_are_sealed_and_merged(
+    tmp_path: Path,
+) -> None:
+    # a tiny seal size: a live segment is sealed every few batches, and compact merges the sealed ones
+    w = StoreWriter(tmp_path, "r", roll_interval_s=0.01, live_max_bytes=4096)
+    written = 0
+    w.append("steps", _step(0, 0))
+    w.flush()
+    written = 1
+    store = open_store(tmp_path)
+    seen: list[tuple[int, int, int]] = []  # (rows flushed before, rows seen, distinct steps seen)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                before = written
+                store.refresh()
+                row = store.query("SELECT count(*) AS n, count(DISTINCT step) AS d FROM steps").to_pylist()[0]
+                seen.append((before, row["n"], row["d"]))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def compactor() -> None:
+        while not stop.is_set():
+            compact(tmp_path, grace_s=0.05)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=reader), threading.Thread(target=compactor)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(1, 1500):
+            w.append("steps", _step(0, i))
+            if i % 100 == 0:
+                w.flush()
+                written = i + 1
+                time.sleep(0.02)
+    finally:
+        w.close()
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    assert len(seen) > 5
+    for before, n, d in seen:
+        assert n == d, "a row was counted twice"
+        assert n >= before, "rows flushed before the listing were missing"
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(seen))
+    assert _steps(tmp_path) == list(range(1500))
+    store.close()
