@@ -414,9 +414,19 @@ class Uploader:
     def start(self) -> Uploader:
         self._thread = threading.Thread(target=self._run, name="perfscope-s3-uploader", daemon=True)
         self._thread.start()
-        # before pyarrow's own exit hook finalises S3 (exit hooks run last-registered first)
-        atexit.register(self.close)
+        # pyarrow.fs registers its S3 finaliser at import: imported first, it runs after our hook
+        import pyarrow.fs  # noqa: F401
+
+        atexit.register(self._at_exit)
         return self
+
+    def _at_exit(self) -> None:
+        """An upload pass at interpreter exit, for an owner that never closes. Not a close: the
+        profiler's own exit hook may still write the run's last rows and close us after this."""
+        self._stop.set()  # no pass of the thread may run into pyarrow's S3 finaliser
+        if self._thread is not None:
+            self._thread.join(60.0)
+        self.sync_once(final=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -496,7 +506,7 @@ class Uploader:
             return
         self._closed = True
         with contextlib.suppress(Exception):
-            atexit.unregister(self.close)
+            atexit.unregister(self._at_exit)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
