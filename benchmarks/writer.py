@@ -1,25 +1,54 @@
-"""Writer benchmark: step rows per second end to end, and the writer's memory over a long run.
+"""Writer benchmark: step rows per second end to end and the writer's memory over a long run, for
+today's writer (live Arrow IPC segments) and the one of commit fc72bec (a Parquet segment per roll),
+loaded from git beside it and run interleaved in one process.
 
     .venv/bin/python benchmarks/writer.py [--rows 10000000] [--short 1000000] [--repeats 3]
 
-Throughput is measured from the first `append` to the return of `close()` (every row encoded and
-renamed into place), against a baseline measured in the same run: the same loop building the same
-tuples into a plain list. Memory is the process RSS sampled every million rows; a writer with a
-bounded buffer keeps it flat however long the run.
+Throughput is measured from the first `append` to the return of `close()` (every row on disk,
+sealed into Parquet and merged where the writer does that), against a baseline measured in the same
+run: the same loop building the same tuples into a plain list. Memory is the process RSS sampled
+every million rows; a writer with a bounded buffer keeps it flat however long the run. Files: what
+each writer left in the store.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import psutil
 
+from perfscope import writer as new_writer
 from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+
+OLD_COMMIT = "fc72bec"
+
+
+def old_writer_module() -> ModuleType:
+    """perfscope/writer.py of OLD_COMMIT, imported as a module of the perfscope package."""
+    src = subprocess.run(
+        ["git", "show", f"{OLD_COMMIT}:perfscope/writer.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent,
+    ).stdout
+    path = Path(tempfile.mkdtemp(prefix="perfscope-old-writer-")) / "writer_old.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"perfscope._writer_{OLD_COMMIT}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _row(i: int) -> tuple[object, ...]:
@@ -34,10 +63,12 @@ def baseline(n: int) -> float:
     return time.perf_counter() - t0
 
 
-def writer_run(n: int, root: Path, *, sample_every: int = 1_000_000) -> tuple[float, list[tuple[int, int]]]:
+def writer_run(
+    module: Any, n: int, root: Path, *, sample_every: int = 1_000_000
+) -> tuple[float, list[tuple[int, int]]]:
     proc = psutil.Process()
     rss: list[tuple[int, int]] = [(0, proc.memory_info().rss)]
-    w = StoreWriter(root, "bench", roll_interval_s=1.0)
+    w = module.StoreWriter(root, "bench", roll_interval_s=1.0)
     t0 = time.perf_counter()
     for i in range(n):
         w.append("steps", _row(i))
@@ -51,37 +82,49 @@ def writer_run(n: int, root: Path, *, sample_every: int = 1_000_000) -> tuple[fl
     return dt, rss
 
 
+def _files(root: Path) -> int:
+    return sum(1 for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--short", type=int, default=1_000_000, help="rows of the throughput runs")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    writers = {f"{OLD_COMMIT} (Parquet per roll)": old_writer_module(), "live IPC segments": new_writer}
     tmp = Path(tempfile.mkdtemp(prefix="perfscope-bench-"))
     try:
-        base, mine = [], []
-        for r in range(args.repeats):  # interleaved so drift hits both alike
+        base: list[float] = []
+        short: dict[str, list[float]] = {k: [] for k in writers}
+        for r in range(args.repeats):  # interleaved, order alternating, so drift hits all alike
             base.append(baseline(args.short))
-            dt, _ = writer_run(args.short, tmp / f"s{r}")
-            mine.append(dt)
-            shutil.rmtree(tmp / f"s{r}")
-        b, m = min(base), min(mine)
-        dt, rss = writer_run(args.rows, tmp / "long")
-        with open_store(tmp / "long") as store:
-            got = store.query("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
-        assert got == args.rows, got
-        print("| measure | value |")
-        print("|---|---|")
-        print(f"| baseline: build {args.short:,} step tuples into a list | {args.short / b:,.0f} rows/s |")
-        print(f"| StoreWriter.append + close, {args.short:,} step rows | {args.short / m:,.0f} rows/s |")
-        print(f"| writer time / baseline time | {m / b:.2f}x |")
-        print(f"| long run: {args.rows:,} rows, append + close | {args.rows / dt:,.0f} rows/s |")
-        first = rss[1][1] if len(rss) > 2 else rss[0][1]
-        print(f"| RSS after first 1M rows | {first / 2**20:,.0f} MiB |")
-        print(f"| peak RSS over the long run | {max(v for _, v in rss) / 2**20:,.0f} MiB |")
-        print(f"| RSS at end ({args.rows:,} rows) | {rss[-1][1] / 2**20:,.0f} MiB |")
+            for name in list(writers)[:: 1 if r % 2 == 0 else -1]:
+                dt, _ = writer_run(writers[name], args.short, tmp / f"s{r}")
+                short[name].append(dt)
+                shutil.rmtree(tmp / f"s{r}")
+        b = min(base)
+        print(f"baseline: build {args.short:,} step tuples into a list: {args.short / b:,.0f} rows/s")
         print()
-        print("RSS by rows appended: " + ", ".join(f"{i / 1e6:.0f}M={v / 2**20:.0f}MiB" for i, v in rss))
+        print(
+            f"| writer | rows/s, {args.short:,} rows (best of {args.repeats}) | x baseline time "
+            f"| rows/s, {args.rows:,} rows | RSS first 1M / peak / end | files left |"
+        )
+        print("|---|---|---|---|---|---|")
+        for name, module in writers.items():
+            dt, rss = writer_run(module, args.rows, tmp / "long")
+            with open_store(tmp / "long") as store:
+                got = store.query("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
+            assert got == args.rows, got
+            m = min(short[name])
+            first = rss[1][1] if len(rss) > 2 else rss[0][1]
+            peak, end = max(v for _, v in rss), rss[-1][1]
+            mib = f"{first / 2**20:,.0f} / {peak / 2**20:,.0f} / {end / 2**20:,.0f} MiB"
+            print(
+                f"| {name} | {args.short / m:,.0f} | {m / b:.2f}x | {args.rows / dt:,.0f} | {mib} "
+                f"| {_files(tmp / 'long')} |"
+            )
+            shutil.rmtree(tmp / "long")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
