@@ -43,7 +43,8 @@ UPLOAD_INTERVAL_S = 2.0
 REUPLOAD_BYTES_PER_INTERVAL = 8 << 20
 #: a store file is at most <table>/<partition>/<file>; each part a plain name, not hidden
 _MAX_DEPTH = 3
-_SAFE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
+#: letters and digits of any script (run ids keep them), '_', and '.=+-' after the first character
+_SAFE_PART = re.compile(r"\w[\w.=+-]{0,199}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _STATE = ".perfscope-mirror.json"
 _LOCK = ".perfscope-mirror.lock"
@@ -195,7 +196,7 @@ def key_problem(rel: str) -> str:
         return f"lies deeper than {_MAX_DEPTH} folders"
     for p in parts:
         if not _SAFE_PART.fullmatch(p):
-            return "is not a plain name (hidden, temporary or odd characters)"
+            return "has a part that is not a plain name (hidden, temporary, too long or odd characters)"
     return ""
 
 
@@ -439,7 +440,11 @@ class Uploader:
             for name in filenames:
                 path = Path(dirpath) / name
                 rel = path.relative_to(self.staging).as_posix()
-                if name.endswith(".tmp") or key_problem(rel):
+                if name.startswith(".") or name.endswith(".tmp"):
+                    continue  # being written
+                problem = key_problem(rel)
+                if problem:  # readers would skip it too: say so once, not silently
+                    self._warn("s3_upload_skipped", f"perfscope: {rel!r} is not uploaded: it {problem}")
                     continue
                 try:
                     st = path.lstat()

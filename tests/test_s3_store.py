@@ -367,10 +367,14 @@ def test_uploader_replaces_a_grown_file_and_deletes_a_removed_one_after_its_repl
     staging = tmp_path / "staging"
     part = staging / "steps" / "run_id=r1"
     part.mkdir(parents=True)
-    up = objectstore.Uploader(f"s3://{bucket}/up", staging, interval_s=3600)
+    said: list[tuple[str, str]] = []
+    up = objectstore.Uploader(f"s3://{bucket}/up", staging, interval_s=3600, warn=lambda *kw: said.append(kw))
     (part / "a.arrows").write_bytes(b"x" * 10)
     (part / ".b.parquet.1234.tmp").write_bytes(b"temporary")
+    (part / "odd name;.parquet").write_bytes(b"never a writer's name")
     assert up.sync_once()
+    assert [kind for kind, _ in said] == ["s3_upload_skipped"] and "odd name;" in said[0][1]
+    (part / "odd name;.parquet").unlink()
 
     def objects() -> dict[str, int]:
         got = client().list_objects_v2(Bucket=bucket, Prefix="up/").get("Contents", [])
@@ -386,8 +390,12 @@ def test_uploader_replaces_a_grown_file_and_deletes_a_removed_one_after_its_repl
     (part / "a.arrows").unlink()
     assert up.sync_once()
     assert objects() == {"up/steps/run_id=r1/a.parquet": 6}
+    unicode_part = staging / "steps" / "run_id=étude-日本"  # a run id keeps letters of any script
+    unicode_part.mkdir()
+    (unicode_part / "c.parquet").write_bytes(b"c")
     up.close()
     assert not staging.exists()
+    assert objects() == {"up/steps/run_id=r1/a.parquet": 6, "up/steps/run_id=étude-日本/c.parquet": 1}
 
 
 def test_parse_url_and_endpoint_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
