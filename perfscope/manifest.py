@@ -156,6 +156,7 @@ class Manifest:
         self.hits += 1
         return Segment(
             file=path,
+            name=path[path.rfind(os.sep) + 1 :],
             table=table,
             version=version,
             columns=columns,

@@ -73,6 +73,8 @@ class Segment:
     #: the file's absolute path (`path` makes it a Path on demand: a listing of 100,000 segments
     #: builds no Path objects)
     file: str
+    #: the file's name (the last part of `file`)
+    name: str
     table: str
     version: int
     columns: frozenset[str]
@@ -93,10 +95,6 @@ class Segment:
     @functools.cached_property
     def path(self) -> Path:
         return Path(self.file)
-
-    @functools.cached_property
-    def name(self) -> str:
-        return os.path.basename(self.file)
 
     def range_of(self, column: str) -> tuple[int, int] | None:
         """The smallest and largest value of `column` (one of RANGE_COLUMNS) in the file, when the
@@ -156,8 +154,7 @@ def _inspect(
     if file.endswith(LIVE_SUFFIX):  # still growing: never cached
         return _inspect_live(Path(file), table)
     key = (file, st.st_size, st.st_mtime_ns)
-    with _cache_lock:
-        hit = _inspect_cache.get(key)
+    hit = _inspect_cache.get(key)  # one get or set of a dict is atomic: no lock, 100,000 times
     if manifest is not None and isinstance(hit, Segment):
         manifest.confirm(file, st.st_size, st.st_mtime_ns)
     elif hit is None and manifest is not None:
@@ -166,8 +163,7 @@ def _inspect(
         hit = _inspect_uncached(Path(file), table)
         if isinstance(hit, SkippedFile) and not os.path.exists(file):
             return None
-    with _cache_lock:
-        _inspect_cache[key] = hit
+    _inspect_cache[key] = hit
     if manifest is not None and isinstance(hit, Segment):
         manifest.note(file, st.st_size, st.st_mtime_ns, hit)
     return hit
@@ -187,6 +183,7 @@ def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
     replaces, claim_problem = _parse_replaces(kv.get(META_REPLACES))
     return Segment(
         file=str(path),
+        name=path.name,
         table=table,
         version=version,
         columns=frozenset(arrow_schema.names),
@@ -261,6 +258,7 @@ def _inspect_live(path: Path, table: str) -> Segment | SkippedFile | None:
         return version
     return Segment(
         file=str(path),
+        name=path.name,
         table=table,
         version=version,
         columns=frozenset(data.schema.names),

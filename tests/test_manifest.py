@@ -1,6 +1,6 @@
 """The store's manifest (perfscope.manifest): a store of 100,000 segments opens without reading a
 footer; a missing, broken, foreign, stale or lying manifest is rebuilt to the truth, and a lie it
-may still tell is bounded; a SIGKILL mid-save leaves a manifest whole or absent."""
+may still tell is bounded; a SIGKILL mid-save leaves the old manifest or the new one, whole."""
 
 from __future__ import annotations
 
@@ -120,9 +120,6 @@ def test_a_store_of_100000_segments_opens_from_its_manifest(tmp_path: Path, foot
         assert {r["run_id"] for r in info["runs"]} == {f"r{r:04d}" for r in range(runs)}
         assert {(r["ranks_seen"], r["step_rows"]) for r in info["runs"]} == {(RANKS, per_run)}
         assert info["first_step_ns"] == T0_NS and info["last_step_end_ns"] == T0_NS + per_run * MS
-        # queries read the real files
-        n = store.query("SELECT count(*) AS n FROM steps WHERE run_id = 'r0042'").column("n")[0].as_py()
-        assert n == per_run
 
 
 def test_a_cold_open_saves_the_manifest_and_the_next_reads_no_footer(
@@ -278,12 +275,12 @@ def test_what_a_matching_lying_entry_can_change_is_bounded(
         assert any("claim to replace segments ignored" in d.reason for d in store.doubtful)
 
 
-def test_a_sigkill_mid_save_leaves_a_whole_manifest_or_none(tmp_path: Path) -> None:
+def test_a_sigkill_mid_save_leaves_the_old_manifest_or_the_new(tmp_path: Path) -> None:
     root = tmp_path / "store"
-    _linked_store(root, tmp_path / "src", runs=20, per_run=1000)
+    _linked_store(root, tmp_path / "src", runs=5, per_run=1000)
     truth = _facts(list_store(root, save_manifest=True))
     n = len(Manifest.load(str(root)))
-    assert n == 20 * 1000 + 20
+    assert n == 5 * 1000 + 5
     # each pass finds "no manifest" (and this process's cache warm), so each saves all n entries
     saver = textwrap.dedent(
         f"""
@@ -299,10 +296,10 @@ def test_a_sigkill_mid_save_leaves_a_whole_manifest_or_none(tmp_path: Path) -> N
     for _ in range(4):
         proc = subprocess.Popen([sys.executable, "-c", saver], stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.3, 1.5))
+        time.sleep(rng.uniform(0.1, 1.0))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert len(Manifest.load(str(root))) in (0, n)  # the old one or the new one, never half
+        assert len(Manifest.load(str(root))) == n  # the old one or the new one, never half of one
         _forget()
         assert _facts(list_store(root, save_manifest=False)) == truth
     leftovers = sorted(p.name for p in root.iterdir() if p.name.endswith(".tmp"))
