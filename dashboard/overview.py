@@ -8,6 +8,7 @@ import pyarrow as pa
 import streamlit as st
 
 from perfscope.charts.rows import multi_point_groups, rows
+from perfscope.words import counted, plural
 
 from . import links
 from .state import Context
@@ -179,8 +180,8 @@ def _quality(ctx: Context) -> None:
     skipped = ctx.store.skipped
     if skipped:
         st.warning(
-            f"{len(skipped)} file(s) in the store could not be read and were skipped; the numbers above "
-            "leave them out.",
+            f"{counted(len(skipped), 'file')} in the store could not be read and "
+            f"{plural('was', len(skipped))} skipped; the numbers above leave them out.",
             icon=":material/warning:",
         )
         st.dataframe(

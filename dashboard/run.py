@@ -21,6 +21,7 @@ from perfscope.charts.timeline import (
     step_series_chart,
 )
 from perfscope.report.model import format_value
+from perfscope.words import counted
 
 from . import links
 from .state import Context
@@ -59,6 +60,22 @@ PLACEMENT_COLUMNS = {
     "oversubscribed_cpu": Col("CPU oversubscribed"),
     "oversubscribed_gpu": Col("GPU oversubscribed"),
 }
+
+#: the threads analysis on the run page: what each rank computed with (the report's runs table too)
+THREAD_COLUMNS = {
+    "threads_per_rank": Col("torch threads / rank", fmt="%d"),
+    "omp_num_threads": Col("OMP_NUM_THREADS"),
+    "mkl_num_threads": Col("MKL_NUM_THREADS"),
+    "cores_per_rank_allowed": Col("cores / rank (affinity)", fmt="%d"),
+    "ranks_on_host": Col("ranks on host", fmt="%d"),
+    "threads_on_host": Col("threads on host", fmt="%d"),
+    "cpu_count": Col("logical CPUs", fmt="%d"),
+    "threads_oversubscribed": Col("threads exceed cores"),
+}
+
+
+def _nodes(run: dict) -> str:
+    return counted(run["nodes"], "node") if run.get("nodes") else "an unrecorded number of nodes"
 
 
 def render(ctx: Context) -> None:
@@ -107,7 +124,7 @@ def _headline(run: dict[str, Any]) -> None:
     if run.get("source") == "simulated":
         st.info("This run is **simulated** (perfscope simulate), not measured.", icon=":material/science:")
     cols = st.columns(6)
-    cols[0].metric("World size", run["world_size"], help=f"ranks, on {run['nodes']} node(s)")
+    cols[0].metric("World size", run["world_size"], help=f"ranks, on {_nodes(run)}")
     cols[1].metric(
         "Step time",
         format_value("step_ns", run["step_ns"]),  # as the report writes it; a long value is cut off
@@ -128,7 +145,8 @@ def _headline(run: dict[str, Any]) -> None:
     )
     cols[5].metric("Steady steps", f"{run['steady_steps']} / {run['steps_total']}", help="warm-up dropped")
     st.caption(
-        f"{run['world_size']} rank(s) on {run['nodes']} node(s) · {run['cluster']} · {run['backend']} · "
+        f"{counted(run['world_size'], 'rank')} on {_nodes(run)} · {run['cluster']} · "
+        f"{run['backend']} · "
         f"{run.get('device_model') or 'unknown device'} · batch {run['batch_size_per_rank']} per rank, "
         f"{run['global_batch_size']} global · experiment {run['experiment']}"
     )
@@ -218,7 +236,13 @@ def _telemetry(ctx: Context, run_id: str) -> None:
         charts(gpu_timeline_chart(gpu, window), host)
     st.subheader("Ranks per host")
     show_table(ctx.table("placement", one), PLACEMENT_COLUMNS)
-    definition_note("gpu_timeline", "host_timeline", "placement")
+    st.subheader("Threads and cores per rank")
+    threads = ctx.table("threads", one)
+    if threads.num_rows and threads.column("threads_per_rank").null_count < threads.num_rows:
+        show_table(threads, THREAD_COLUMNS)
+    else:
+        st.caption("not recorded: this run was written by a perfscope that did not record threads yet")
+    definition_note("gpu_timeline", "host_timeline", "placement", "threads")
 
 
 def _timeline(ctx: Context, run_id: str) -> None:

@@ -94,7 +94,7 @@ def test_compact_verb(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with StoreWriter(store, "run-w1", merge_at_close=False) as w:
         w.append("steps", (0, 5, 10**18, 10**9, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
     assert main(["compact", str(store), "--dry-run"]) == 0
-    assert "would merge 2 segments in 1 partitions" in capsys.readouterr().out
+    assert "would merge 2 segments in 1 partition " in capsys.readouterr().out
     assert main(["compact", str(store), "--grace", "0"]) == 0
     assert "merged 2 segments" in capsys.readouterr().out
     assert len(list((store / "steps" / "run_id=run-w1").glob("*.parquet"))) == 1

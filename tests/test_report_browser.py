@@ -123,3 +123,61 @@ def test_a_page_that_asks_for_the_network_is_caught(tmp_path: Path) -> None:
         finally:
             browser.close()
     assert sorted(left) == ["http://example.org/a.js", "https://example.com/x.png"]
+
+
+#: what a report's tables and charts must never show a reader
+BROKEN_TEXT_JS = """() => {
+  const cells = [...document.querySelectorAll('table.data td, table.data th')].map(c => c.textContent.trim());
+  const heads = [...document.querySelectorAll('h2, h3')].filter(h => {
+    let next = h.nextElementSibling;  // a heading with nothing under it before the next heading
+    return !next || /^H[23]$/.test(next.tagName);
+  }).map(h => h.textContent);
+  const ids = [...document.querySelectorAll('section[id]')].map(s => s.id);
+  return {none: cells.filter(t => ['None', 'nan', 'NaN', 'null', 'undefined'].includes(t)),
+          emptyHeaders: [...document.querySelectorAll('table.data th')]
+            .filter(th => !th.textContent.trim()).length,
+          emptySections: heads, ids};
+}"""
+
+
+@pytest.mark.parametrize("kind", ["cpu", "mixed"])
+def test_a_cpu_and_a_mixed_report_show_nothing_broken(kind: str, tmp_path: Path) -> None:
+    """The bundled CPU store alone, and beside the simulated seed study in one folder: every section
+    is screenshotted (artifacts/report/<kind>-<section>.png), no table shows None or an empty header,
+    no heading stands over nothing, and a CPU-only report says nothing of GPU utilisation."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    bundled = sample_traces.bundled()
+    names = ["demo-cpu"] if kind == "cpu" else ["demo-cpu", "seed-study"]
+    if not set(names) <= set(bundled):
+        pytest.skip("the bundled sample traces are not in this checkout")
+    root = tmp_path / kind
+    for name in names:
+        shutil.copytree(bundled[name], root, dirs_exist_ok=True)
+    with open_store(root) as store:
+        report = write_report(store, Selection(), tmp_path / f"{kind}.html").report
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page, left, errors = _open(browser, report)
+            found = page.evaluate(BROKEN_TEXT_JS)
+            figures = page.evaluate(FIGURES_JS)
+            for section in found["ids"]:
+                page.locator(f"section#{section}").screenshot(path=str(ARTIFACTS / f"{kind}-{section}.png"))
+            text = page.inner_text("body")
+            utilisation = page.inner_text("section#utilisation")
+        finally:
+            browser.close()
+    assert left == [] and errors == []
+    assert found["none"] == [] and found["emptyHeaders"] == 0
+    assert found["emptySections"] == [], found["emptySections"]
+    assert {"overview", "setup", "speedup", "utilisation", "findings"} <= set(found["ids"])
+    assert all(f["svg"] and f["width"] > 300 for f in figures), figures
+    if kind == "cpu":
+        assert "Host CPU and load" in utilisation and "kernel-active" not in utilisation
+        assert "GPUs / ranks" not in report.read_text(encoding="utf-8")  # the charts are inline SVG
+    else:
+        assert "simulated" in text and "measured" in text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import altair as alt
 import pyarrow as pa
 
@@ -63,6 +65,21 @@ def _panels(n: int) -> int:
     return min(n, 3)
 
 
+#: a bar's run label longer than this is replaced by the run id's last token when that is unique
+_LONG_LABEL_CHARS = 16
+
+
+def _short_labels(run_ids: Iterable[str]) -> dict[str, str]:
+    """run_id -> a bar label: the tokens that differ ('n004-b75'), or, when those are long (two
+    timestamped ids differ in every token), the last token alone ('82b02634') if it tells them apart.
+    A long label standing on end under a bar runs into the axis title below it."""
+    labels = run_label_map(run_ids)
+    tails = {r: r.rsplit("-", 1)[-1] for r in labels}
+    if any(len(v) > _LONG_LABEL_CHARS for v in labels.values()) and len(set(tails.values())) == len(tails):
+        return tails
+    return labels
+
+
 def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
     """Stacked steady-state phase times per run (ms per step), one panel per experiment/cluster/backend."""
     title = "Where the step time goes"
@@ -77,7 +94,7 @@ def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
     # a bar is "N" when one run has that N in its panel; otherwise N plus what tells the runs apart
     short: dict[str, str] = {}
     for panel in {r["panel"] for r in values}:
-        short.update(run_label_map(r["run_id"] for r in values if r["panel"] == panel))
+        short.update(_short_labels(r["run_id"] for r in values if r["panel"] == panel))
     srcs = sources(values)
     mark_sim = len(srcs) > 1
     for r in values:
@@ -93,7 +110,9 @@ def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
         alt.Chart(data(values))
         .mark_bar()
         .encode(
-            x=alt.X("bar:N", title="run (world size N)", sort=[b for _, _, b in bars]),
+            # no axis title: below labels standing on end the renderer draws it across them; the
+            # labels (N=2, N=2 b75 ...) say what a bar is, and the subtitle says it too
+            x=alt.X("bar:N", title=None, sort=[b for _, _, b in bars]),
             # two lines: on one, the title is taller than a panel and runs up into the subtitle
             y=alt.Y("sum(time_ms):Q", title=["time per step", "(ms, steady state)"]),
             color=_colour(),
@@ -112,7 +131,10 @@ def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
         chart = chart.facet(facet=alt.Facet("panel:N", title=None), columns=_panels(n_panels)).resolve_scale(
             x="independent"
         )
-    subtitle = ["phases add up to the step time (slowest rank); imbalance = max − mean over ranks"]
+    subtitle = [
+        "one bar per run, labelled by its world size N",
+        "phases add up to the step time (slowest rank); imbalance = max − mean over ranks",
+    ]
     subtitle.append(source_note(srcs, marks="bars"))
     return finish(chart, title, subtitle)
 

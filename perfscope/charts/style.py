@@ -70,7 +70,7 @@ def world_size_x(ticks: list[int], field: str = "world_size") -> alt.X:
     scale = alt.Scale(type="log", base=2) if wide else alt.Scale(zero=False)
     return alt.X(
         f"{field}:Q",
-        title="world size N (GPUs / ranks)" + (", log scale" if wide else ""),
+        title="world size N (ranks)" + (", log scale" if wide else ""),  # a rank: one GPU or CPU process
         scale=scale,
         axis=alt.Axis(values=ticks, format="d", labelOverlap=True),
     )

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..charts import to_svg
+from ..words import counted
 from .model import (
     REFERENCE,
     ChartBlock,
@@ -195,7 +196,9 @@ class _Html:
         )
         title = f"<h3>{_e(t.caption)}</h3>"
         if t.collapsed:
-            table = f"<details><summary>{_e(t.caption)}: {len(t.rows)} rows</summary>{table}</details>"
+            table = (
+                f"<details><summary>{_e(t.caption)}: {counted(len(t.rows), 'row')}</summary>{table}</details>"
+            )
             title = ""
         return title + table + self.defs_line([t.analysis])
 
@@ -227,7 +230,7 @@ class _Html:
             )
             evidence = f"Evidence: analyses {analyses}"
             if runs:
-                evidence += f"<details><summary>{len(f.run_ids)} runs</summary>{runs}</details>"
+                evidence += f"<details><summary>{counted(len(f.run_ids), 'run')}</summary>{runs}</details>"
             out.append(
                 f'<article class="finding sev-{_e(f.severity)}" id="finding-{f.rank}" '
                 f'data-finding="{_e(f.id)}">'

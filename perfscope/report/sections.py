@@ -13,6 +13,7 @@ import pyarrow as pa
 from ..analysis.selection import SOURCES
 from ..charts import CHARTS
 from ..charts.rows import group_label_map, multi_point_groups, natural_key, rows
+from ..words import counted, plural
 from .model import (
     ChartBlock,
     Column,
@@ -48,18 +49,23 @@ class Context:
         *,
         without: tuple[str, ...] = (),
         title: str | None = None,
+        drawn: str | None = None,
         **options: Any,
     ) -> ChartBlock:
-        """Chart `name` from the report's tables, leaving out the analyses in `without`."""
+        """Chart `name` from the report's tables, leaving out the analyses in `without`; `drawn`: the
+        column the chart plots, so that only rows with a value there say where the figure comes from
+        (CPU runs have no GPU utilisation: a chart of it beside them draws simulated GPUs only)."""
         spec = CHARTS[name]
         tables = {k: v for k, v in self.tables.items() if k not in without}
         chart = spec.build(tables, **options)
         used = tuple(a for a in spec.analyses if a not in without)
-        origin = source_words(self.sources_of(used, options.get("run_id")))
+        origin = source_words(self.sources_of(used, options.get("run_id"), drawn=drawn))
         words = ", ".join(c for c in (origin, caption) if c)
         return ChartBlock(name, title or spec.title, chart, used, words)
 
-    def sources_of(self, analyses: Iterable[str], run_id: str | None = None) -> set[str]:
+    def sources_of(
+        self, analyses: Iterable[str], run_id: str | None = None, *, drawn: str | None = None
+    ) -> set[str]:
         """Where the runs behind these analyses' rows come from (measured, simulated), read from a row's
         own source, else from its run or group; only `run_id`'s rows when one is given."""
         by_run = {r["run_id"]: r["source"] for r in self.rows("run_summary", ("run_id", "source"))}
@@ -70,8 +76,10 @@ class Context:
         for name in analyses:
             if name == "scaling_prediction":  # a model's output, named by the caption itself
                 continue
-            for r in self.rows(name, ("source", "run_id", "group_id")):
+            for r in self.rows(name, ("source", "run_id", "group_id", drawn or "source")):
                 if run_id is not None and r["run_id"] not in (None, run_id):
+                    continue
+                if drawn is not None and r[drawn] is None:
                     continue
                 if r["source"] in SOURCES:
                     out.add(r["source"])
@@ -149,7 +157,7 @@ def overview(ctx: Context) -> Section:
     sim = sum(1 for r in runs if r["source"] == "simulated")
     s.blocks.append(
         [
-            f"{len(runs)} runs of {_joined(r['experiment'] for r in runs)}"
+            f"{counted(len(runs), 'run')} of {_joined(r['experiment'] for r in runs)}"
             + (f"; {sim} of them simulated (not measured)." if sim else ", all measured.")
         ]
     )
@@ -201,6 +209,20 @@ def overview(ctx: Context) -> Section:
             where = f"{ctx.label(f.group_id)}: " if f.group_id else ""
             s.blocks.append([f"{f.rank}. ", Ref(where + f.title, f"finding-{f.rank}")])
     return s
+
+
+#: the threads analysis's columns shown in the runs table: what a rank computed with, as recorded
+THREAD_COLUMNS = [
+    ("threads_per_rank", "threads/rank"),
+    ("omp_num_threads", "OMP"),
+    ("mkl_num_threads", "MKL"),
+    ("cores_per_rank_allowed", "cores/rank"),
+]
+THREAD_NOTE = (
+    "threads/rank: torch's intra-op threads in each rank; OMP and MKL: OMP_NUM_THREADS and "
+    "MKL_NUM_THREADS as the job set them (– when unset); cores/rank: the cores a rank may use (its "
+    "CPU affinity, at most the host's logical CPUs)."
+)
 
 
 def setup(ctx: Context) -> Section:
@@ -256,7 +278,8 @@ def setup(ctx: Context) -> Section:
     if sim:
         s.blocks.append(
             [
-                f"{len(sim)} of {len(runs)} runs are simulated (from a model of the hardware, such as "
+                f"{len(sim)} of {counted(len(runs), 'run')} {plural('is', len(sim))} simulated (from a model "
+                "of the hardware, such as "
                 "`perfscope simulate` writes), not measured. Charts draw them as hollow triangles and "
                 "tables say 'simulated'; read their numbers as what the model predicts."
             ]
@@ -287,8 +310,16 @@ def setup(ctx: Context) -> Section:
         ("step_ns", "step time T"),
         ("step_cv", "step CV"),
         ("throughput_samples_per_s", "throughput X"),
-    ] + [(c, c.replace("_version", "")) for c in versions]
+    ]
+    threads = {r["run_id"]: r for r in ctx.rows("threads")}
+    if any(t["threads_per_rank"] is not None for t in threads.values()):  # older stores recorded none
+        runs = [{**r, **{k: threads.get(r["run_id"], {}).get(k) for k, _ in THREAD_COLUMNS}} for r in runs]
+        at = cols.index(("batch_size_per_rank", "batch/rank")) + 1  # beside the work per rank, in view
+        cols[at:at] = THREAD_COLUMNS
+    cols += [(c, c.replace("_version", "")) for c in versions]
     s.blocks.append(_table("run_summary", "Runs", _cols(*cols), runs))
+    if THREAD_COLUMNS[0] in cols:
+        s.blocks.append([THREAD_NOTE])
     over = [r for r in ctx.rows("placement") if r["oversubscribed_cpu"] or r["oversubscribed_gpu"]]
     if over:
         cpu_only = ctx.unit == "rank"
@@ -321,7 +352,8 @@ def speedup(ctx: Context) -> Section:
     if mixed:
         s.blocks.append(
             [
-                f"{len(mixed)} runs are in groups that mix strong and weak scaling; they are not compared: "
+                f"{counted(len(mixed), 'run')} {plural('is', len(mixed))} in groups that mix strong and "
+                "weak scaling; they are not compared: "
                 + "; ".join(sorted({r["mode_note"] for r in mixed if r["mode_note"]}))
             ]
         )
@@ -558,8 +590,8 @@ def utilisation(ctx: Context) -> Section:
             "It is not an efficiency: a GPU can be 100% 'utilised' by one tiny kernel at a time."
         ]
     )
-    s.blocks.append(ctx.chart("utilisation"))
-    s.blocks.append(ctx.chart("energy"))
+    s.blocks.append(ctx.chart("utilisation", drawn="util_gpu_pct"))
+    s.blocks.append(ctx.chart("energy", drawn="energy_per_sample_j"))
     values = _with_group(ctx, ctx.rows("utilisation"))
     curve = [r for rs in _curve_groups(values).values() for r in rs] or values
     s.blocks.append(
@@ -581,6 +613,15 @@ def utilisation(ctx: Context) -> Section:
             curve,
         )
     )
+    on_cpu = [r for r in values if r["util_gpu_pct"] is None and r["host_sys_cpu_pct"] is not None]
+    if on_cpu:  # a store of CPU and GPU runs: the CPU runs' hosts, where their GPU figures would be
+        s.blocks.append(
+            [
+                "Runs on CPU have no GPU figures; what their hosts' CPUs did over the steady window "
+                "(the job's processes, 100% = one core; the whole host; its 1-minute load):"
+            ]
+        )
+        s.blocks.append(_host_cpu_table(on_cpu))
     mfu = [r for r in ctx.rows("mfu") if r["mfu"] is not None]
     if mfu:
         s.blocks.append(
@@ -613,23 +654,24 @@ def host_cpu(ctx: Context) -> Section:
         ]
     )
     values = _with_group(ctx, ctx.rows("utilisation"))
-    curve = [r for rs in _curve_groups(values).values() for r in rs] or values
-    s.blocks.append(
-        _table(
-            "utilisation",
-            "Host CPU per run",
-            _cols(
-                ("group", "group"),
-                ("world_size", "N"),
-                ("host_cpu_count", "logical CPUs"),
-                ("host_proc_cpu_pct", "job's CPU (100% = 1 core)"),
-                ("host_sys_cpu_pct", "host CPU busy"),
-                ("host_load1", "load (1 min)"),
-            ),
-            curve,
-        )
-    )
+    s.blocks.append(_host_cpu_table([r for rs in _curve_groups(values).values() for r in rs] or values))
     return s
+
+
+def _host_cpu_table(values: list[dict[str, Any]]) -> TableBlock:
+    return _table(
+        "utilisation",
+        "Host CPU per run",
+        _cols(
+            ("group", "group"),
+            ("world_size", "N"),
+            ("host_cpu_count", "logical CPUs"),
+            ("host_proc_cpu_pct", "job's CPU (100% = 1 core)"),
+            ("host_sys_cpu_pct", "host CPU busy"),
+            ("host_load1", "load (1 min)"),
+        ),
+        values,
+    )
 
 
 def stragglers(ctx: Context) -> Section:
@@ -646,7 +688,10 @@ def stragglers(ctx: Context) -> Section:
     )
     if flagged:
         s.blocks.append(
-            [f"{len(flagged)} rank(s) in {len({r['run_id'] for r in flagged})} run(s) are flagged:"]
+            [
+                f"{counted(len(flagged), 'rank')} in {counted(len({r['run_id'] for r in flagged}), 'run')} "
+                f"{plural('is', len(flagged))} flagged:"
+            ]
         )
         s.blocks.append(
             _table(
@@ -889,6 +934,7 @@ ANALYSES_USED: tuple[str, ...] = (
     "run_summary",
     "scaling",
     "placement",
+    "threads",
     "phase_breakdown",
     "lost_time",
     "pop",
