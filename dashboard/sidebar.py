@@ -61,7 +61,7 @@ def selection(ctx_all: state.Context) -> Selection:
         value=None,
         step=1,
         key="sel_warmup",
-        placeholder="steady-state rule: max(10, 5%)",
+        placeholder="auto: max(10, 5%)",  # longer text is cut off in the sidebar's field
         help="Leave empty for the steady-state rule (drop the first 10 steps or 5 %, whichever is larger).",
     )
     return Selection(
