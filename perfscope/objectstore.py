@@ -408,6 +408,7 @@ class Uploader:
         self._s3: Any = None
         self._stop = threading.Event()
         self._pass_lock = threading.Lock()
+        self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.failures = 0
@@ -468,11 +469,14 @@ class Uploader:
                 now = time.monotonic()
                 if not final and all(r in self.uploaded for r in changed):
                     changed = [r for r in changed if now >= self._not_before.get(r, 0.0)]
-                changed.sort(key=lambda r: (r not in self.uploaded, r))
-                for rel in changed:
-                    self._put(rel, local[rel])
-                    extra_intervals = max(0.0, local[rel][0] / REUPLOAD_BYTES_PER_INTERVAL - 1.0)
-                    self._not_before[rel] = now + extra_intervals * self.interval_s
+                # files already up first (a sealed segment's final version), then the new ones
+                for batch in (
+                    [r for r in changed if r in self.uploaded],
+                    [r for r in changed if r not in self.uploaded],
+                ):
+                    for rel in _in_parallel(lambda r: self._put(r, local[r]), batch):
+                        extra_intervals = max(0.0, local[rel][0] / REUPLOAD_BYTES_PER_INTERVAL - 1.0)
+                        self._not_before[rel] = now + extra_intervals * self.interval_s
                 for rel in [r for r in self.uploaded if r not in local]:
                     with contextlib.suppress(FileNotFoundError):
                         self._s3.delete_file(f"{self.location.base}/{rel}")
@@ -493,16 +497,18 @@ class Uploader:
                 )
                 return False
 
-    def _put(self, rel: str, sig: tuple[int, int]) -> None:
+    def _put(self, rel: str, sig: tuple[int, int]) -> str:
         path = self.staging / rel
         try:
             # read first: the bytes of one moment, whatever the writer appends meanwhile
             data = path.read_bytes()
         except FileNotFoundError:
-            return  # removed since the scan (a compaction): the next pass deletes its object
+            return rel  # removed since the scan (a compaction): the next pass deletes its object
         with self._s3.open_output_stream(f"{self.location.base}/{rel}") as out:
             out.write(data)
-        self.uploaded[rel] = sig
+        with self._state_lock:
+            self.uploaded[rel] = sig
+        return rel
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop the thread, upload what is left, and remove the staging folder when all of it is on
@@ -523,6 +529,25 @@ class Uploader:
                 f"perfscope: the store could not be fully uploaded to {self.location.url}; the "
                 f"recording is kept in {self.staging} (upload it with any S3 tool, or read it there)",
             )
+
+
+#: PUTs in flight at once in one upload pass (S3 latency, not bandwidth, bounds a pass of small files)
+UPLOADS_IN_FLIGHT = 8
+
+
+def _in_parallel(put: Callable[[str], str], rels: list[str]) -> list[str]:
+    """put(rel) for each of `rels` on a few threads; the first failure is raised once all are done."""
+    if len(rels) <= 1:
+        return [put(r) for r in rels]
+    futures = []
+    with ThreadPoolExecutor(max_workers=min(UPLOADS_IN_FLIGHT, len(rels))) as pool:
+        try:
+            for r in rels:
+                futures.append(pool.submit(put, r))
+        except RuntimeError:  # at interpreter exit no new pool thread may start: the rest in turn
+            pass
+    done = [f.result() for f in futures]
+    return done + [put(r) for r in rels[len(futures) :]]
 
 
 def start_upload(url: str, warn: Callable[[str, str], object] | None = None) -> Uploader:
