@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sim-ranks", type=int, default=4096)
     p.add_argument("--sim-steps", type=int, default=1000)
     p.add_argument("--skip", choices=["job", "study"], action="append", default=[])
+    p.add_argument("--new-first", action="store_true", help="measure the new design first")
     p.add_argument("--min-free-mb", type=float, default=12_000, help="skip the study below this")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="perfscope-scale-"))
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             new = Design(f"new ({short(args.new)})", str(export_commit(args.new, work / "new")))
         designs = [old, new]
-        for d in designs:
+        for d in reversed(designs) if args.new_first else designs:
             tag = "old" if d is old else "new"
             if "job" not in args.skip:
                 gloo_job(d, work / f"job-{tag}", args.job_ranks, args.job_steps)
