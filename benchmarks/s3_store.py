@@ -78,7 +78,7 @@ def main() -> None:
         ).create_dir("bench")
         staging = work / "staging"
         shutil.copytree(args.store, staging)
-        files = [p for p in staging.rglob("*") if p.is_file()]
+        files = [p for p in staging.rglob("*") if p.is_file() and not p.name.startswith(".")]
         size = sum(p.stat().st_size for p in files)
         url = "s3://bench/study"
         up = objectstore.Uploader(url, staging, interval_s=3600)
