@@ -36,7 +36,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
-    from .store import Segment
+    from collections.abc import Callable
+
+    from .store import Replaced, Segment
 
 MANIFEST_NAME = ".perfscope-manifest"
 #: the format of the file; another value (a newer perfscope's) is ignored and rewritten
@@ -64,6 +66,26 @@ _SCHEMA = pa.schema(
     ]
     + [(f"{c}_{end}", pa.int64()) for c in RANGE_COLUMNS for end in ("min", "max")]
 )
+
+
+class _Store:
+    """store.py's Segment and claim parser, looked up once: store.py imports this module, so this one
+    cannot import it at the top (and an import inside `lookup` costs more than the rest of it)."""
+
+    @functools.cached_property
+    def Segment(self) -> type[Segment]:
+        from .store import Segment
+
+        return Segment
+
+    @functools.cached_property
+    def parse_replaces(self) -> Callable[[bytes | None], tuple[tuple[Replaced, ...], str]]:
+        from .store import _parse_replaces
+
+        return _parse_replaces
+
+
+_store = _Store()
 
 
 def manifest_path(root: str) -> str:
@@ -111,24 +133,30 @@ class Manifest:
     @classmethod
     def load(cls, root: str) -> Manifest:
         """The store's manifest; an empty one when it is missing or unusable. Entries with a missing
-        field, a column list that is not one or a negative row count are dropped here, once, so a
-        lookup checks only the key."""
+        field or a column list that is not one are dropped here, once."""
         m = cls(root)
         t = _read_table(manifest_path(root))
         if t is None:
             return m
-        names = t.column("columns").unique().to_pylist()
-        parsed = {stored: _parse_columns(stored) for stored in names if stored is not None}
-        cols = {name: t.column(name).to_pylist() for name in _ENTRY if name != "columns"}
-        cols["columns"] = [parsed.get(v) if v is not None else None for v in t.column("columns").to_pylist()]
+        stored = t.column("columns").to_pylist()
+        parsed = {v: _parse_columns(v) for v in set(stored) if v is not None}
+        cols = [
+            [parsed.get(v) for v in stored] if name == "columns" else t.column(name).to_pylist()
+            for name in _ENTRY
+        ]
         ends = [t.column(f"{c}_{end}").to_pylist() for c in RANGE_COLUMNS for end in ("min", "max")]
-        ranges = zip(*ends, strict=True)
-        rows = zip(*(cols[name] for name in _ENTRY), ranges, strict=True)
-        m._entries = {
-            p: row
-            for p, row in zip(t.column("path").to_pylist(), rows, strict=True)
-            if p is not None and None not in row[:6] and row[4] >= 0
-        }
+        rows = zip(*cols, zip(*ends, strict=True), strict=True)
+        paths = t.column("path").to_pylist()
+        if (
+            t.column("path").null_count
+            or any(t.column(n).null_count for n in _ENTRY[:-1])
+            or None in parsed.values()
+        ):
+            m._entries = {
+                p: row for p, row in zip(paths, rows, strict=True) if p is not None and None not in row[:6]
+            }
+        else:  # the usual case: nothing missing, no check per entry
+            m._entries = dict(zip(paths, rows, strict=True))
         return m
 
     def __len__(self) -> int:
@@ -146,15 +174,14 @@ class Manifest:
     def lookup(self, path: str, table: str, size: int, mtime_ns: int) -> Segment | None:
         """The segment at `path` as its entry describes it, when the entry matches the file's size
         and mtime_ns; else None (read the footer)."""
-        e = self._entry(path, size, mtime_ns)
-        if e is None:
+        prefix = self._prefix
+        e = self._entries.get(path[len(prefix) :]) if path.startswith(prefix) else None
+        if e is None or e[0] != size or e[1] != mtime_ns or e[4] < 0:
             return None
-        from .store import Segment, _parse_replaces  # a cycle: store.py reads the manifest
-
         _, _, version, columns, num_rows, footprint, raw, ranges = e
-        replaces, claim_problem = _parse_replaces(raw) if raw is not None else ((), "")
+        replaces, claim_problem = _store.parse_replaces(raw) if raw is not None else ((), "")
         self.hits += 1
-        return Segment(
+        return _store.Segment(
             file=path,
             name=path[path.rfind(os.sep) + 1 :],
             table=table,
@@ -213,7 +240,7 @@ class Manifest:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as f:
-                pq.write_table(table, f, compression="zstd", use_dictionary=["columns"])
+                pq.write_table(table, f, compression="zstd")
             os.replace(tmp, final)  # replaces a link itself, never what it points to
         except OSError:
             with contextlib.suppress(OSError):

@@ -427,6 +427,8 @@ def _partition_segments(found: list[Segment], listing: Listing) -> list[Segment]
     hidden: dict[str, Segment] = {}
     merged_copies: dict[tuple[int, int, str], Segment] = {}
     for seg in found:
+        if not seg.replaces and not seg.claim_problem:
+            continue  # claims nothing (most segments): nothing to check
         claimed = [r for r in seg.replaces if r.name in present and r.name != seg.name]
         if not seg.claim_problem and not claimed:
             if sum(r.rows for r in seg.replaces) == seg.num_rows:
@@ -448,7 +450,7 @@ def _partition_segments(found: list[Segment], listing: Listing) -> list[Segment]
             listing.superseded.append(seg.path)
             listing.superseded_by[seg.path] = hidden[seg.name].path
             continue
-        copy_of = _copy_of(seg, first_of, merged_copies)
+        copy_of = _copy_of(seg, first_of, merged_copies) if seg.footprint in first_of or merged_copies else ""
         if copy_of:
             listing.skipped.append(SkippedFile(seg.file, f"identical copy of {copy_of}: counted once"))
             continue
@@ -523,8 +525,9 @@ def list_store(root: Path, *, run_id: str | None = None, save_manifest: bool | N
             folder = f"{part}{os.sep}"
             for fname in sorted(n for n in names if n.endswith(".parquet") and not n.startswith(".")):
                 _admit(_inspect(folder + fname, name, root, manifest), listing, found)
-            sealed = {seg.name.removesuffix(".parquet") for seg in found}
-            for fname in sorted(n for n in names if n.endswith(LIVE_SUFFIX) and not n.startswith(".")):
+            live = sorted(n for n in names if n.endswith(LIVE_SUFFIX) and not n.startswith("."))
+            sealed = {seg.name.removesuffix(".parquet") for seg in found} if live else set()
+            for fname in live:
                 path = part / fname
                 if path.stem in sealed:  # a valid twin holds its rows
                     listing.sealed_live.append(path)
