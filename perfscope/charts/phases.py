@@ -65,6 +65,30 @@ def _panels(n: int) -> int:
     return min(n, 3)
 
 
+#: panels whose largest bars differ more than this many times get a y axis each (a CPU job's 250 ms
+#: beside a GPU study's 5 ms would leave the GPU panels flat)
+_Y_SPREAD = 10.0
+
+
+def _facet() -> alt.Facet:
+    """One panel per setup; a long title is cut ('…') to the panel's width instead of running into
+    the next panel's."""
+    return alt.Facet("panel:N", title=None, header=alt.Header(labelLimit=PANEL_WIDTH))
+
+
+def _y_scales(values: list[Row], field: str) -> str:
+    """'independent' when the panels' stacked totals differ by more than _Y_SPREAD times, else 'shared'."""
+    totals: dict[tuple[str, str], float] = {}
+    for r in values:
+        key = (r["panel"], r.get("run_id") or "")
+        totals[key] = totals.get(key, 0.0) + max(r[field] or 0.0, 0.0)
+    tops: dict[str, float] = {}
+    for (panel, _), total in totals.items():
+        tops[panel] = max(tops.get(panel, 0.0), total)
+    positive = [t for t in tops.values() if t > 0]
+    return "independent" if positive and max(positive) > _Y_SPREAD * min(positive) else "shared"
+
+
 #: a bar's run label longer than this is replaced by the run id's last token when that is unique
 _LONG_LABEL_CHARS = 16
 
@@ -127,14 +151,17 @@ def phase_breakdown_chart(phase_breakdown: pa.Table | None) -> ChartLike:
         )
         .properties(width=PANEL_WIDTH, height=PANEL_HEIGHT)
     )
+    y_scales = _y_scales(values, "time_ms")
     if n_panels > 1:
-        chart = chart.facet(facet=alt.Facet("panel:N", title=None), columns=_panels(n_panels)).resolve_scale(
-            x="independent"
+        chart = chart.facet(facet=_facet(), columns=_panels(n_panels)).resolve_scale(
+            x="independent", y=y_scales
         )
     subtitle = [
         "one bar per run, labelled by its world size N",
         "phases add up to the step time (slowest rank); imbalance = max − mean over ranks",
     ]
+    if n_panels > 1 and y_scales == "independent":
+        subtitle.append("each panel has its own time axis: their step times differ more than tenfold")
     subtitle.append(source_note(srcs, marks="bars"))
     return finish(chart, title, subtitle)
 
@@ -171,10 +198,13 @@ def lost_time_chart(lost_time: pa.Table | None, unit: str = "GPU") -> ChartLike:
         )
         .properties(width=PANEL_WIDTH, height=PANEL_HEIGHT)
     )
+    y_scales = _y_scales(values, "lost_gpu_ms")
     if n_panels > 1:
-        chart = chart.facet(facet=alt.Facet("panel:N", title=None), columns=_panels(n_panels))
+        chart = chart.facet(facet=_facet(), columns=_panels(n_panels)).resolve_scale(y=y_scales)
     subtitle = [
         "L(N) = N·T(N) − N0·T(N0)·G(N)/G(N0), split by phase; a bar below zero is time saved",
         source_note(sources(values), marks="bars"),
     ]
+    if n_panels > 1 and y_scales == "independent":
+        subtitle.append("each panel has its own axis: their lost times differ more than tenfold")
     return finish(chart, title, subtitle)

@@ -241,7 +241,10 @@ def setup(ctx: Context) -> Section:
                 "backend": backend,
                 "model": model,
                 "device_model": device,
-                "gpus_per_node": max((r["gpus_per_node"] or 0) for r in rs) or None,
+                # a CPU setup beside GPU ones has no GPUs per node: '–', not its ranks per node
+                "gpus_per_node": (max((r["gpus_per_node"] or 0) for r in rs) or None)
+                if ctx.unit == "rank" or str(device).lower() != "cpu"
+                else None,
                 "world_sizes": _joined(r["world_size"] for r in rs),
                 "batch_sizes_per_rank": _joined(r["batch_size_per_rank"] for r in rs),
                 "runs": len(rs),
