@@ -114,7 +114,14 @@ def render(f: Frame, *, colour: bool, width: int | None = None) -> str:
         wrap(f"run {f.run_id}  experiment {f.experiment or '?'}  world size {f.world_size or '?'}", width)
     )
     lines.append("")
-    header = ["rank", "step", "step ms", *[p.replace("_exposed", "") + " %" for p in PHASES], "comm %", "note"]
+    header = [
+        "rank",
+        "step",
+        "step ms",
+        *[p.replace("_exposed", "") + " %" for p in PHASES],
+        "comm %",
+        "note",
+    ]
     rows = []
     for r in f.ranks:
         mark = "slowest" if r["rank"] == f.slowest_rank else ""
