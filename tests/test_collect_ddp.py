@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from perfscope import open_store
+from perfscope.writer import host_tag
 
 pytest.importorskip("torch")
 from collect_helpers import ddp_worker, run_ranks
@@ -59,7 +60,7 @@ def test_ddp_buckets_sync_and_run_id(tmp_path: Path, world_size: int) -> None:
         steps = q("SELECT * FROM steps").to_pylist()
     # one poller per host: every telemetry segment comes from rank 0's writer
     host_files = list(tmp_path.glob("host_samples/*/*.parquet"))
-    assert host_files and all(f.name.startswith("r0-") for f in host_files)
+    assert host_files and all(f.name.startswith(f"{host_tag()}-r0-") for f in host_files)
     for s in steps:
         assert s["comm_count"] >= 1 and s["comm_total_ns"] > 0
         assert 0 <= s["sync_exposed_ns"] <= s["comm_total_ns"] + TOLERANCE_NS
