@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import streamlit as st
 
 from perfscope.charts.backends import backend_compare_chart
@@ -225,6 +226,10 @@ def _utilisation(ctx: Context, picked: list[str], labels: dict[str, str], unit: 
         show_table(relabel(util, "group_id", labels), HOST_CPU_COLUMNS)
     else:
         charts(utilisation_chart(util), energy_chart(util))
+        on_cpu = pc.and_(pc.is_null(util["util_gpu_pct"]), pc.is_valid(util["host_sys_cpu_pct"]))
+        if util.num_rows and pc.any(on_cpu).as_py():  # CPU runs beside GPU ones: their hosts' CPU
+            st.subheader("Runs on CPU: host CPU")
+            show_table(relabel(util.filter(on_cpu), "group_id", labels), HOST_CPU_COLUMNS)
     definition_note("utilisation")
 
 

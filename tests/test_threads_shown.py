@@ -72,3 +72,10 @@ def test_the_run_page_shows_threads_and_cores(threads_store: Path) -> None:
     assert list(tables[0]["cores / rank (affinity)"]) == [2]
     at = clean(open_page(threads_store, "run", run="gpu-n1", run_tab="Telemetry"))
     assert any("not recorded" in c.value for c in at.caption)
+
+
+def test_the_scaling_page_shows_cpu_runs_host_cpu_beside_gpu_charts(threads_store: Path) -> None:
+    at = clean(open_page(threads_store, "scaling", scaling_tab="Utilisation"))
+    host = [df.value for df in at.dataframe if "host CPU busy (%)" in df.value.columns]
+    assert host and len(host[0]) == 2  # the two CPU runs; the GPU runs are in the charts
+    assert len(list(at.get("vega_lite_chart"))) >= 2
