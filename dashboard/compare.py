@@ -51,6 +51,11 @@ SETTINGS = (
     "global_batch_size",
     "device_model",
     "model",
+    # threads and cores per rank (the threads analysis): N=1 under torchrun has all of a host's threads,
+    # each rank of N=2 one, so two runs that differ here are not like with like
+    "threads_per_rank",
+    "omp_num_threads",
+    "cores_per_rank_allowed",
 )
 GROUP_FIELDS = {
     "efficiency": "efficiency E(N)",
@@ -99,7 +104,7 @@ def _runs(ctx: Context, summary: pa.Table) -> None:
     b = right.selectbox("Run B", ids, index=b_default, key="compare_b")
     merged = {r["run_id"]: dict(r) for r in runs}
     # POP and utilisation numbers of the same runs (whole-selection tables: the cached ones)
-    for name in ("pop", "utilisation"):
+    for name in ("pop", "utilisation", "threads"):
         for r in rows(ctx.table(name)):
             if r.get("run_id") in merged:
                 for k, v in r.items():

@@ -79,3 +79,11 @@ def test_the_scaling_page_shows_cpu_runs_host_cpu_beside_gpu_charts(threads_stor
     host = [df.value for df in at.dataframe if "host CPU busy (%)" in df.value.columns]
     assert host and len(host[0]) == 2  # the two CPU runs; the GPU runs are in the charts
     assert len(list(at.get("vega_lite_chart"))) >= 2
+
+
+def test_compare_names_a_difference_in_threads(threads_store: Path) -> None:
+    at = open_page(threads_store, "compare")
+    at.selectbox(key="compare_a").select("cpu-n1")
+    at.selectbox(key="compare_b").select("cpu-n2").run()
+    differ = " ".join(m.value for m in clean(at).markdown if "differ in" in m.value)
+    assert "threads_per_rank: 2 → 1" in differ, differ
