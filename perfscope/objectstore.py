@@ -375,10 +375,15 @@ def _remove_unlisted(mirror: Path, keep: set[str]) -> None:
 
 # -- writing: the uploader -------------------------------------------------------------------------
 def staging_dir(loc: S3Location) -> Path:
-    """A fresh local folder this process records into before its files are uploaded to `loc`."""
-    parent = cache_root() / "s3-staging"
-    parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{loc.bucket}-{os.getpid()}-", dir=parent))
+    """A fresh local folder this process records into before its files are uploaded to `loc`: in the
+    cache folder, else (a read-only home on a cluster node) in the temporary folder."""
+    prefix = f"{loc.bucket}-{os.getpid()}-"
+    try:
+        parent = cache_root() / "s3-staging"
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix=f"perfscope-s3-staging-{prefix}"))
 
 
 class Uploader:

@@ -491,3 +491,16 @@ def test_commands_that_write_a_local_folder_refuse_s3_in_one_line(
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "needs a local folder" in err and "aws s3 sync" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]  # no ./s3: folder made
+
+
+def test_a_cache_folder_that_cannot_be_written_stages_in_the_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv(objectstore.CACHE_ENV, str(blocked))
+    staging = objectstore.staging_dir(objectstore.parse_url("s3://some-bucket/p"))
+    try:
+        assert staging.is_dir() and not staging.is_relative_to(blocked)
+    finally:
+        staging.rmdir()
