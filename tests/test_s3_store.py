@@ -109,7 +109,7 @@ def _analysis(capsys: pytest.CaptureFixture[str], store: str) -> dict[str, Any]:
     return found
 
 
-def _numbers(store: Any) -> list[tuple[Any, ...]]:
+def _numbers(store: Any) -> list[dict[str, Any]]:
     return store.query(
         "SELECT rank, count(*), min(step), max(step), median(step_ns), sum(step_ns) FROM steps "
         "GROUP BY rank ORDER BY rank"
