@@ -252,3 +252,18 @@ def test_a_reader_never_sees_doubled_or_missing_rows_while_segments_are_sealed_a
     assert all(a[1] <= b[1] for a, b in itertools.pairwise(seen))
     assert _steps(tmp_path) == list(range(1500))
     store.close()
+
+
+def test_leftovers_know_the_merge_temporaries_and_never_take_a_live_segment(tmp_path: Path) -> None:
+    from perfscope.leftovers import clean_leftovers
+
+    part = segment_dir(tmp_path, "steps", "r")
+    part.mkdir(parents=True)
+    merging = part / ".c-h1a2b3c-0123456789ab.parquet.tmp"  # a closing writer's merge, killed
+    sealing = part / ".h1a2b3c-w-000001.parquet.0badcafe.tmp"  # a seal, killed
+    live = part / "h1a2b3c-w-000002.arrows"  # a killed writer's live segment: compact seals it
+    for p in (merging, sealing, live):
+        p.write_bytes(b"x")
+        os.utime(p, (time.time() - 3600, time.time() - 3600))
+    assert set(clean_leftovers(tmp_path, temp_root=tmp_path / "none")) == {merging, sealing}
+    assert live.exists()
