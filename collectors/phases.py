@@ -27,6 +27,8 @@ from .step_rows import (
 MAX_PENDING_STEPS = 64
 #: never: a timeline that does not watch for a step that never ends
 _NEVER = 1 << 62
+#: most steps whose rows a holding timeline keeps before handing them on
+MAX_HELD_STEPS = 64
 
 
 def infer_samples(batch: Any) -> int | None:
@@ -79,6 +81,12 @@ class Timeline:
         #: (a loop that never ends a step: prof.step() forgotten)
         self.long_step_ns = _NEVER
         self.on_long_step: Callable[[int], None] = _noop1
+        #: rows of finished steps are handed to `emit` once this much step time has gathered (or
+        #: MAX_HELD_STEPS steps): one call per table for many short steps. 0 hands on every step.
+        self.hold_ns = 0
+        self._held: dict[str, list[tuple[Any, ...]]] = {}
+        self._held_since = 0  # start (host perf) of the first held step
+        self._held_steps = 0
 
     def use_marks(self, marks: Marks) -> bool:
         """Switch the timing clock (to CUDA events once the model is on a GPU); only before anything
@@ -231,10 +239,42 @@ class Timeline:
             cur.samples = samples
         self.cur = self._open_next(end_host, end, cur)
         if self.host and not cur.comm and not self.pending:
-            self._write(cur, complete=True)  # nothing to wait for: the common case, kept short
+            # nothing to wait for: the common case, kept short
+            if not self.hold_ns:
+                self._write(cur, complete=True)
+                return
+            if not self._held_steps:
+                self._held_since = cur.start_host
+            self._held_steps += 1
+            if write_step(
+                cur, self._hold, self.marks, rank=self.rank, shift_ns=self.clock.shift_ns,
+                default_samples=self.default_samples, complete=True,
+            ):  # fmt: skip
+                self.steps_written += 1
+            if end_host - self._held_since >= self.hold_ns or self._held_steps >= MAX_HELD_STEPS:
+                self.flush()
         else:
             self.pending.append(cur)
             self.drain()
+
+    def open_since_start(self) -> StepRecord:
+        """The step in progress; when none is, one open since the timeline opened (as end_step sees it)."""
+        if self.cur is None:
+            self.cur = StepRecord(self.index, self.opened_host, self.opened)
+        return self.cur
+
+    def end_step_at(self, end_host: int, end: Any, samples: int | None) -> None:
+        """End the step in progress at an earlier instant (a host perf reading and a timing mark),
+        before which nothing now in it was recorded: it ends there, empty, and what it holds moves to
+        the next step, which starts there."""
+        cur = self.open_since_start()
+        done = StepRecord(self.index, cur.start_host, cur.start)
+        done.end = end
+        done.samples = samples
+        self.index += 1
+        cur.index, cur.start_host, cur.start = self.index, end_host, end
+        self.pending.append(done)
+        self.drain()
 
     def _open_next(self, start_host: int, start: Any, done: StepRecord) -> StepRecord:
         self.index += 1
@@ -291,8 +331,24 @@ class Timeline:
             self.abandon_open_step()
         else:
             self.discard_open_step()
+        self.flush()
+
+    def _hold(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        held = self._held.get(table)
+        if held is None:
+            self._held[table] = rows
+        else:
+            held += rows
+
+    def flush(self) -> None:
+        """Hand the held rows on to `emit`."""
+        held, self._held, self._held_steps = self._held, {}, 0
+        for table, rows in held.items():
+            self.emit(table, rows)
 
     def _write(self, rec: StepRecord, *, complete: bool, open_step: bool = False) -> None:
+        if self._held_steps:
+            self.flush()  # in order: what is held first
         marks = self.marks
         if write_step(
             rec, self.emit, marks, rank=self.rank, shift_ns=self.clock.shift_ns,

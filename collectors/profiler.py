@@ -14,7 +14,7 @@ from perfscope.objectstore import Uploader, is_s3_url, start_upload
 from perfscope.writer import StoreWriter
 
 from . import ddp, horovod, identity, manual
-from .clocks import HostClock, HostMarks
+from .clocks import HostClock, HostMarks, perf_ns
 from .dist_recorder import DistRecorder
 from .faults import Faults
 from .flops import StepFlopCounter
@@ -25,9 +25,14 @@ from .phases import Timeline, infer_samples
 from .poller import HostClaim, Poller
 from .rendezvous import Placement, place
 from .run_metadata import cuda_device_name, ranks_row, runs_row, split_keywords, tags_json
+from .step_rows import END, NAME
 
 #: set to 1 to turn perfscope.profile into a pass-through without touching the script
 DISABLE_ENV = "PERFSCOPE_DISABLE"
+
+#: rows of short steps are handed to the store writer once per this much step time (one call per
+#: table instead of one per table and step); a SIGKILL loses this much more than the writer's interval
+HOLD_ROWS_S = 0.05
 
 #: a phase this long after its step began, outside prof.steps: one warning that prof.step() is missing
 NO_STEP_WARN_S = 120.0
@@ -60,7 +65,11 @@ class Phase:
         tl = self._prof._live
         if tl is not None:
             try:
-                tl.exit_named(self.name, exc_type)
+                stack = tl.stack
+                if stack and stack[-1][NAME] == self.name and tl.host and not tl.nvtx and exc_type is None:
+                    stack.pop()[END] = perf_ns()  # Timeline.exit's common case, one call less per phase
+                else:
+                    tl.exit_named(self.name, exc_type)
             except Exception as err:
                 self._prof._internal_error(err)
 
@@ -97,6 +106,11 @@ class StepBlock:
         self._prof = prof
 
     def __enter__(self) -> StepBlock:
+        prof = self._prof
+        if prof._first_end is not None:  # the first block: its step starts now, not at the profile's start
+            prof._first_end = None
+            with prof._guard:
+                prof._timeline.begin_loop()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
@@ -156,6 +170,7 @@ class Profiler:
         self._block = StepBlock(self)
         self._block_ended = False  # the last step ended with a `with prof.step():` block
         self._step_called = False
+        self._first_end: tuple[int, Any, int | None] | None = None  # see step()
         self._phases: dict[str, Phase] = {}
         self._hooks: list[Any] = []
         self._dist: DistRecorder | None = None
@@ -243,6 +258,7 @@ class Profiler:
         self._timeline = Timeline(
             placement.rank, HostMarks(), self.clock, self._writer.extend, default_samples=self.batch_size
         )
+        self._timeline.hold_ns = int(HOLD_ROWS_S * 1e9)
         self._timeline.long_step_ns = int(NO_STEP_WARN_S * 1e9)
         self._timeline.on_long_step = self._no_step_ended
         if self._timing == "cuda" or (self._timing == "auto" and _cuda_in_use()):
@@ -300,8 +316,9 @@ class Profiler:
         if self._writer is None:
             return
         steps = [
+            self._end_first_step,
             lambda: self._dist.stop() if self._dist is not None else None,
-            lambda: self._timeline.close() if was_recording else None,
+            lambda: self._timeline.close() if was_recording else self._timeline.flush(),
             self._stop_flops,
             lambda: self._poller.stop() if self._poller is not None else None,
             lambda: self._claim.release() if self._claim is not None else None,
@@ -326,6 +343,9 @@ class Profiler:
     def flush(self) -> None:
         """Write everything recorded so far into the store now (it is written every second anyway)."""
         if self._writer is not None:
+            if self._recording:
+                with self._guard:
+                    self._timeline.flush()
             self._writer.flush()
 
     # -- the recording API ------------------------------------------------------------------------
@@ -347,6 +367,7 @@ class Profiler:
             return
         self._note_dataset(loader)
         self._write_start_rows()
+        self._end_first_step()
         tl = self._timeline
         it = iter(loader)
         self._in_steps += 1
@@ -434,12 +455,17 @@ class Profiler:
             if self._block_ended:  # the wait for the next batch since a block ended: in the next step
                 self._block_ended = False
                 return self._block
-            if tl.index == 0 and not self._step_called:  # nothing recorded yet: the first step starts now
+            if tl.index == 0 and not self._step_called:
+                # nothing recorded yet: the end of step 0, unless a `with` block follows at once
+                # (then the time before the loop is no step): decided at the block's entry or the
+                # next call, whichever comes first
                 self._step_called = True
                 with self._guard:
-                    tl.begin_loop()
+                    tl.open_since_start()  # step 0 began when the profile opened, whatever comes next
+                self._first_end = (perf_ns(), tl.marks.mark(), samples)
                 return self._block
         self._step_called = True
+        self._end_first_step()
         self._block_ended = False
         self._end_step(samples)
         if self.count_flops and self._timeline.index == 1 and not self._flops.running:
@@ -530,6 +556,14 @@ class Profiler:
             flops = self._flops.stop()
             if flops is not None and self._columns.get("flops_per_step") is None:
                 self._columns["flops_per_step"] = flops
+
+    def _end_first_step(self) -> None:
+        """End step 0 where the first prof.step() call was (no block followed it)."""
+        if self._first_end is not None:
+            end_host, end, samples = self._first_end
+            self._first_end = None
+            with self._guard:
+                self._timeline.end_step_at(end_host, end, samples)
 
     def _no_step_ended(self, open_ns: int) -> None:
         """The step in progress has been open for `open_ns` while phases go on: a loop that forgot
@@ -662,6 +696,9 @@ def profile(
                     loss = model(batch)
                 ...
                 prof.log(loss=loss.item())
+
+    A loop that does not iterate prof.steps ends each step with `prof.step()` as the last line of
+    its body (after optimizer.zero_grad()), or wraps the body in `with prof.step():`.
 
     Keywords: any column of the `runs` table (cluster, backend, scaling_mode, tags,
     flops_per_step, device_peak_flops, dataset_samples, model, global_batch_size ...); any other

@@ -6,13 +6,18 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
 import pytest
 
-from perfscope.collectors import host_metrics
+from perfscope.collectors import host_metrics, phases
+from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.host_metrics import HostSampler
+from perfscope.collectors.phases import Timeline
+from perfscope.schema import TABLES
+from perfscope.writer import StoreWriter
 
 
 @pytest.fixture
@@ -74,3 +79,52 @@ def test_host_sampler_counts_the_children_cpu(grandchildren: object, tmp_path: P
     finally:
         busy.kill()
         busy.wait()
+
+
+def _timeline(hold_ns: int) -> tuple[Timeline, list[tuple[str, int]]]:
+    calls: list[tuple[str, int]] = []
+    tl = Timeline(0, HostMarks(), HostClock(), lambda table, rows: calls.append((table, len(rows))))
+    tl.hold_ns = hold_ns
+    return tl, calls
+
+
+def _step(tl: Timeline) -> None:
+    for name in ("forward", "backward"):
+        tl.exit(tl.enter(name), None)
+    tl.log("loss", 1.0)
+    tl.end_step(8)
+
+
+def test_rows_of_short_steps_are_handed_on_together() -> None:
+    tl, calls = _timeline(hold_ns=10**12)
+    for _ in range(5):
+        _step(tl)
+    assert calls == []  # held: five short steps
+    tl.flush()
+    assert sorted(calls) == [("metrics", 5), ("spans", 10), ("steps", 5)]
+
+
+def test_held_rows_are_capped_in_steps_and_handed_on_at_close() -> None:
+    tl, calls = _timeline(hold_ns=10**12)
+    for _ in range(phases.MAX_HELD_STEPS + 3):
+        _step(tl)
+    assert ("steps", phases.MAX_HELD_STEPS) in calls
+    tl.close()
+    assert sum(n for table, n in calls if table == "steps") == phases.MAX_HELD_STEPS + 3
+
+
+def test_a_step_longer_than_the_hold_is_handed_on_at_once() -> None:
+    tl, calls = _timeline(hold_ns=1)  # every step is longer than 1 ns
+    _step(tl)
+    assert ("steps", 1) in calls
+
+
+def test_writer_extend_fits_or_drops_rows_of_another_width(tmp_path: Path) -> None:
+    width = len(TABLES["events"].columns)
+    good = (0, 1, "kind", "message")
+    assert len(good) == width
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with StoreWriter(tmp_path, "run1") as w:
+            w.extend("events", [good, (1, 2), good])
+    assert w.stats.rows_written == 2 and w.stats.rows_dropped == 1

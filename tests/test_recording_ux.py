@@ -111,3 +111,18 @@ def test_nvml_missing_is_one_clean_line_on_stderr() -> None:
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
     assert "NVML is not available" in lines[0] and "faults.report" not in done.stderr
+
+
+def test_plain_step_calls_with_nothing_recorded_still_end_steps(tmp_path: Path) -> None:
+    """Steps whose phases were not recorded (a loop without phases) are steps all the same."""
+    with perfscope.profile(tmp_path, poll_hz=0) as prof:
+        for i in range(3):
+            time.sleep(GAP_S)
+            if i == 1:
+                with prof.phase("forward"):
+                    pass
+            prof.step()
+    steps = _steps(tmp_path)
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(int(s["step_ns"]) >= GAP_S * 1e9 for s in steps)  # type: ignore[call-overload]
+    assert int(steps[1]["forward_ns"]) > 0 and int(steps[0]["forward_ns"]) == 0  # type: ignore[call-overload]
