@@ -2,10 +2,11 @@
 columns, rows, compaction claim, footprint, column ranges), keyed by the file's path in the store,
 size and mtime_ns, so opening a store of 100,000 segments reads no footer it has read before.
 
-It is `<store>/.perfscope-manifest`, a Parquet file: pyarrow is loaded to read the store anyway and
-reads 100,000 entries as a few columns in tens of milliseconds, with no per-entry parsing (JSON
-lines would parse every line; dictionary encoding keeps the repeated column lists small). It is
-written to a temporary name and renamed, so a reader sees the old one or the new one, never half.
+It is `<store>/.perfscope-manifest`, an Arrow IPC file (zstd; column lists dictionary-encoded):
+100,000 entries take about 1.4 MB and load in about 20 ms of CPU as a few columns, with no
+per-entry parsing (JSON lines would parse every line) and without the Parquet reader, whose first
+use alone costs a process about 50 MB. It is written to a temporary name and renamed, so a reader
+sees the old one or the new one, never half.
 
 A cache, never a source of truth: a missing, truncated, foreign or other-version manifest is
 ignored; an entry is used only for a file found in the folder whose size and mtime_ns match it,
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.ipc
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,7 +60,7 @@ _SCHEMA = pa.schema(
         ("size_bytes", pa.int64()),
         ("mtime_ns", pa.int64()),
         ("version", pa.int64()),
-        ("columns", pa.string()),
+        ("columns", pa.dictionary(pa.int32(), pa.string())),
         ("num_rows", pa.int64()),
         ("replaces", pa.binary()),
         ("footprint", pa.string()),
@@ -88,6 +89,9 @@ class _Store:
 _store = _Store()
 
 
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
 def manifest_path(root: str) -> str:
     return os.path.join(root, MANIFEST_NAME)
 
@@ -105,11 +109,11 @@ def _read_table(path: str) -> pa.Table | None:
             if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_MAX_BYTES:
                 return None
             data = f.read()
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        meta = pf.schema_arrow.metadata or {}
-        if meta.get(_META_KEY) != MANIFEST_VERSION or not pf.schema_arrow.remove_metadata().equals(_SCHEMA):
+        reader = pa.ipc.open_file(pa.BufferReader(data))
+        meta = reader.schema.metadata or {}
+        if meta.get(_META_KEY) != MANIFEST_VERSION or not reader.schema.remove_metadata().equals(_SCHEMA):
             return None
-        return pf.read()
+        return reader.read_all()
     except Exception:  # truncated, corrupt, foreign: rebuilt from the files
         return None
 
@@ -157,6 +161,8 @@ class Manifest:
             }
         else:  # the usual case: nothing missing, no check per entry
             m._entries = dict(zip(paths, rows, strict=True))
+        del t
+        pa.default_memory_pool().release_unused()  # the table's buffers, back to the system
         return m
 
     def __len__(self) -> int:
@@ -234,13 +240,19 @@ class Manifest:
                 values[f"{col}_min"], values[f"{col}_max"] = seg.ranges[2 * k : 2 * k + 2] or (None, None)
             for name, v in values.items():
                 cols[name].append(v)
-        table = pa.table(cols, schema=_SCHEMA.with_metadata({_META_KEY: MANIFEST_VERSION}))
+        arrays = [
+            pa.array(cols[f.name], pa.string()).dictionary_encode()
+            if f.name == "columns"
+            else pa.array(cols[f.name], f.type)
+            for f in _SCHEMA
+        ]
+        table = pa.Table.from_arrays(arrays, schema=_SCHEMA.with_metadata({_META_KEY: MANIFEST_VERSION}))
         final = manifest_path(self.root)
         tmp = os.path.join(self.root, f"{MANIFEST_NAME}.{secrets.token_hex(4)}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                pq.write_table(table, f, compression="zstd")
+            with os.fdopen(fd, "wb") as f, pa.ipc.new_file(f, table.schema, options=_WRITE_OPTIONS) as w:
+                w.write_table(table)
             os.replace(tmp, final)  # replaces a link itself, never what it points to
         except OSError:
             with contextlib.suppress(OSError):

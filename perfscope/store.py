@@ -8,7 +8,6 @@ read up to their last complete batch and registered on the connection beside the
 from __future__ import annotations
 
 import atexit
-import functools
 import hashlib
 import json
 import os
@@ -68,10 +67,10 @@ class Replaced:
     blake2b: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     #: the file's absolute path (`path` makes it a Path on demand: a listing of 100,000 segments
-    #: builds no Path objects)
+    #: builds no Path objects; slots, not a __dict__, for the same reason)
     file: str
     #: the file's name (the last part of `file`)
     name: str
@@ -92,7 +91,7 @@ class Segment:
     #: the file's `perfscope.replaces` metadata as written (kept in the manifest)
     replaces_raw: bytes | None = field(default=None, compare=False, repr=False)
 
-    @functools.cached_property
+    @property
     def path(self) -> Path:
         return Path(self.file)
 
@@ -158,12 +157,12 @@ def _inspect(
     if manifest is not None and isinstance(hit, Segment):
         manifest.confirm(file, st.st_size, st.st_mtime_ns)
     elif hit is None and manifest is not None:
-        hit = manifest.lookup(file, table, st.st_size, st.st_mtime_ns)
+        hit = manifest.lookup(file, table, st.st_size, st.st_mtime_ns)  # not kept here: it is there
     if hit is None:
         hit = _inspect_uncached(Path(file), table)
         if isinstance(hit, SkippedFile) and not os.path.exists(file):
             return None
-    _inspect_cache[key] = hit
+        _inspect_cache[key] = hit
     if manifest is not None and isinstance(hit, Segment):
         manifest.note(file, st.st_size, st.st_mtime_ns, hit)
     return hit
@@ -493,9 +492,12 @@ def rows_contained(segment: Path, merged: Path) -> bool:
         con.close()
 
 
-def list_store(root: Path, *, run_id: str | None = None, save_manifest: bool | None = None) -> Listing:
+def list_store(
+    root: Path, *, run_id: str | None = None, save_manifest: bool | None = None, read_live: bool = True
+) -> Listing:
     """Every valid segment per table (of one run, when `run_id` is given), the files skipped and why,
-    and segments a compaction replaced.
+    and segments a compaction replaced. `read_live=False` leaves live segments (`.arrows`) unread and
+    out of the listing (a merge of sealed segments does not need other writers' live rows).
 
     The store's manifest (perfscope.manifest) spares reading the footers of segments already seen;
     it is saved when `save_manifest` is True and anything changed, or when None and at least
@@ -531,6 +533,8 @@ def list_store(root: Path, *, run_id: str | None = None, save_manifest: bool | N
                 path = part / fname
                 if path.stem in sealed:  # a valid twin holds its rows
                     listing.sealed_live.append(path)
+                    continue
+                if not read_live:
                     continue
                 res = _inspect(path, name, root)
                 if res is None and twin(path).name not in names:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.ipc
 import pytest
 from storegen import MS, T0_NS, make_run, row
 
@@ -159,11 +159,20 @@ def small(tmp_path: Path) -> tuple[Path, Listing]:
     return root, truth
 
 
+def _read(path: Path) -> pa.Table:
+    return pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+
+
+def _write(t: pa.Table, path: Path) -> None:
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t)
+
+
 def _rewrite(root: Path, change: Callable[[pa.Table], pa.Table]) -> None:
     """Rewrite the manifest's table as `change` says, keeping its schema and metadata."""
     path = root / MANIFEST_NAME
-    t = pq.read_table(path)
-    pq.write_table(change(t).cast(t.schema), path)
+    t = _read(path)
+    _write(change(t).cast(t.schema), path)
 
 
 def _set(t: pa.Table, column: str, index: int, value: object) -> pa.Table:
@@ -175,7 +184,7 @@ def _set(t: pa.Table, column: str, index: int, value: object) -> pa.Table:
 
 
 def _entry_of(root: Path, name: str) -> int:
-    paths = pq.read_table(root / MANIFEST_NAME).column("path").to_pylist()
+    paths = _read(root / MANIFEST_NAME).column("path").to_pylist()
     return next(i for i, p in enumerate(paths) if p.endswith(name))
 
 
@@ -198,8 +207,8 @@ def test_a_broken_manifest_is_rebuilt_from_the_files(
         path.write_bytes((root / "steps" / "run_id=r0" / "w-000.parquet").read_bytes())
     elif damage == "other version":
         path.write_bytes(good)
-        t = pq.read_table(path)
-        pq.write_table(t.replace_schema_metadata({b"perfscope.manifest": b"99"}), path)
+        t = _read(path)
+        _write(t.replace_schema_metadata({b"perfscope.manifest": b"99"}), path)
     elif damage == "a link":  # even to a good manifest: never followed
         (root.parent / "elsewhere").write_bytes(good)
         path.symlink_to(root.parent / "elsewhere")
@@ -230,7 +239,7 @@ def test_an_entry_for_a_file_gone_adds_nothing_and_is_dropped(
     assert gone.as_posix() not in {s.file for s in listing.segments["steps"]}
     assert listing.segments["steps"].__len__() == len(truth.segments["steps"]) - 1
     assert footer_reads == []
-    paths = pq.read_table(root / MANIFEST_NAME).column("path").to_pylist()
+    paths = _read(root / MANIFEST_NAME).column("path").to_pylist()
     assert "steps/run_id=r1/w-004.parquet" not in paths and len(paths) == 38
 
 
@@ -348,7 +357,7 @@ def test_compact_leaves_a_manifest_of_the_files_it_left(small: tuple[Path, Listi
     on_disk = sorted(
         str(p.relative_to(root)) for t in ("steps", "runs") for p in (root / t).rglob("*.parquet")
     )
-    paths = sorted(pq.read_table(root / MANIFEST_NAME).column("path").to_pylist())
+    paths = sorted(_read(root / MANIFEST_NAME).column("path").to_pylist())
     assert paths == on_disk and all(p.endswith(".parquet") for p in paths)
     assert any(Path(p).name.startswith("c-") for p in paths)
     _forget()
