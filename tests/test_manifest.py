@@ -395,3 +395,31 @@ def test_info_counts_from_the_listing_equal_the_rows(tmp_path: Path) -> None:
     assert got["multi"] == (4, 120) and got["single"] == (RANKS, 60)
     assert info["first_step_ns"] == span["a"] and info["last_step_end_ns"] == int(span["b"])
     assert info["runs_without_metadata"] == ["orphan"]
+
+
+def test_a_live_segment_is_read_afresh_and_never_kept(small: tuple[Path, Listing]) -> None:
+    from perfscope.live import LiveSegment
+    from perfscope.schema import TABLES
+
+    root, truth = small
+    live = LiveSegment(root / "steps" / "run_id=r0" / "w-live.arrows", TABLES["steps"].arrow_schema)
+    live.append(
+        rows_to_table(
+            "steps", [row("steps", rank=0, step=900 + k, start_ns=T0_NS, step_ns=MS) for k in range(4)]
+        )
+    )
+    _forget()
+    listing = list_store(root, save_manifest=True)
+    assert (
+        sum(s.num_rows for s in listing.segments["steps"])
+        == sum(s.num_rows for s in truth.segments["steps"]) + 4
+    )
+    live.append(rows_to_table("steps", [row("steps", rank=0, step=950, start_ns=T0_NS, step_ns=MS)]))
+    listing = list_store(root, save_manifest=True)
+    assert (
+        sum(s.num_rows for s in listing.segments["steps"])
+        == sum(s.num_rows for s in truth.segments["steps"]) + 5
+    )
+    paths = _read(root / MANIFEST_NAME).column("path").to_pylist()
+    assert len(paths) == 39 and all(p.endswith(".parquet") for p in paths)
+    live.close()
