@@ -98,7 +98,10 @@ def summary(store: Store) -> dict[str, Any]:
         "experiments": exps,
         "runs": runs,
         "runs_without_metadata": sorted(run for run in by_run if run not in known),
-        "rows": {name: store.row_count(name) for name in store.listing.segments},
+        # a run's row is written again when it ends (the latest wins): count the runs the view shows
+        "rows": {
+            name: len(runs) if name == "runs" else store.row_count(name) for name in store.listing.segments
+        },
         "files": {name: len(segs) for name, segs in store.listing.segments.items()},
         "first_step_ns": first_ns,
         "last_step_end_ns": last_ns,
