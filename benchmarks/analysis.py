@@ -261,6 +261,10 @@ def _max_rel_diff(a: object, b: object) -> float:
     return abs(a - b) / max(abs(a), abs(b))
 
 
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def bench_rollups(
     root: Path,
     rows: int,
@@ -297,7 +301,7 @@ def bench_rollups(
     cmd = [sys.executable, "-m", "perfscope", "analyze", str(root), "--json"]
     rolled = _fastest(cmd, repeat)
     aside = root / f"{ROLLUP_DIR}-aside"
-    unrolled: dict[str, Any] = {"wall_s": math.nan, "cpu_s": math.nan, "peak_rss_mb": math.nan}
+    unrolled: dict[str, Any] = {"wall_s": None, "cpu_s": None, "peak_rss_mb": None}
     diff = math.nan
     if raw:
         os.rename(root / ROLLUP_DIR, aside)
@@ -323,9 +327,9 @@ def bench_rollups(
         "analyze_rollups_wall_s": round(rolled["wall_s"], 2),
         "analyze_rollups_cpu_s": round(rolled["cpu_s"], 2),
         "analyze_rollups_peak_rss_mb": round(rolled["peak_rss_mb"]),
-        "analyze_raw_wall_s": round(unrolled["wall_s"], 2),
-        "analyze_raw_cpu_s": round(unrolled["cpu_s"], 2),
-        "analyze_raw_peak_rss_mb": round(unrolled["peak_rss_mb"]),
+        "analyze_raw_wall_s": _rounded(unrolled["wall_s"], 2),
+        "analyze_raw_cpu_s": _rounded(unrolled["cpu_s"], 2),
+        "analyze_raw_peak_rss_mb": _rounded(unrolled["peak_rss_mb"], 0),
         "max_rel_diff_rollups_vs_raw": diff,
         "load1_before": round(load_before, 2),
         "load1_after": round(os.getloadavg()[0], 2),
