@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from .errors import StoreError
 from .leftovers import clean_leftovers
-from .live import read_live, twin, writer_alive
+from .live import LIVE_SUFFIX, read_live, twin, writer_alive
 from .rollups import write_rollups
 from .schema import META_REPLACES, META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
 from .store import (
@@ -211,6 +211,8 @@ def _seal_crashed(root: Path, result: CompactResult) -> None:
     """Seal the live segments whose writer is gone into their Parquet twins, and remove those a
     seal was interrupted after (their twin holds their rows); a running writer's are left alone."""
     listing = list_store(root)
+    # hostile or broken live segments are named here: the merge's listing leaves `.arrows` unread
+    result.skipped += [s for s in listing.skipped if s.path.endswith(LIVE_SUFFIX)]
     for path in listing.sealed_live:
         # the twin hides it from readers already; it goes once the twin holds every row it has
         try:
@@ -256,7 +258,7 @@ def _compact_locked(
 ) -> None:
     """Merge, with the store's lock held: every partition (or `run_id`'s), every sealed segment (or
     the ones `host` wrote) of two or more."""
-    listing = list_store(root, run_id=run_id)
+    listing = list_store(root, run_id=run_id, read_live=False)  # only sealed segments are merged
     result.skipped += listing.skipped
     # Finish what an interrupted compaction left: segments already replaced by a merged file,
     # deleted only once every one of their rows is found in it.
