@@ -28,17 +28,16 @@ FROM runs ORDER BY experiment, cluster, backend, batch_size_per_rank, world_size
 """
 
 
-def _run_of(seg: Segment) -> str:
-    """The run a segment belongs to: its folder's `run_id=` value, decoded as DuckDB's hive
-    partitioning decodes it."""
-    return unquote(os.path.basename(os.path.dirname(seg.file)).partition("=")[2])
-
-
 def _steps_by_run(store: Store) -> dict[str, list[Segment]]:
-    by_run: dict[str, list[Segment]] = {}
+    """The steps segments holding rows, by run: their folder's `run_id=` value, decoded as DuckDB's
+    hive partitioning decodes it (once per folder)."""
+    by_folder: dict[str, list[Segment]] = {}
     for seg in store.segments("steps"):
         if seg.num_rows:
-            by_run.setdefault(_run_of(seg), []).append(seg)
+            by_folder.setdefault(seg.file[: len(seg.file) - len(seg.name) - 1], []).append(seg)
+    by_run: dict[str, list[Segment]] = {}
+    for folder, segs in by_folder.items():
+        by_run.setdefault(unquote(os.path.basename(folder).partition("=")[2]), []).extend(segs)
     return by_run
 
 
