@@ -111,33 +111,49 @@ _NUMPY_DTYPES = {
 }
 
 
+def _validity(values: list[Any]) -> Any:
+    """The validity bitmap of `values` (a None is a NULL)."""
+    mask = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    return pa.py_buffer(np.packbits(mask, bitorder="little"))
+
+
 def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
     # numpy converts a list of Python numbers several times faster than pa.array does; a None
     # is a NULL (a validity bitmap); an out-of-range value falls back to Arrow's own converter.
+    # The common case (no NULL) is tried first: looking for a None costs as much as converting.
     n = len(values)
-    valid: Any = None
-    if None in values:
-        mask = np.fromiter((v is not None for v in values), dtype=bool, count=n)
-        valid = pa.py_buffer(np.packbits(mask, bitorder="little"))
     dtype = _NUMPY_DTYPES.get(typ)
     if dtype is not None:
+        # an int column refuses a None by itself; numpy reads a None into a float as NaN
+        if dtype.kind != "f" or None not in values:
+            try:
+                # fromiter reads 64-bit timestamps about twice as fast as np.array does
+                arr = np.fromiter(values, dtype=dtype, count=n)
+                return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(arr)])
+            except (TypeError, ValueError, OverflowError):
+                pass
+        if None not in values:
+            return pa.array(values, type=typ)
         try:
-            # fromiter reads 64-bit timestamps about twice as fast as np.array does
-            it = values if valid is None else (0 if v is None else v for v in values)
-            arr = np.fromiter(it, dtype=dtype, count=n)
+            arr = np.fromiter((0 if v is None else v for v in values), dtype=dtype, count=n)
         except (TypeError, ValueError, OverflowError):
             return pa.array(values, type=typ)
-        return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(arr)])
+        return pa.Array.from_buffers(typ, n, [_validity(values), pa.py_buffer(arr)])
     if typ == pa.string():
+        valid = _validity(values) if None in values else None
+        texts = values if valid is None else [v or "" for v in values]
         try:
-            encoded = [v.encode() for v in values] if valid is None else [(v or "").encode() for v in values]
-        except (AttributeError, UnicodeEncodeError):  # not text
+            lengths = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+            data = "".join(texts).encode()
+        except (TypeError, UnicodeEncodeError):  # not text, or a lone surrogate
             return pa.array(values, type=typ)
+        if len(data) != int(lengths.sum()):  # not all ASCII: lengths in bytes, one value at a time
+            lengths = np.fromiter((len(t.encode()) for t in texts), dtype=np.int64, count=n)
         offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out=offsets[1:])
+        np.cumsum(lengths, out=offsets[1:])
         if offsets[-1] < 2**31:
-            data = pa.py_buffer(b"".join(encoded))
-            return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(offsets.astype(np.int32)), data])
+            buffers = [valid, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+            return pa.Array.from_buffers(typ, n, buffers)
     return pa.array(values, type=typ)
 
 
