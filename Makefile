@@ -44,7 +44,7 @@ sample: setup
 # refresh the lock on purpose: after changing a dependency in pyproject.toml, or to take new releases
 lock: setup
 	# perfscope names itself through the dashboard extra: never pinned, installed editable above
-	$(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url --unsafe-package perfscope --unsafe-package pip \
+	CUSTOM_COMPILE_COMMAND="make lock" $(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url --unsafe-package perfscope --unsafe-package pip \
 		$(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -c constraints-cpu.txt -o $(LOCK) pyproject.toml
 
 schema: setup
