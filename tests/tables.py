@@ -11,8 +11,11 @@ import math
 import pyarrow as pa
 
 
-def assert_tables_close(got: pa.Table, want: pa.Table, *, rel: float = 1e-9, what: str = "table") -> None:
-    """Same schema, same rows; float columns equal within `rel` (NULL and NaN must match exactly)."""
+def assert_tables_close(
+    got: pa.Table, want: pa.Table, *, rel: float = 1e-9, what: str = "table", abs_tol: float = 0.0
+) -> None:
+    """Same schema, same rows; float columns equal within `rel` (or `abs_tol`, for values that are
+    zero up to rounding); NULL and NaN must match exactly."""
     assert got.schema.remove_metadata() == want.schema.remove_metadata(), f"{what}: schemas differ"
     assert got.num_rows == want.num_rows, f"{what}: {got.num_rows} rows, expected {want.num_rows}"
     for name in want.column_names:
@@ -27,4 +30,6 @@ def assert_tables_close(got: pa.Table, want: pa.Table, *, rel: float = 1e-9, wha
                     f"{what}.{name}[{i}]: {x} != {y}"
                 )
                 continue
-            assert math.isclose(x, y, rel_tol=rel, abs_tol=0.0) or x == y, f"{what}.{name}[{i}]: {x} != {y}"
+            assert math.isclose(x, y, rel_tol=rel, abs_tol=abs_tol) or x == y, (
+                f"{what}.{name}[{i}]: {x} != {y}"
+            )
