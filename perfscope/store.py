@@ -27,7 +27,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import PerfscopeWarning, StoreError, one_line
+from .errors import PerfscopeWarning, StoreError, one_line, warn_once
 from .live import LIVE_SUFFIX, read_live, twin
 from .manifest import RANGE_COLUMNS, SAVE_MIN_CHANGES, Manifest
 from .schema import (
@@ -695,6 +695,9 @@ class Store:
         self._spill_dir = _spill_dir()
         self._con = duckdb.connect(":memory:")
         self._con.execute(f"SET temp_directory='{self._spill_dir}'")
+        # DuckDB's default limit is 80 % of the machine: analyses of a store of thousands of ranks
+        # would take that much before spilling. PERFSCOPE_MEMORY_LIMIT ("4GB", "512MiB") moves it.
+        self._con.execute("SET memory_limit=?", [analysis_memory_limit()])
         # DuckDB draws a progress bar on stdout for long queries, which would corrupt --json output
         self._con.execute("SET enable_progress_bar=false")
         self._con.execute(
@@ -872,6 +875,24 @@ def _unreadable(path: Path) -> bool:
 
 
 _spill: list[str] = []
+
+
+#: the analysis connection's DuckDB memory limit unless PERFSCOPE_MEMORY_LIMIT says otherwise
+DEFAULT_ANALYSIS_MEMORY_LIMIT = "2GB"
+
+
+def analysis_memory_limit() -> str:
+    """PERFSCOPE_MEMORY_LIMIT when it is a size DuckDB takes ("4GB", "512MiB"), else the default."""
+    value = os.environ.get("PERFSCOPE_MEMORY_LIMIT", "").strip()
+    if re.fullmatch(r"\d{1,6}(\.\d{1,3})?\s?[KMGT]i?B", value, re.IGNORECASE):
+        return value
+    if value:
+        warn_once(
+            "memory-limit-env",
+            f"perfscope: PERFSCOPE_MEMORY_LIMIT={one_line(value)} is not a size such as 4GB or 512MiB; "
+            f"using {DEFAULT_ANALYSIS_MEMORY_LIMIT}",
+        )
+    return DEFAULT_ANALYSIS_MEMORY_LIMIT
 
 
 def _spill_dir() -> str:

@@ -1,0 +1,59 @@
+"""The analysis connection's DuckDB memory limit: 2 GB unless PERFSCOPE_MEMORY_LIMIT says otherwise,
+and the numbers do not depend on it (DuckDB spills beyond it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfscope.errors import PerfscopeWarning
+from perfscope.store import open_store
+
+STORE = Path(__file__).resolve().parent.parent / "sample_traces" / "demo-cpu"
+
+
+def _limit_gib(monkeypatch: pytest.MonkeyPatch, value: str | None) -> float:
+    if value is None:
+        monkeypatch.delenv("PERFSCOPE_MEMORY_LIMIT", raising=False)
+    else:
+        monkeypatch.setenv("PERFSCOPE_MEMORY_LIMIT", value)
+    with open_store(STORE) as store:
+        text = store.query("SELECT current_setting('memory_limit') AS m").column("m")[0].as_py()
+    number, unit = text.split()
+    return float(number) * {"MiB": 1 / 1024, "GiB": 1.0}[unit]
+
+
+def test_default_limit_is_2_gb(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _limit_gib(monkeypatch, None) == pytest.approx(2e9 / 2**30, rel=0.05)
+
+
+def test_the_environment_moves_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _limit_gib(monkeypatch, "512MiB") == pytest.approx(0.5, rel=0.05)
+    assert _limit_gib(monkeypatch, "3 GB") == pytest.approx(3e9 / 2**30, rel=0.05)
+
+
+@pytest.mark.parametrize("value", ["lots", "1GB; SET enable_external_access=true", "-1GB", "50%"])
+def test_a_bad_value_warns_once_and_keeps_the_default(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setattr("perfscope.errors._seen", set())
+    with pytest.warns(PerfscopeWarning, match="PERFSCOPE_MEMORY_LIMIT"):
+        assert _limit_gib(monkeypatch, value) == pytest.approx(2e9 / 2**30, rel=0.05)
+
+
+def test_analyze_gives_the_same_numbers_under_a_small_limit() -> None:
+    def analyze(limit: str) -> dict[str, object]:
+        env = {"PERFSCOPE_MEMORY_LIMIT": limit, "PATH": "/usr/bin:/bin"}
+        out = subprocess.run(
+            [sys.executable, "-m", "perfscope", "analyze", str(STORE), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            timeout=300,
+        ).stdout
+        return json.loads(out)
+
+    assert analyze("64MiB") == analyze("4GB")
