@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import io
 import itertools
 import json
 import pydoc
 import re
 import shutil
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -484,3 +486,15 @@ def test_the_dashboard_of_a_cpu_store_speaks_of_ranks() -> None:
     headers = [c for df in at.dataframe for c in df.value.columns]
     assert {"logical CPUs", "job's CPU (%)", "load (1 min)"} <= set(headers)
     assert not at.get("vega_lite_chart")  # no empty GPU charts
+
+
+@needs_bundled
+def test_a_mixed_report_names_each_groups_own_unit(tmp_path: Path) -> None:
+    """CPU groups lose rank time, GPU groups GPU time, in one report of both."""
+    with open_store(mixed_store(tmp_path / "mixed")) as store:
+        packed = render_report(store, Selection(), fmt="md")  # a ZIP of report.md and its figures
+    with zipfile.ZipFile(io.BytesIO(packed)) as z:
+        md = z.read(next(n for n in z.namelist() if n.endswith(".md"))).decode()
+    lost = re.findall(r"^(.*?): at N = \d+, \*\*[^*]+\*\* of (\w+) time is lost per step", md, re.M)
+    units = {("demo-cpu" in group, unit) for group, unit in lost}
+    assert units == {(True, "rank"), (False, "GPU")}, lost

@@ -42,6 +42,15 @@ class Context:
     def rows(self, name: str, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
         return rows(self.tables.get(name), list(columns) if columns is not None else None)
 
+    def unit_of(self, run_id: Any) -> str:
+        """What one rank of this run runs on, in words (a mixed store has CPU and GPU runs)."""
+        models = [
+            r["device_model"]
+            for r in self.rows("run_summary", ["run_id", "device_model"])
+            if r["run_id"] == run_id
+        ]
+        return device_unit(models) if models else self.unit
+
     def chart(
         self,
         name: str,
@@ -410,10 +419,10 @@ def lost_time(ctx: Context) -> Section:
         if (r["lost_note"] or "").startswith("superlinear"):  # not a fact about N: about the baseline
             s.blocks.append(
                 [
-                    f"{r['group']}: at N = {r['world_size']} the step costs less {ctx.unit} time per "
-                    "sample than at the baseline (superlinear), so no lost time is shown: the baseline "
-                    "run is likely contaminated (warm-up, contention, another configuration) or the "
-                    "per-rank work now fits in cache."
+                    f"{r['group']}: at N = {r['world_size']} the step costs less "
+                    f"{ctx.unit_of(r['run_id'])} time per sample than at the baseline (superlinear), "
+                    "so no lost time is shown: the baseline run is likely contaminated (warm-up, "
+                    "contention, another configuration) or the per-rank work now fits in cache."
                 ]
             )
             continue
@@ -424,7 +433,7 @@ def lost_time(ctx: Context) -> Section:
             [
                 f"{r['group']}: at N = {r['world_size']}, ",
                 Num(r["lost_ns"], "scaling", "lost_ns", r["run_id"]),
-                f" of {ctx.unit} time is lost per step; the largest part is {worst[1]} (",
+                f" of {ctx.unit_of(r['run_id'])} time is lost per step; the largest part is {worst[1]} (",
                 Num(r[worst[0]], "scaling", worst[0], r["run_id"]),
                 ").",
             ]
