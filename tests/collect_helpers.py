@@ -33,15 +33,9 @@ def _entry(
         raise
 
 
-def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S
-) -> dict[int, Any]:
-    """Run fn(rank, world_size, *args) in `world_size` fresh processes (like mp.spawn, which sets no
-    launcher environment). Returns {rank: ("ok", result) | ("error", traceback) | ("exit", code)}.
-    Every process is joined with a deadline and killed after it, so a test never hangs.
-
-    The processes come from a fork server that imported torch once (the import costs seconds per
-    process on 2 cores); it forks before any thread of torch exists."""
+def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> tuple[list[Any], Any]:
+    """Start fn(rank, world_size, *args) in `world_size` processes of the fork server; the processes
+    and the queue each puts its (rank, status, value) on. The caller joins (or kills) them."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     q = ctx.Queue()
@@ -57,6 +51,19 @@ def run_ranks(
             p.start()
     finally:
         sys.modules["__main__"] = main
+    return procs, q
+
+
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S
+) -> dict[int, Any]:
+    """Run fn(rank, world_size, *args) in `world_size` fresh processes (like mp.spawn, which sets no
+    launcher environment). Returns {rank: ("ok", result) | ("error", traceback) | ("exit", code)}.
+    Every process is joined with a deadline and killed after it, so a test never hangs.
+
+    The processes come from a fork server that imported torch once (the import costs seconds per
+    process on 2 cores); it forks before any thread of torch exists."""
+    procs, q = start_ranks(fn, world_size, *args)
     results: dict[int, Any] = {}
     import queue
     import time

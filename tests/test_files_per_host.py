@@ -3,7 +3,6 @@ random moment keeps each rank's steps up to about one roll interval before the k
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import random
 import time
@@ -17,7 +16,7 @@ from perfscope import open_store
 from perfscope.compact import compact
 
 pytest.importorskip("torch")
-from collect_helpers import PRELOAD, _entry, free_port, run_ranks
+from collect_helpers import run_ranks, start_ranks
 
 WORLD = 4
 #: the promise: a SIGKILL of the whole job loses at most this much of every rank's steps; the test
@@ -94,17 +93,8 @@ def _kill_all_at_random(tmp_path: Path, seed: int, roll_s: float) -> tuple[Path,
     """Start the job, wait until every rank is stepping, SIGKILL all at a random moment; the store
     and the kill's wall-clock time."""
     store = tmp_path / "store"
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    q = ctx.Queue()
-    port = free_port()
     options = {"steps": 1_000_000, "roll_s": roll_s, "sleep_s": 0.005}
-    procs = [
-        ctx.Process(target=_entry, args=(_train, r, WORLD, port, (str(store), options), q))
-        for r in range(WORLD)
-    ]
-    for p in procs:
-        p.start()
+    procs, _ = start_ranks(_train, WORLD, str(store), options)
     try:
         deadline = time.monotonic() + 120
         while not all((tmp_path / f"ready-{r}").exists() for r in range(WORLD)):
