@@ -736,8 +736,9 @@ class Store:
                 try:
                     self._rebuild()
                     return
-                except duckdb.IOException:
-                    # a file vanished between listing and binding: a compaction finished; list again
+                except (duckdb.IOException, FileNotFoundError):
+                    # a file vanished between listing and binding (DuckDB's or pyarrow's message): a
+                    # compaction or a seal finished; list again
                     if attempt == 7:
                         raise
 
@@ -812,8 +813,8 @@ class Store:
                     if rel is None:  # a statement that returns nothing
                         return pa.table({})
                     return rel.to_arrow_table()
-                except (duckdb.IOException, duckdb.InvalidInputException) as exc:
-                    last = exc
+                except (duckdb.IOException, duckdb.InvalidInputException, FileNotFoundError) as exc:
+                    last = exc  # FileNotFoundError: pyarrow found a segment gone (a compaction)
                     if not self.recover(exc):
                         raise
         assert last is not None
