@@ -27,7 +27,7 @@ from .errors import StoreError
 from .leftovers import clean_leftovers
 from .live import LIVE_SUFFIX, read_live, twin, writer_alive
 from .rollups import write_rollups
-from .schema import META_REPLACES, META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+from .schema import META_REPLACES, META_TABLE, META_VERSION, PARTITION_KEY, SCHEMA_VERSION, TABLES
 from .store import (
     Segment,
     SkippedFile,
@@ -163,9 +163,10 @@ def compact_host(
     grace_s: float = 0.5,
 ) -> CompactResult | None:
     """Merge the sealed segments of one run that one host wrote (names led by its tag, see
-    writer.host_tag) into one file per table: what a writer does at close. A table whose files
-    come to more than `max_bytes` is left to `perfscope compact`. None when the store's lock was not
-    had within `wait_s`, or flock is not available there."""
+        writer.host_tag) into one file per table: what a writer does at close. A table whose files
+        come to more than `max_bytes` is left to `perfscope compact`; so is the rollup of a run whose steps
+    do (perfscope.rollups, written here once the run has no live segment left). None when the store's lock was not
+        had within `wait_s`, or flock is not available there."""
     root_path = Path(root).resolve()
     try:
         with _store_lock(root_path, wait_s=wait_s) as locked:
@@ -181,6 +182,10 @@ def compact_host(
                 host=host,
                 max_bytes=max_bytes,
             )
+            # the run's rollups, once its last writer on the last host has sealed (the listing shows
+            # no live segment of it): analyses of a store nobody compacted read them too
+            if not _still_live(root_path, run_id):
+                write_rollups(root_path, run_ids={run_id}, max_bytes=max_bytes)
             return result
     except OSError:  # no flock on this file system (some network mounts)
         return None
@@ -201,6 +206,12 @@ def _store_lock(root: Path, *, wait_s: float) -> Iterator[bool]:
                     return
                 time.sleep(0.05)
         yield True  # released when the file closes
+
+
+def _still_live(root: Path, run_id: str) -> bool:
+    """Whether a writer of the run may still add steps: a live segment not yet sealed (no twin)."""
+    part = root / "steps" / f"{PARTITION_KEY}={run_id}"
+    return any(not twin(p).exists() for p in part.glob(f"*{LIVE_SUFFIX}"))
 
 
 def _of_host(name: str, host: str) -> bool:

@@ -137,15 +137,21 @@ def _default_cut_sql(n_steps: str) -> str:
 
 
 def write_rollups(
-    root: str | os.PathLike[str], *, window_steps: int = WINDOW_STEPS, run_ids: Collection[str] | None = None
+    root: str | os.PathLike[str],
+    *,
+    window_steps: int = WINDOW_STEPS,
+    run_ids: Collection[str] | None = None,
+    max_bytes: int | None = None,
 ) -> int:
     """Write the rollups of every run (of `run_ids`, when given) whose steps segments changed since its
     rollups were written; returns how many runs got new ones. A run whose sums overflow 64 bits keeps
-    none (the raw rows answer)."""
+    none (the raw rows answer), and so does one whose steps files come to more than `max_bytes`
+    (a closing writer's bound: `perfscope compact` rolls those up)."""
     from .store import _view_sql, list_store
 
     root = Path(root).resolve()
-    listing = list_store(root)
+    only = next(iter(run_ids)) if run_ids is not None and len(run_ids) == 1 else None
+    listing = list_store(root, run_id=only)  # one run's listing reads only its partitions
     by_run: dict[Path, list[Segment]] = {}
     for seg in listing.segments.get("steps", []):
         by_run.setdefault(seg.path.parent, []).append(seg)
@@ -155,6 +161,8 @@ def write_rollups(
             continue
         if any(seg.live is not None for seg in segs):
             continue  # still being written (perfscope.live): rolled up once its segments are sealed
+        if max_bytes is not None and _bytes(segs) > max_bytes:
+            continue
         sources = _sources(segs)
         out_dir = root / ROLLUP_DIR / part.name
         if all(_recorded(out_dir / f"{k}.parquet") == (sources, window_steps) for k in (BY_STEP, BY_WINDOW)):
@@ -196,6 +204,14 @@ def write_rollups(
             continue
         written += 1
     return written
+
+
+def _bytes(segs: list[Segment]) -> int:
+    """The segments' size on disk (one gone meanwhile counts as unbounded: skip the run this time)."""
+    try:
+        return sum(os.stat(seg.file).st_size for seg in segs)
+    except OSError:
+        return 1 << 62
 
 
 def _recorded(path: Path) -> tuple[object, object] | None:

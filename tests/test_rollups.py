@@ -53,9 +53,11 @@ def _broken(rank: int, step: int) -> dict[str, float | None]:
     return {"backward": (40 if step % 10 == 0 else 20) * MS + rank * 1000}
 
 
-def _extra_rows(root: Path, run_id: str, steps: range, *, step_ns: int | None, writer: str) -> None:
+def _extra_rows(
+    root: Path, run_id: str, steps: range, *, step_ns: int | None, writer: str, merge_at_close: bool = True
+) -> None:
     """Step rows written by another writer (another segment): NULL step times, or steps after a gap."""
-    with StoreWriter(root, run_id, writer_id=writer) as w:
+    with StoreWriter(root, run_id, writer_id=writer, merge_at_close=merge_at_close) as w:
         w.extend(
             "steps",
             [
@@ -167,7 +169,8 @@ def test_analyze_json_is_the_same_with_and_without_rollups(
 def test_a_stale_rollup_is_ignored_silently(rolled: Path, tmp_path: Path) -> None:
     root = tmp_path / "stale"
     shutil.copytree(rolled, root)
-    _extra_rows(root, "n2", range(80, 84), step_ns=39 * MS, writer="after")  # a segment after compaction
+    # a segment after compaction, from a writer that does not roll up at close (flock-less mount)
+    _extra_rows(root, "n2", range(80, 84), step_ns=39 * MS, writer="after", merge_at_close=False)
     raw = _without_rollups(root, tmp_path / "raw")
     with warnings.catch_warnings():
         warnings.simplefilter("error", PerfscopeWarning)
@@ -289,3 +292,33 @@ def test_the_default_cut_is_on_the_window_grid(rolled: Path) -> None:
         n = r["n"]
         warmup = max(10, math.ceil(0.05 * n)) if n - max(10, math.ceil(0.05 * n)) >= 5 else n // 2
         assert index[r["run_id"]].anchor == r["first"] + warmup
+
+
+def test_a_real_job_leaves_its_rollups_at_close(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last writer to close rolls its run up (no `perfscope compact`), and the analyses that read
+    the rollups give the raw rows' numbers."""
+    from collect_helpers import ddp_worker, results_ok, run_ranks
+
+    root = tmp_path / "store"
+    ran = results_ok(run_ranks(ddp_worker, 2, str(root), {"steps": 30}))
+    run_id = ran[0]["run_id"]
+    assert not list((root / "steps").rglob("*.arrows")), "every live segment sealed at close"
+    assert _covered(root) == {run_id}
+    raw = _without_rollups(root, tmp_path / "raw")
+    assert _covered(raw) == set()
+    _assert_json_close(_analyze_json(root, capsys), _analyze_json(raw, capsys))
+
+
+def test_a_closing_writer_leaves_a_run_too_large_for_it_to_compact(tmp_path: Path) -> None:
+    """Rollups at close are bounded like the merge: a run whose steps exceed the bound is rolled up by
+    `perfscope compact`, not by the writer that closes last."""
+    from perfscope.compact import compact_host
+    from perfscope.writer import host_tag
+
+    _study(tmp_path)  # its writers rolled up each run as they closed
+    assert _covered(tmp_path) == {"n1", "n2", "n4", "n8", "comm4"}
+    shutil.rmtree(tmp_path / ROLLUP_DIR)
+    assert compact_host(tmp_path, "n2", host_tag(), max_bytes=1) is not None
+    assert _covered(tmp_path) == set()
+    assert compact_host(tmp_path, "n2", host_tag(), max_bytes=1 << 30) is not None
+    assert _covered(tmp_path) == {"n2"}
