@@ -38,7 +38,7 @@ def test_fewer_world_sizes_mean_less_confidence_and_say_which_to_measure(tmp_pat
     two = _comm_bound(tmp_path / "two", (1, 4))
     assert four.confidence_label == "high" and "held down" not in four.text
     assert two.confidence <= FEW_SIZES_CAP < four.confidence
-    assert "it compares 2 world size(s) (N = 1, 4)" in two.text
+    assert "it compares 2 world sizes (N = 1, 4)" in two.text
     assert "To raise it: measure N = 8 and 16." in two.text
 
 
@@ -56,7 +56,7 @@ def test_the_confidence_function_takes_the_lowest_cap_and_names_every_limit() ->
     fit = Limit(0.6, "the fit is thin", "measure N = 24")
     value, why = confidence(0.9, Inputs(world_sizes=(1, 2), fit_limits=(fit,), step_cv=0.5, noisiest_run="r"))
     assert value == pytest.approx(FEW_SIZES_CAP)
-    assert "the fit is thin" in why and "2 world size(s)" in why and "coefficient of variation 0.50" in why
+    assert "the fit is thin" in why and "2 world sizes" in why and "coefficient of variation 0.50" in why
     assert "measure N = 24" in why and "measure N = 4 and 8" in why
     # a cap above the rule's own strength holds nothing down
     value, why = confidence(0.4, Inputs(world_sizes=(1, 2, 4)))

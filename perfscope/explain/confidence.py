@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..words import counted
+
 #: The most confidence a scaling verdict on 2 world sizes, or on 3, may state.
 FEW_SIZES_CAP = 0.5
 SOME_SIZES_CAP = 0.7
@@ -74,7 +76,7 @@ def confidence(strength: float, ev: Inputs) -> tuple[float, str]:
         limits.append(
             Limit(
                 cap,
-                f"it compares {len(sizes)} world size(s) (N = {', '.join(map(str, sizes))})",
+                f"it compares {counted(len(sizes), 'world size')} (N = {', '.join(map(str, sizes))})",
                 f"measure N = {_and(more_sizes(sizes, ENOUGH_SIZES - len(sizes)))}",
             )
         )

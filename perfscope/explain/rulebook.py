@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..analysis.fitting import MIN_POINTS
+from ..words import counted
 from .confidence import (
     FACT_RULES,
     POOR_FIT_SMAPE_PCT,
@@ -182,7 +183,8 @@ def _thin_limit(ctx: Context, fit: Row, run_ids: list[str] | tuple[str, ...]) ->
     more: list[int] = []
     reason = (
         f"the alpha-beta fit for {fit['cluster']}/{fit['backend']} ({fit['scope']}) rests on "
-        f"{fit['points']} point(s) at N = {', '.join(map(str, sizes)) or 'none'}, too few to trust"
+        f"{counted(int(fit['points']), 'point')} at N = {', '.join(map(str, sizes)) or 'none'}, "
+        "too few to trust"
     )
     if fit["scope"] == "intra-node":  # more sizes inside one node, where this fit applies
         per_node = [

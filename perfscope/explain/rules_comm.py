@@ -334,7 +334,8 @@ def latency_bound(ctx: Context) -> list[Finding]:
                     f"collective{'s' if round(k) != 1 else ''} of {avg_msg / 1024:.0f} KiB per step"
                 ),
                 text=(
-                    f"In {gid} at N={top['world_size']}, each step issues {k:.0f} collective(s) {sizes} "
+                    f"In {gid} at N={top['world_size']}, each step issues {k:.0f} "
+                    f"collective{'s' if round(k) != 1 else ''} {sizes} "
                     f"({nbytes / 2**20:.1f} MiB in all); {basis}. Each "
                     "ring allreduce "
                     f"pays 2(p−1) = {2 * (p - 1):.0f} latency hops whatever its size, so many small "

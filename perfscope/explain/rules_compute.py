@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..words import counted
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .hardware import setup_of
@@ -368,7 +369,7 @@ def diverged(ctx: Context) -> list[Finding]:
                 exp,
                 severity="warning",
                 category="data-quality",
-                title=f"{len(rows)} run(s) of {exp} diverged",
+                title=f"{counted(len(rows), 'run')} of {exp} diverged",
                 text=(
                     f"In {exp}, training diverged in {listing(parts)}. Their time to target is not "
                     "comparable, and they do not set the default target."

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..words import counted, plural
 from .context import Context, Row
 from .finding import Finding
 from .rulebook import make_finding, rule
@@ -54,7 +55,8 @@ def pipeline_bubble(ctx: Context) -> list[Finding]:
             f"The {p} pipeline stages wait in send/recv for {pct(bubble)} of each step on average "
             f"(measured bubble), against an ideal GPipe bubble of {pct(ideal)} for {m} micro-batches "
             f"((p−1)/(m+p−1)). Stage {slow['stage']} (rank {slow['rank']}) computes the most, "
-            f"{dur(slow['compute_ns'])} per step; the other stage(s) do as little as {pct(balance)} of that "
+            f"{dur(slow['compute_ns'])} per step; the other {plural('stage', p - 1)} "
+            f"do{'es' if p - 1 == 1 else ''} as little as {pct(balance)} of that "
             f"and wait for it. This wait is the pipeline bubble, not gradient synchronisation: stage "
             f"{slow['stage']} is slow, the others are its victims."
         )
@@ -118,8 +120,9 @@ def parameter_server(ctx: Context) -> list[Finding]:
             "server_rank": busiest["rank"],
         }
         head = (
-            f"{len(workers)} worker(s) spend {pct(wait)} of each step pushing gradients ({dur(push)}) and "
-            f"pulling parameters ({dur(pull)}) to and from {len(servers)} server(s)."
+            f"{counted(len(workers), 'worker')} spend{'s' if len(workers) == 1 else ''} "
+            f"{pct(wait)} of each step pushing gradients ({dur(push)}) and "
+            f"pulling parameters ({dur(pull)}) to and from {counted(len(servers), 'server')}."
         )
         if busy >= SERVER_BUSY:
             title = f"Parameter server overloaded: rank {busiest['rank']} busy {pct(busy)} of the time"

@@ -9,6 +9,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
+from ..words import counted, plural
 from .confidence import CONFOUND_FACTOR
 from .confidence import confounded as confounded_confidence
 from .context import Context, Row
@@ -50,7 +51,7 @@ def oversubscription(ctx: Context) -> list[Finding]:
             sc = scaling.get(rid) or {}
             eff = sc.get("efficiency")
             what = (
-                f"{h['ranks_on_host']} ranks share {h['gpus_on_host']} GPU(s)"
+                f"{h['ranks_on_host']} ranks share {_count(h['gpus_on_host'], 'GPU')}"
                 if h["oversubscribed_gpu"]
                 else f"{h['ranks_on_host']} ranks share {h['cpu_count']} logical CPUs "
                 f"({num(h['cores_per_rank'])} cores per rank)"
@@ -166,8 +167,8 @@ def annotate_confounded(findings: list[Finding]) -> list[Finding]:
         lambda f: f.rule == "oversubscription",
         lambda f: f.category == "cause" and f.rule != "oversubscription",
         lambda hit: (
-            f"run(s) {listing(hit)} put more ranks on a host than it can run at once; contention "
-            "alone can produce this pattern, so fix the placement before acting on it."
+            f"{plural('run', len(hit))} {listing(hit)} put more ranks on a host than it can run at once; "
+            "contention alone can produce this pattern, so fix the placement before acting on it."
         ),
     )
     return add_caveat(
@@ -175,8 +176,8 @@ def annotate_confounded(findings: list[Finding]) -> list[Finding]:
         lambda f: f.rule == "threads",
         lambda f: f.category in _TIMING,
         lambda hit: (
-            f"run(s) {listing(hit)} ran with different threads or cores per rank (or more threads "
-            "than cores); pin the threads and rerun before acting on this."
+            f"{plural('run', len(hit))} {listing(hit)} ran with different threads or cores per rank "
+            "(or more threads than cores); pin the threads and rerun before acting on this."
         ),
     )
 
@@ -288,12 +289,19 @@ def _cores_used_per_rank(ctx: Context) -> dict[str, float]:
     return used
 
 
+def _count(n: object, noun: str) -> str:
+    """counted() of a value a row may lack ('? cores')."""
+    return counted(n, noun) if isinstance(n, int) else f"{'?' if n is None else n} {plural(noun, 2)}"
+
+
 def _threads_fact(r: Row, used: float | None) -> str:
     omp = r["omp_num_threads"]
     return (
-        f"N={r['world_size']} (run {r['run_id']}) ran {r['threads_per_rank']} torch thread(s) per rank "
+        f"N={r['world_size']} (run {r['run_id']}) ran "
+        f"{_count(r['threads_per_rank'], 'torch thread')} per rank "
         f"(OMP_NUM_THREADS{'=' + omp if omp is not None else ' unset'}), each rank allowed "
-        f"{r['cores_per_rank_allowed']} core(s), {r['ranks_on_host']} rank(s) × {r['threads_per_rank']} = "
+        f"{_count(r['cores_per_rank_allowed'], 'core')}, {_count(r['ranks_on_host'], 'rank')} × "
+        f"{r['threads_per_rank']} = "
         f"{r['threads_on_host']} threads on {r['cpu_count']} cores"
         + (f", using {num(used)} cores of CPU time per rank" if used is not None else "")
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..words import counted, plural
 from .confidence import CONFOUND_FACTOR
 from .context import Context, Row
 from .finding import Finding, rank_confounds_first
@@ -110,7 +111,7 @@ def contention(ctx: Context) -> list[Finding]:
         parts = [
             f"{r['run_id']} on {r['hostname']}: {num(r['other_cores'])} of {r['cpu_count']} cores "
             f"({num(r['other_cores_per_rank'])} per rank) went to other processes, the job's "
-            f"{r['ranks_on_host']} rank(s) used {num(r['job_cores'])}"
+            f"{counted(r['ranks_on_host'], 'rank')} used {num(r['job_cores'])}"
             for r in contended
         ]
         out.append(
@@ -120,7 +121,8 @@ def contention(ctx: Context) -> list[Finding]:
                 "other-processes",
                 severity="warning",
                 category="measurement",
-                title=f"Other processes took CPU from the job in {len(set(map(_run, contended)))} run(s)",
+                title="Other processes took CPU from the job in "
+                f"{counted(len(set(map(_run, contended))), 'run')}",
                 text=(
                     "Read this before any timing verdict: system CPU minus the job's ranks' CPU shows other "
                     f"processes busy on the job's hosts ({listing(parts, limit=4)}). Slow steps, stragglers, "
@@ -146,7 +148,8 @@ def contention(ctx: Context) -> list[Finding]:
                 "saturated",
                 severity="info",
                 category="measurement",
-                title=f"No idle core during {len(rids)} run(s): the job and perfscope filled the host",
+                title=f"No idle core during {counted(len(rids), 'run')}: "
+                "the job and perfscope filled the host",
                 text=(
                     f"During {listing(rids, limit=4)} the hosts' CPUs were at least 90% busy, nearly all of "
                     "it the job's own processes, which include perfscope's collector threads (poller, "
@@ -178,7 +181,8 @@ def annotate_contended(findings: list[Finding]) -> list[Finding]:
         lambda f: f.id == "contention:other-processes",
         lambda f: f.category in TIMING_CATEGORIES,
         lambda hit: (
-            f"other processes took CPU from run(s) {listing(hit)}; contention alone can produce this pattern."
+            f"other processes took CPU from {plural('run', len(hit))} {listing(hit)}; "
+            "contention alone can produce this pattern."
         ),
         CONTENDED_CONFIDENCE,
     )
