@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..store import Store
+from ..words import counted
 from .cache import memo
 from .fitting import MIN_POINTS, NormalFormModel, fit_normal_form
 from .groups import GROUP_COLUMNS
@@ -151,7 +152,7 @@ def _note(model: NormalFormModel | None, npoints: int, disagrees: str = "") -> s
             "trust neither until a larger world size is measured"
         )
     if model is None:
-        return f"no model: {npoints} world size(s); at least 3 are needed to fit and 5 to trust one"
+        return f"no model: {counted(npoints, 'world size')}; at least 3 are needed to fit and 5 to trust one"
     if npoints < MIN_POINTS:
         return f"only {npoints} world sizes: the model is a guess, do not extrapolate from it"
     if not model.trusted:

@@ -861,6 +861,7 @@ def prediction(ctx: Context) -> Section:
                 ("loo_smape_pct", "leave-one-out SMAPE"),
                 ("r2_adj", "adj. R²"),
                 ("trusted", "trusted"),
+                ("note", "why not trusted"),
             ),
             models,
             key="group_id",
