@@ -23,7 +23,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -41,6 +41,7 @@ from .schema import PARTITION_KEY, TABLES
 Row = Sequence[Any]
 
 _STOP = object()
+_PULL = object()  # pull_soon(): take the sources' rows now
 
 #: how often the writer thread looks for the first rows of a prompt table
 FIRST_ROWS_POLL_S = 0.05
@@ -140,6 +141,17 @@ def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
             return pa.array(values, type=typ)
         return pa.Array.from_buffers(typ, n, [_validity(values), pa.py_buffer(arr)])
     if typ == pa.string():
+        first = values[0] if n else None
+        if type(first) is str and values.count(first) == n:  # one value throughout: a clock kind, a host
+            try:
+                one = first.encode()
+            except UnicodeEncodeError:  # a lone surrogate: Arrow's converter says so
+                return pa.array(values, type=typ)
+            offsets = np.arange(n + 1, dtype=np.int64) * len(one)
+            if offsets[-1] < 2**31:
+                return pa.Array.from_buffers(
+                    typ, n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(one * n)]
+                )
         valid = _validity(values) if None in values else None
         texts = values if valid is None else [v or "" for v in values]
         try:
@@ -232,6 +244,7 @@ class StoreWriter:
         self._not_yet_written = set(prompt_tables) & set(TABLES)
         self._clean_leftovers = clean_leftovers
         self._closed = False
+        self._sources: list[Callable[[], Mapping[str, Iterable[Row]]]] = []
         self._thread = threading.Thread(target=self._run, name="perfscope-writer", daemon=True)
         self._thread.start()
 
@@ -269,6 +282,17 @@ class StoreWriter:
                 return
             self._bufs[table] = []
         self._enqueue((table, buf))
+
+    def add_source(self, pull: Callable[[], Mapping[str, Iterable[Row]]]) -> None:
+        """`pull()` returns rows by table, taken with the buffers (at each roll, flush and close) by
+        whichever thread takes them: a producer that builds its rows late (the collector's step
+        rows) builds them off its own thread. It must not raise."""
+        self._sources.append(pull)
+
+    def pull_soon(self) -> None:
+        """Have the writer thread take the sources' rows now, not at the next roll (cheap, never waits)."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_PULL)
 
     def write_arrow(self, table: str, data: pa.Table) -> None:
         """Queue a ready-made Arrow table (bulk producers such as the simulator)."""
@@ -328,9 +352,24 @@ class StoreWriter:
             f"{self._width[table]}); this is a bug in the code that produced it.",
         )
 
-    def _take_all(self) -> list[tuple[str, list[Any]]]:
+    def _pull_sources(self) -> list[tuple[str, list[Any]]]:
+        """Add the sources' rows to the buffers; returns the buffers this filled up, taken."""
+        pulled = [pull() for pull in self._sources]  # built outside the lock
+        full = []
         with self._lock:
-            full = [(t, b) for t, b in self._bufs.items() if b]
+            for rows_by_table in pulled:
+                for table, rows in rows_by_table.items():
+                    buf = self._bufs[table]
+                    buf.extend(chain.from_iterable(rows))
+                    if len(buf) >= self._limit[table]:
+                        full.append((table, buf))
+                        self._bufs[table] = []
+        return full
+
+    def _take_all(self) -> list[tuple[str, list[Any]]]:
+        full = self._pull_sources()
+        with self._lock:
+            full += [(t, b) for t, b in self._bufs.items() if b]
             for t, _ in full:
                 self._bufs[t] = []
         return full
@@ -398,6 +437,10 @@ class StoreWriter:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
+            if item is _PULL:
+                for table, flat in self._pull_sources():
+                    self._write(table, flat)
+                continue
             self._write(*item)
 
     def _drain(self) -> None:
@@ -454,7 +497,8 @@ class StoreWriter:
                 self._made_dirs.add(directory)
             self._seq += 1
             path = directory / f"{self.writer_id}-{self._seq:06d}{LIVE_SUFFIX}"
-            live = self._live[table] = LiveSegment(path, TABLES[table].arrow_schema)
+            live = LiveSegment(path, TABLES[table].arrow_schema, compression=self.compression)
+            self._live[table] = live
         try:
             live.append(arrow)
         except FileNotFoundError:
@@ -490,18 +534,22 @@ class StoreWriter:
                 self._seal(table)
 
     def _seal(self, table: str) -> None:
-        """Write the table's live segment as its Parquet twin (the complete batches readers saw),
-        then remove it. On failure it stays readable, for `perfscope compact` to seal."""
+        """Put the table's live segment's Parquet twin in place (encoded as the rows came; read
+        back from the stream when that failed), then remove the segment. On failure it stays
+        readable, for `perfscope compact` to seal."""
         live = self._live.pop(table)
         try:
-            live.close()
             if not live.path.exists():  # deleted under the running writer, with its rows
+                live.close()
                 self._folder_gone(live.path.parent, remake=False)
                 return
-            data = read_live(live.path)
-            if data is not None and data.num_rows:
-                write_segment(twin(live.path), data, compression=self.compression)
-                self.stats.segments_written += 1
+            sealed = live.seal()
+            if not sealed:
+                data = read_live(live.path)
+                if data is not None and data.num_rows:
+                    write_segment(twin(live.path), data, compression=self.compression)
+                    sealed = True
+            self.stats.segments_written += int(sealed)
             live.path.unlink(missing_ok=True)
         except Exception as exc:
             self.stats.write_errors += 1

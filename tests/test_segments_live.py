@@ -4,6 +4,7 @@ never sees rows doubled or missing while segments are sealed and merged under it
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -16,11 +17,13 @@ import warnings
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from perfscope import PerfscopeWarning, open_store
+from perfscope import live as live_module
 from perfscope.compact import compact
-from perfscope.live import LIVE_READ_MAX_BYTES, LiveSegment, read_live, twin
+from perfscope.live import LIVE_READ_MAX_BYTES, LiveSegment, read_live, twin, writer_alive
 from perfscope.schema import TABLES
 from perfscope.store import list_store
 from perfscope.writer import StoreWriter, rows_to_table, segment_dir, write_segment
@@ -267,3 +270,161 @@ def test_leftovers_know_the_merge_temporaries_and_never_take_a_live_segment(tmp_
         os.utime(p, (time.time() - 3600, time.time() - 3600))
     assert set(clean_leftovers(tmp_path, temp_root=tmp_path / "none")) == {merging, sealing}
     assert live.exists()
+
+
+def _compressed(path: Path, batches: list[pa.Table]) -> Path:
+    """A steps stream whose record batches are zstd-compressed (perfscope's writer never does that)."""
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    schema = TABLES["steps"].arrow_schema
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_stream(f, schema, options=options) as s:
+        for batch in batches:
+            s.write_table(batch)
+    return path
+
+
+def test_a_decompression_bomb_is_refused_unread_and_named_and_the_rest_still_reads(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _live(root, "w-000001", [range(0, 10), range(10, 20)])
+    part = segment_dir(root, "steps", "r")
+    same = rows_to_table("steps", [(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "")] * 65_536)
+    bomb = _compressed(part / "bomb.arrows", [same] * 16)  # 84 MiB declared, a few KiB on disk
+    assert bomb.stat().st_size < (1 << 20)
+    with pytest.raises(ValueError, match="decompression bomb"):
+        read_live(bomb)
+    # a single buffer that declares a terabyte: refused before Arrow allocates it
+    liar = _compressed(part / "liar.arrows", [rows_to_table("steps", [_step(0, s) for s in range(20)])])
+    data = bytearray(liar.read_bytes())
+    prefix = (20 * 8).to_bytes(8, "little")  # the declared length of the `step` column's values
+    at = data.index(prefix, data.index(b"\xff\xff\xff\xff", 8))  # in the batch's body
+    data[at : at + 8] = (1 << 40).to_bytes(8, "little")
+    liar.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="decompression bomb"):
+        read_live(liar)
+    # an honest compressed stream is read (bounded, not refused)
+    honest = _compressed(
+        tmp_path / "honest.arrows", [rows_to_table("steps", [_step(1, s) for s in range(30)])]
+    )
+    got = read_live(honest)
+    assert got is not None and got.column("step").to_pylist() == list(range(30))
+    with pytest.warns(PerfscopeWarning) as caught:
+        store = open_store(root)
+    with store:
+        assert store.query("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 20
+        reasons = {Path(s.path).name: s.reason for s in store.skipped}
+    assert "decompression bomb" in reasons["bomb.arrows"] and "decompression bomb" in reasons["liar.arrows"]
+    text = "\n".join(str(w.message) for w in caught)
+    assert "bomb.arrows" in text and "liar.arrows" in text
+
+
+def _open_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row_group_rows: int, batches: int
+) -> LiveSegment:
+    """A live segment of `batches` batches of 10 steps, its twin encoded alongside in row groups of
+    at least `row_group_rows` rows, left open."""
+    monkeypatch.setattr(live_module, "ROW_GROUP_ROWS", row_group_rows)
+    path = segment_dir(tmp_path, "steps", "r") / "w-000001.arrows"
+    path.parent.mkdir(parents=True)
+    seg = LiveSegment(path, TABLES["steps"].arrow_schema)
+    for start in range(0, 10 * batches, 10):
+        seg.append(rows_to_table("steps", [_step(0, s) for s in range(start, start + 10)]))
+    return seg
+
+
+def test_a_sealed_segment_is_the_twin_encoded_alongside_in_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seg = _open_segment(tmp_path, monkeypatch, 25, 10)
+    path = seg.path
+    # the twin in progress is a hidden temporary: readers see the stream's rows, once
+    (tmp,) = path.parent.glob(".*.tmp")
+    assert _steps(tmp_path) == list(range(100))
+    assert seg.seal() and not tmp.exists()
+    meta = pq.read_metadata(twin(path))
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [30, 30, 30, 10]
+    assert pq.read_table(twin(path)).equals(read_live(path))  # the same rows, schema and metadata
+    path.unlink()
+    assert _steps(tmp_path) == list(range(100))
+
+    # a twin that cannot be encoded alongside: the writer seals from the stream, nothing is lost
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(live_module.pq, "ParquetWriter", broken)
+    w = StoreWriter(tmp_path, "r2", roll_interval_s=0.02, merge_at_close=False)
+    for i in range(60):
+        w.append("steps", _step(2, i))
+        if i % 10 == 9:
+            w.flush()
+    stats = w.close()
+    assert stats.segments_written == 1 and stats.write_errors == 0
+    assert not list(segment_dir(tmp_path, "steps", "r2").glob(".*"))
+    with open_store(tmp_path) as store:
+        got = store.query("SELECT step FROM steps WHERE rank = 2 ORDER BY step").column("step").to_pylist()
+    assert got == list(range(60))
+
+
+FORKING_WRITER = textwrap.dedent(
+    """
+    import multiprocessing, sys, time
+    from perfscope.writer import StoreWriter
+    w = StoreWriter(sys.argv[1], "r", roll_interval_s=0.02, writer_id="forking")
+    for i in range(500):
+        w.append("steps", (1, i, 10**18 + i, 1, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
+    w.flush()
+    # a DataLoader worker: forked while the segment is live, it outlives its killed parent
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))
+    worker.start()
+    print(worker.pid, flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_a_forked_worker_outliving_a_killed_writer_does_not_keep_its_segment_live(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKING_WRITER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    worker = int(proc.stdout.readline())
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        os.kill(worker, 0)  # the worker is still running
+        (path,) = segment_dir(tmp_path, "steps", "r").glob("*-forking-*.arrows")
+        assert writer_alive(path) is False
+        result = compact(tmp_path, grace_s=0)
+        assert result.live_sealed == [path] and twin(path).exists()
+        os.kill(worker, 0)
+        assert _steps(tmp_path) == list(range(500))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_a_forked_child_never_writes_to_or_removes_its_parents_segment_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seg = _open_segment(tmp_path, monkeypatch, 10, 3)
+    path = seg.path
+    (tmp,) = path.parent.glob(".*.tmp")
+    sizes = (path.stat().st_size, tmp.stat().st_size)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            # all a child could do to the copies it inherited: seal, close, let pyarrow finalize them
+            seg.seal()
+            seg.close()
+            for obj in (seg._stream, seg._twin_writer, seg._file, seg._twin_file):
+                if obj is not None:
+                    obj.close()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (path.stat().st_size, tmp.stat().st_size) == sizes and writer_alive(path) is True
+    assert seg.seal() and pq.read_metadata(twin(path)).num_rows == 30
