@@ -21,15 +21,16 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import PerfscopeWarning, StoreError, one_line, warn_once
 from .live import LIVE_SUFFIX, read_live, twin
-from .manifest import RANGE_COLUMNS, SAVE_MIN_CHANGES, Manifest
+from .manifest import RANGE_COLUMNS, SAVE_MIN_CHANGES, Entries, Manifest
 from .schema import (
     META_REPLACES,
     META_TABLE,
@@ -103,9 +104,64 @@ class Segment:
         return (lo, hi) if lo is not None and hi is not None and lo <= hi else None
 
 
+@dataclass(eq=False)
+class Block:
+    """The segments read of one partition folder: either a slice of the manifest's columns, whose
+    Segment objects are made only when asked for (`perfscope info` counts and sums the columns), or
+    Segment objects (footers read, live segments, compaction claims checked)."""
+
+    #: the partition folder, absolute, ending in a separator
+    folder: str
+    _segments: list[Segment] | None = None
+    entries: Entries | None = None
+
+    def __len__(self) -> int:
+        return len(self.entries) if self.entries is not None else len(self.segments())
+
+    def segments(self) -> list[Segment]:
+        if self._segments is None:
+            assert self.entries is not None
+            self._segments = self.entries.segments()
+        return self._segments
+
+    @property
+    def live(self) -> bool:
+        """Whether a live segment is among them (its rows may grow: no column range is final)."""
+        return self.entries is None and any(s.live is not None for s in self.segments())
+
+    @property
+    def num_rows(self) -> np.ndarray:
+        if self.entries is not None:
+            return self.entries.num_rows
+        return np.array([s.num_rows for s in self.segments()], dtype=np.int64)
+
+    def range_of(self, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each segment's smallest and largest value of `column` (one of RANGE_COLUMNS), and where
+        both are known (see Segment.range_of)."""
+        if self.entries is not None:
+            return self.entries.range_of(column)
+        found = [s.range_of(column) for s in self.segments()]
+        ok = np.array([r is not None for r in found], dtype=bool)
+        lo = np.array([r[0] if r else 0 for r in found], dtype=np.int64)
+        hi = np.array([r[1] if r else 0 for r in found], dtype=np.int64)
+        return lo, hi, ok
+
+    def file(self, i: int) -> str:
+        """The `i`th segment's file."""
+        if self.entries is not None and self._segments is None:
+            return self.folder + self.entries.name(i)
+        return self.segments()[i].file
+
+    def files(self) -> list[str]:
+        if self.entries is not None and self._segments is None:
+            return [self.folder + n for n in self.entries.names()]
+        return [s.file for s in self.segments()]
+
+
 @dataclass
 class Listing:
-    segments: dict[str, list[Segment]] = field(default_factory=dict)
+    #: per table, the segments read, a Block per partition folder
+    blocks: dict[str, list[Block]] = field(default_factory=dict)
     skipped: list[SkippedFile] = field(default_factory=list)
     superseded: list[Path] = field(default_factory=list)
     #: replaced segment -> the compacted file whose checked claim hides it
@@ -115,10 +171,46 @@ class Listing:
     #: live segments not read because their sealed Parquet twin is (a seal was interrupted, or is under way)
     sealed_live: list[Path] = field(default_factory=list)
 
+    @property
+    def segments(self) -> dict[str, list[Segment]]:
+        """Every segment read, per table (made Segment objects here when the manifest described them)."""
+        return {table: self.of(table) for table in self.blocks}
+
+    def of(self, table: str) -> list[Segment]:
+        """The segments read of one table."""
+        return [seg for block in self.blocks.get(table, ()) for seg in block.segments()]
+
+    def count(self, table: str) -> int:
+        return sum(len(b) for b in self.blocks.get(table, ()))
+
+    def row_count(self, table: str) -> int:
+        return sum(int(b.num_rows.sum()) for b in self.blocks.get(table, ()))
+
+    def live_segments(self) -> list[Segment]:
+        return [
+            s
+            for blocks in self.blocks.values()
+            for b in blocks
+            if b.live
+            for s in b.segments()
+            if s.live is not None
+        ]
+
+    def drop(self, files: set[str] | dict[str, str]) -> None:
+        """Leave `files` out of the segments read."""
+        for blocks in self.blocks.values():
+            for k, b in enumerate(blocks):
+                if any(f.startswith(b.folder) for f in files) and any(s.file in files for s in b.segments()):
+                    blocks[k] = Block(b.folder, [s for s in b.segments() if s.file not in files])
+
 
 # (path, size, mtime_ns) -> Segment | SkippedFile; files are immutable once renamed into place.
 _inspect_cache: dict[tuple[str, int, int], Segment | SkippedFile] = {}
 _cache_lock = threading.Lock()
+#: live segment's path -> (size, mtime_ns, Segment) as last read; dropped when a listing of its
+#: folder no longer finds it (sealed). An append changes the size: the rows of a file whose size and
+#: mtime_ns are unchanged are the rows read, and a refresh reads only the live segments that grew.
+_live_cache: dict[str, tuple[int, int, Segment]] = {}
 
 
 def _outside(path: Path, root: Path) -> Path | None:
@@ -150,8 +242,14 @@ def _inspect(
         return SkippedFile(file, f"cannot stat: {exc.strerror}")
     if not stat.S_ISREG(st.st_mode):
         return SkippedFile(file, "not a regular file")
-    if file.endswith(LIVE_SUFFIX):  # still growing: never cached
-        return _inspect_live(Path(file), table)
+    if file.endswith(LIVE_SUFFIX):  # still growing: read again whenever its size or mtime changed
+        known = _live_cache.get(file)
+        if known is not None and known[0] == st.st_size and known[1] == st.st_mtime_ns:
+            return known[2]
+        res = _inspect_live(Path(file), table)
+        if isinstance(res, Segment):
+            _live_cache[file] = (st.st_size, st.st_mtime_ns, res)
+        return res
     key = (file, st.st_size, st.st_mtime_ns)
     hit = _inspect_cache.get(key)  # one get or set of a dict is atomic: no lock, 100,000 times
     if manifest is not None and isinstance(hit, Segment):
@@ -505,10 +603,12 @@ def list_store(
     root = Path(root).resolve()
     listing = Listing()
     manifest = Manifest.load(str(root))
+    folders: list[str] = []
+    live_seen: set[str] = set()
     for name in TABLES:
         table_dir = root / name
-        segs: list[Segment] = []
-        listing.segments[name] = segs
+        blocks: list[Block] = []
+        listing.blocks[name] = blocks
         if not table_dir.is_dir():
             continue
         real = _outside(table_dir, root)
@@ -522,12 +622,18 @@ def list_store(
         for part in _partition_dirs(table_dir, root, listing.skipped):
             if run_id is not None and part.name != f"{PARTITION_KEY}={run_id}":
                 continue
-            found: list[Segment] = []
-            names = _partition_names(part)
             folder = f"{part}{os.sep}"
-            for fname in sorted(n for n in names if n.endswith(".parquet") and not n.startswith(".")):
+            folders.append(folder)
+            scan = _partition_entries(part)
+            names, live = scan.parquet, scan.live
+            whole = None if live else _whole(manifest, folder, name, scan)
+            if whole is not None:
+                if len(whole):
+                    blocks.append(Block(folder, entries=whole))
+                continue
+            found: list[Segment] = []
+            for fname in names:
                 _admit(_inspect(folder + fname, name, root, manifest), listing, found)
-            live = sorted(n for n in names if n.endswith(LIVE_SUFFIX) and not n.startswith("."))
             sealed = {seg.name.removesuffix(".parquet") for seg in found} if live else set()
             for fname in live:
                 path = part / fname
@@ -536,15 +642,50 @@ def list_store(
                     continue
                 if not read_live:
                     continue
+                live_seen.add(str(path))
                 res = _inspect(path, name, root)
-                if res is None and twin(path).name not in names:
+                if res is None and twin(path).name not in scan.names:
                     res = _inspect(twin(path), name, root, manifest)  # sealed since the scan
                 _admit(res, listing, found)
-            segs.extend(_partition_segments(found, listing))
+            kept = _partition_segments(found, listing)
+            if kept:
+                blocks.append(Block(folder, kept))
+    if read_live:
+        _forget_live(folders, live_seen)
     worth = 1 if save_manifest else SAVE_MIN_CHANGES
     if run_id is None and save_manifest is not False and manifest.changes >= worth:
         manifest.save()
     return listing
+
+
+def _whole(manifest: Manifest, folder: str, table: str, scan: _Folder) -> Entries | None:
+    """The manifest's entries for a partition folder without live segments, when they match every
+    one of its Parquet files (regular files of the sizes and mtime_ns they say, a schema version
+    this perfscope reads) and there is nothing to check between the files (no compaction claim, no
+    footprint twice); else None (each file is then looked at on its own)."""
+    if None in scan.stats:
+        return None
+    stats = cast("list[os.stat_result]", scan.stats)
+    if not all(stat.S_ISREG(mode) for mode in {st.st_mode for st in stats}):
+        return None
+    sizes = [st.st_size for st in stats]
+    mtimes = [st.st_mtime_ns for st in stats]
+    whole = manifest.match(folder, table, scan.parquet, sizes, mtimes)
+    if whole is None or not whole.plain:
+        return None
+    versions = whole.versions
+    if len(versions) and (versions.min() < MIN_READABLE_VERSION or versions.max() > SCHEMA_VERSION):
+        return None  # read one by one: the first such segment refuses the store with the reason
+    manifest.take(whole)
+    return whole
+
+
+def _forget_live(folders: list[str], seen: set[str]) -> None:
+    """Drop the live segments kept from earlier listings that a listing of their folder no longer read."""
+    if _live_cache:
+        listed = set(folders)
+        for file in [f for f in list(_live_cache) if f not in seen and f[: f.rfind(os.sep) + 1] in listed]:
+            _live_cache.pop(file, None)
 
 
 def _admit(res: Segment | SkippedFile | None, listing: Listing, found: list[Segment]) -> None:
@@ -560,26 +701,70 @@ def _admit(res: Segment | SkippedFile | None, listing: Listing, found: list[Segm
 _SEAL_RACE_S = 5.0
 
 
-def _partition_names(part: Path) -> set[str]:
-    """The names in a partition folder. A scan racing a seal (the twin renamed in, then the live
+@dataclass
+class _Folder:
+    """What one scan of a partition folder found."""
+
+    #: every name in it
+    names: set[str]
+    #: the Parquet segments' names (not hidden), sorted, and their lstat (None where it failed)
+    parquet: list[str]
+    stats: list[os.stat_result | None]
+    #: the live segments' names (not hidden), sorted
+    live: list[str]
+
+
+def _partition_entries(part: Path) -> _Folder:
+    """The files of a partition folder. A scan racing a seal (the twin renamed in, then the live
     segment removed) may see neither file; when a writer may be sealing there, a second scan (which
     sees the twin) is added to the first."""
-    first = _scan_names(part)
+    first = _scan(part)
     try:
         recent = part.stat().st_mtime > time.time() - _SEAL_RACE_S
     except OSError:
         recent = False
-    if recent or any(n.endswith(LIVE_SUFFIX) for n in first):
-        return first | _scan_names(part)
-    return first
+    if not (recent or first.live):
+        return first
+    second = _scan(part)
+    stats = dict(zip(first.parquet, first.stats, strict=True)) | dict(
+        zip(second.parquet, second.stats, strict=True)
+    )
+    parquet = sorted(stats)
+    live = sorted({*first.live, *second.live})
+    return _Folder(first.names | second.names, parquet, [stats[n] for n in parquet], live)
 
 
-def _scan_names(part: Path) -> set[str]:
+def _scan(part: Path) -> _Folder:
+    """One scan of a partition folder: its names, and an lstat of each Parquet segment through the
+    folder's descriptor (the kernel does not walk the whole path again)."""
     try:
-        with os.scandir(part) as it:
-            return {e.name for e in it}
+        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return set()
+        return _Folder(set(), [], [], [])
+    try:
+        names = sorted(os.listdir(fd))
+        parquet = [n for n in names if n.endswith(".parquet") and n[0] != "."]
+        live = (
+            [n for n in names if n.endswith(LIVE_SUFFIX) and n[0] != "."] if len(parquet) < len(names) else []
+        )
+        try:
+            stats: list[os.stat_result | None] = [
+                os.stat(n, dir_fd=fd, follow_symlinks=False) for n in parquet
+            ]
+        except OSError:  # one vanished meanwhile, or cannot be looked at: each on its own
+            stats = [_lstat(n, fd) for n in parquet]
+        return _Folder(set(names), parquet, stats, live)
+    except OSError:
+        return _Folder(set(), [], [], [])
+    finally:
+        os.close(fd)
+
+
+def _lstat(name: str, folder_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return None
 
 
 def _view_sql(table: str, segments: list[Segment]) -> str:
@@ -630,26 +815,31 @@ def create_views(
 ) -> set[str]:
     """Register the listing's live segments on `con` and create one view per table (of `tables`,
     default all) over them and the Parquet segments; returns the names registered."""
-    chosen = [t for t in listing.segments if tables is None or t in tables]
+    chosen = [t for t in listing.blocks if tables is None or t in tables]
     registered: set[str] = set()
     for name in chosen:
-        for seg in listing.segments[name]:
-            if seg.live is not None:
+        for seg in listing.live_segments():
+            if seg.table == name:
                 con.register(live_relation(seg), seg.live)
                 registered.add(live_relation(seg))
     verb = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW"
     for name in chosen:
-        con.execute(f"{verb} {name} AS {_view_sql(name, listing.segments[name])}")
+        con.execute(f"{verb} {name} AS {_view_sql(name, listing.of(name))}")
     return registered
 
 
 def _parquet_sql(table: str, version: int, segments: list[Segment]) -> str:
-    files = ", ".join("'" + s.file.replace("'", "''") + "'" for s in segments)
+    files = ", ".join(sql_text(s.file) for s in segments)
     src = (
         f"read_parquet([{files}], hive_partitioning=true, union_by_name=true, "
         f"hive_types={{'{PARTITION_KEY}': 'VARCHAR'}})"
     )
     return f"SELECT {_columns_sql(table, version, segments, PARTITION_KEY)} FROM {src}"
+
+
+def sql_text(value: str) -> str:
+    """`value` as an SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _columns_sql(table: str, version: int, segments: list[Segment], partition: str) -> str:
@@ -697,12 +887,14 @@ class Store:
         self._con.execute(f"SET temp_directory='{self._spill_dir}'")
         # DuckDB's default limit is 80 % of the machine: analyses of a store of thousands of ranks
         # would take that much before spilling. PERFSCOPE_MEMORY_LIMIT ("4GB", "512MiB") moves it.
-        self._con.execute("SET memory_limit=?", [analysis_memory_limit()])
+        # (a literal, as every statement of an open: DuckDB's first bound parameter imports pandas,
+        # 0.3 s and 45 MB; analysis_memory_limit() returns only a size it checked)
+        self._con.execute(f"SET memory_limit={sql_text(analysis_memory_limit())}")
         # DuckDB draws a progress bar on stdout for long queries, which would corrupt --json output
         self._con.execute("SET enable_progress_bar=false")
         self._con.execute(
             "SET allowed_directories=["
-            + ", ".join("'" + str(p).replace("'", "''") + "'" for p in (self.root, self._spill_dir))
+            + ", ".join(sql_text(str(p)) for p in (self.root, self._spill_dir))
             + "]"
         )
         self._con.execute("SET enable_external_access=false")
@@ -724,10 +916,10 @@ class Store:
         return self.listing.doubtful
 
     def segments(self, table: str) -> list[Segment]:
-        return self.listing.segments.get(table, [])
+        return self.listing.of(table)
 
     def row_count(self, table: str) -> int:
-        return sum(s.num_rows for s in self.segments(table))
+        return self.listing.row_count(table)
 
     def refresh(self) -> None:
         """Re-list the folder (new segments, compactions) and rebuild the views."""
@@ -745,9 +937,9 @@ class Store:
     def _rebuild(self) -> None:
         _check_root(self.root)
         listing = list_store(self.root)
-        for segs in listing.segments.values():
-            segs[:] = [s for s in segs if s.file not in self._forced_skips]
-        if not self._allow_empty and not any(listing.segments.values()):
+        if self._forced_skips:
+            listing.drop(set(self._forced_skips))
+        if not self._allow_empty and not any(listing.blocks.values()):
             reasons = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in listing.skipped[:3])
             raise StoreError(
                 f"{self.root} holds no perfscope data"
@@ -757,13 +949,11 @@ class Store:
         new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
         new_doubts = {s.path for s in listing.doubtful} - {s.path for s in self.listing.doubtful}
         self.listing = listing
-        live = {
-            live_relation(seg) for segs in listing.segments.values() for seg in segs if seg.live is not None
-        }
+        live = {live_relation(seg) for seg in listing.live_segments()}
         for gone in self._live_names - live:
             self._con.unregister(gone)
         self._live_names &= live
-        self._views_due = set(listing.segments)
+        self._views_due = set(listing.blocks)
         if self._warn and new_skips:
             self._warn_skipped([s for s in listing.skipped if s.path in new_skips])
         if self._warn and new_doubts:
@@ -794,9 +984,14 @@ class Store:
             return self._con
 
     def _create_views(self, sql: str | None) -> None:
-        """Create the views `sql` may name (a word of the text, so a mention in a string counts too;
-        all of them when `sql` is None) that are not up to date with the listing."""
-        due = {t for t in self._views_due if sql is None or re.search(rf"\b{t}\b", sql, re.IGNORECASE)}
+        """Create the views `sql` may name (a word of the text, so a mention in a string counts too,
+        but not a folder in a file path; all of them when `sql` is None) that are not up to date
+        with the listing."""
+        due = {
+            t
+            for t in self._views_due
+            if sql is None or re.search(rf"(?<![/\\])\b{t}\b(?![/\\])", sql, re.IGNORECASE)
+        }
         if due:
             self._live_names |= create_views(self._con, self.listing, replace=True, tables=due)
             self._views_due -= due
@@ -826,7 +1021,7 @@ class Store:
         the query may run again; False when the failure is the query's own. A file a query merely
         failed to read some other way (`read_csv` of a segment) is never marked bad."""
         bad = self._file_named_in(str(exc))
-        listed = {seg.file for segs in self.listing.segments.values() for seg in segs}
+        listed = {f for blocks in self.listing.blocks.values() for b in blocks for f in b.files()}
         if bad is None or bad not in listed:
             return False  # only the store's own segments are re-listed or marked, never a path a query named
         with self._lock:

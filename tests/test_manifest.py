@@ -183,9 +183,15 @@ def _set(t: pa.Table, column: str, index: int, value: object) -> pa.Table:
     )
 
 
+def _paths(root: Path) -> list[str]:
+    """The store-relative paths of the manifest's entries, in its order."""
+    t = _read(root / MANIFEST_NAME)
+    folders, names = t.column("folder").to_pylist(), t.column("name").to_pylist()
+    return [f"{f}/{n}" for f, n in zip(folders, names, strict=True)]
+
+
 def _entry_of(root: Path, name: str) -> int:
-    paths = _read(root / MANIFEST_NAME).column("path").to_pylist()
-    return next(i for i, p in enumerate(paths) if p.endswith(name))
+    return next(i for i, p in enumerate(_paths(root)) if p.endswith(name))
 
 
 @pytest.mark.parametrize(
@@ -239,7 +245,7 @@ def test_an_entry_for_a_file_gone_adds_nothing_and_is_dropped(
     assert gone.as_posix() not in {s.file for s in listing.segments["steps"]}
     assert listing.segments["steps"].__len__() == len(truth.segments["steps"]) - 1
     assert footer_reads == []
-    paths = _read(root / MANIFEST_NAME).column("path").to_pylist()
+    paths = _paths(root)
     assert "steps/run_id=r1/w-004.parquet" not in paths and len(paths) == 38
 
 
@@ -357,7 +363,7 @@ def test_compact_leaves_a_manifest_of_the_files_it_left(small: tuple[Path, Listi
     on_disk = sorted(
         str(p.relative_to(root)) for t in ("steps", "runs") for p in (root / t).rglob("*.parquet")
     )
-    paths = sorted(_read(root / MANIFEST_NAME).column("path").to_pylist())
+    paths = sorted(_paths(root))
     assert paths == on_disk and all(p.endswith(".parquet") for p in paths)
     assert any(Path(p).name.startswith("c-") for p in paths)
     _forget()
@@ -420,6 +426,54 @@ def test_a_live_segment_is_read_afresh_and_never_kept(small: tuple[Path, Listing
         sum(s.num_rows for s in listing.segments["steps"])
         == sum(s.num_rows for s in truth.segments["steps"]) + 5
     )
-    paths = _read(root / MANIFEST_NAME).column("path").to_pylist()
+    paths = _paths(root)
     assert len(paths) == 39 and all(p.endswith(".parquet") for p in paths)
     live.close()
+
+
+def test_a_refresh_reads_again_only_the_live_segments_that_grew(
+    small: tuple[Path, Listing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfscope.live import LiveSegment
+    from perfscope.schema import TABLES
+
+    root, truth = small
+    reads: list[str] = []
+    real = store_mod._inspect_live
+
+    def counting(path: Path, table: str) -> store_mod.Segment | store_mod.SkippedFile | None:
+        reads.append(path.parent.name)
+        return real(path, table)
+
+    monkeypatch.setattr(store_mod, "_inspect_live", counting)
+    lives = {
+        r: LiveSegment(root / "steps" / f"run_id=r{r}" / "w-live.arrows", TABLES["steps"].arrow_schema)
+        for r in (0, 1)
+    }
+
+    def append(r: int, n: int) -> None:
+        data = [row("steps", rank=r, step=900 + k, start_ns=T0_NS, step_ns=MS) for k in range(n)]
+        lives[r].append(rows_to_table("steps", data))
+
+    def rows(store: Store) -> int:
+        return int(store.query("SELECT count(*) AS n FROM steps").column("n")[0].as_py())
+
+    base = sum(s.num_rows for s in truth.segments["steps"])
+    append(0, 3)
+    append(1, 4)
+    with Store(root) as store:
+        assert sorted(reads) == ["run_id=r0", "run_id=r1"] and rows(store) == base + 7
+        reads.clear()
+        store.refresh()
+        assert reads == [] and rows(store) == base + 7  # nothing grew: nothing read
+        append(1, 2)
+        store.refresh()
+        assert reads == ["run_id=r1"] and rows(store) == base + 9 and store.row_count("steps") == base + 9
+        reads.clear()
+        assert lives[0].seal()  # the twin renamed in, then the live segment removed
+        lives[0].path.unlink()
+        store.refresh()
+        assert reads == [] and rows(store) == base + 9
+        assert str(lives[0].path) not in store_mod._live_cache  # gone from the folder: forgotten
+        assert str(lives[1].path) in store_mod._live_cache
+    lives[1].close()

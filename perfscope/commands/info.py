@@ -15,10 +15,11 @@ import sys
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 
 from ..schema import PARTITION_KEY
-from ..store import Segment, Store, open_store
+from ..store import Block, Store, open_store, sql_text
 from ..terminal import format_table, heading, terminal_width, use_colour, wrap
 from ..words import counted
 
@@ -28,53 +29,82 @@ FROM runs ORDER BY experiment, cluster, backend, batch_size_per_rank, world_size
 """
 
 
-def _steps_by_run(store: Store) -> dict[str, list[Segment]]:
-    """The steps segments holding rows, by run: their folder's `run_id=` value, decoded as DuckDB's
-    hive partitioning decodes it (once per folder)."""
-    by_folder: dict[str, list[Segment]] = {}
-    for seg in store.segments("steps"):
-        if seg.num_rows:
-            by_folder.setdefault(seg.file[: len(seg.file) - len(seg.name) - 1], []).append(seg)
-    by_run: dict[str, list[Segment]] = {}
-    for folder, segs in by_folder.items():
-        by_run.setdefault(unquote(os.path.basename(folder).partition("=")[2]), []).extend(segs)
+def _steps_by_run(store: Store) -> dict[str, list[Block]]:
+    """The steps segments, a Block per partition folder, by run: their folder's `run_id=` value,
+    decoded as DuckDB's hive partitioning decodes it."""
+    by_run: dict[str, list[Block]] = {}
+    for block in store.listing.blocks.get("steps", []):
+        run = unquote(os.path.basename(block.folder[:-1]).partition("=")[2])
+        by_run.setdefault(run, []).append(block)
     return by_run
 
 
-def _ranks_seen(store: Store, run_id: str, segs: list[Segment]) -> int:
+def _ranges(blocks: list[Block], column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The smallest and largest value of `column` in each segment holding rows (in `_held` order),
+    and where both are known."""
+    found = [b.range_of(column) for b in blocks]
+    rows = np.concatenate([b.num_rows for b in blocks]) if blocks else np.zeros(0, np.int64)
+    lo, hi, ok = (np.concatenate([f[k] for f in found]) if found else np.zeros(0) for k in range(3))
+    held = rows > 0
+    return lo[held], hi[held], ok[held].astype(bool)
+
+
+def _held(blocks: list[Block], chosen: np.ndarray) -> list[str]:
+    """The files of the segments holding rows at positions `chosen` (in `_ranges` order)."""
+    held = [np.flatnonzero(b.num_rows > 0) for b in blocks]
+    ends = np.cumsum([len(h) for h in held])
+    owners = np.searchsorted(ends, chosen, side="right")
+    starts = ends - [len(h) for h in held]
+    return [
+        blocks[k].file(int(held[k][i - starts[k]]))
+        for k, i in zip(owners.tolist(), chosen.tolist(), strict=True)
+    ]
+
+
+def _ranks_seen(store: Store, run_id: str, blocks: list[Block]) -> int:
     """Distinct ranks in a run's steps: from the segments' rank ranges when each holds one rank,
     else counted in the run's rows."""
-    ranks = [s.range_of("rank") for s in segs]
-    if all(r is not None and r[0] == r[1] and s.live is None for r, s in zip(ranks, segs, strict=True)):
-        return len({r[0] for r in ranks if r is not None})
-    sql = f"SELECT count(DISTINCT rank) AS n FROM steps WHERE {PARTITION_KEY} = ?"
-    return int(store.query(sql, [run_id]).column("n")[0].as_py())
+    lo, hi, ok = _ranges(blocks, "rank")
+    if not any(b.live for b in blocks) and ok.all() and (lo == hi).all():
+        return len(np.unique(lo))
+    sql = f"SELECT count(DISTINCT rank) AS n FROM steps WHERE {PARTITION_KEY} = {sql_text(run_id)}"
+    return int(store.query(sql).column("n")[0].as_py())
 
 
-def _span_ns(store: Store, segs: list[Segment]) -> tuple[int | None, int | None]:
+#: start and duration bounds beyond which their sum might not fit in int64: the rows decide
+_SAFE_NS = 1 << 62
+
+
+def _span_ns(store: Store, blocks: list[Block]) -> tuple[int | None, int | None]:
     """The first step's start and the last step's end (start_ns + step_ns): the start from the
     segments' ranges; the end read from the few segments whose ranges allow a later end than the
     latest one found."""
     full_sql = "SELECT min(start_ns) AS first_ns, max(start_ns::HUGEINT + step_ns) AS last_ns FROM steps"
-    starts = [s.range_of("start_ns") for s in segs]
-    durations = [s.range_of("step_ns") for s in segs]
-    if not segs or any(s.live is not None for s in segs) or None in starts or None in durations:
+    start_lo, start_hi, start_ok = _ranges(blocks, "start_ns")
+    _, step_hi, step_ok = _ranges(blocks, "step_ns")
+    if (
+        not len(start_lo)
+        or any(b.live for b in blocks)
+        or not (start_ok.all() and step_ok.all())
+        or max(abs(int(start_lo.min())), abs(int(start_hi.max())), abs(int(step_hi.max()))) >= _SAFE_NS
+    ):
         # HUGEINT: a start and a duration near the INT64 limits add up beyond them
         row = store.query(full_sql).to_pylist()[0]
         return row["first_ns"], None if row["last_ns"] is None else int(row["last_ns"])  # a Decimal
-    first_ns = min(r[0] for r in starts if r is not None)
-    bound = {s.file: r[1] + d[1] for s, r, d in zip(segs, starts, durations, strict=True) if r and d}
+    first_ns = int(start_lo.min())
+    bound = start_hi + step_hi
 
-    def last_end(files: list[str]) -> int | None:
-        sql = "SELECT max(start_ns::HUGEINT + step_ns) AS e FROM read_parquet(?)"
-        value = store.query(sql, [files]).column("e")[0].as_py()
+    def last_end(chosen: list[str]) -> int | None:
+        files = ", ".join(sql_text(f) for f in chosen)
+        sql = f"SELECT max(start_ns::HUGEINT + step_ns) AS e FROM read_parquet([{files}])"
+        value = store.query(sql).column("e")[0].as_py()
         return None if value is None else int(value)
 
-    latest = last_end([max(bound, key=bound.__getitem__)])
+    latest = last_end(_held(blocks, bound.argmax(keepdims=True)))
     if latest is None:  # its rows have no duration: the rows decide
         row = store.query(full_sql).to_pylist()[0]
         return first_ns, None if row["last_ns"] is None else int(row["last_ns"])
-    return first_ns, last_end([f for f, b in bound.items() if b >= latest])
+    return first_ns, last_end(_held(blocks, np.flatnonzero(bound >= latest)))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,10 +116,10 @@ def summary(store: Store) -> dict[str, Any]:
     by_run = _steps_by_run(store)
     runs = store.query(_RUNS_SQL).to_pylist()
     for r in runs:
-        segs = by_run.get(r["run_id"], [])
-        r["ranks_seen"] = _ranks_seen(store, r["run_id"], segs) if segs else 0
-        r["step_rows"] = sum(s.num_rows for s in segs)
-    first_ns, last_ns = _span_ns(store, [s for segs in by_run.values() for s in segs])
+        blocks = by_run.get(r["run_id"], [])
+        r["step_rows"] = sum(int(b.num_rows.sum()) for b in blocks)
+        r["ranks_seen"] = _ranks_seen(store, r["run_id"], blocks) if r["step_rows"] else 0
+    first_ns, last_ns = _span_ns(store, [b for blocks in by_run.values() for b in blocks])
     known = {r["run_id"] for r in runs}
     exps = sorted({r["experiment"] for r in runs if r["experiment"] is not None})
     return {
@@ -99,9 +129,9 @@ def summary(store: Store) -> dict[str, Any]:
         "runs_without_metadata": sorted(run for run in by_run if run not in known),
         # a run's row is written again when it ends (the latest wins): count the runs the view shows
         "rows": {
-            name: len(runs) if name == "runs" else store.row_count(name) for name in store.listing.segments
+            name: len(runs) if name == "runs" else store.row_count(name) for name in store.listing.blocks
         },
-        "files": {name: len(segs) for name, segs in store.listing.segments.items()},
+        "files": {name: store.listing.count(name) for name in store.listing.blocks},
         "first_step_ns": first_ns,
         "last_step_end_ns": last_ns,
         "skipped": [{"path": s.path, "reason": s.reason} for s in store.skipped],
