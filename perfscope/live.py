@@ -3,13 +3,14 @@ readable up to its last complete batch after a crash (a torn tail is the batch i
 
 `<stem>.arrows` is sealed into `<stem>.parquet`; from the moment that twin exists readers take it
 instead. The writer encodes the twin as the rows arrive (a Parquet file under a temporary hidden
-name, a row group per ROW_GROUP_ROWS rows), so sealing is a footer and a rename; the IPC stream
-stays the crash-safe record (a killed writer's is sealed from it by `perfscope compact`). While its
-writer lives it holds an exclusive `flock` on the file, so `perfscope compact` can tell a crashed
-writer's segment (seal it) from a running one's (leave it alone); a forked child (a DataLoader
-worker) lets go of its copy of that lock at once, so it never keeps a killed writer's segment "live".
-Reading a segment is bounded in memory: a compressed batch may not declare more bytes than
-`decoded_max_bytes` allows (a decompression bomb is refused, not decoded).
+name, a row group per ROW_GROUP_ROWS rows or ROW_GROUP_BYTES), so sealing is a footer and a
+rename; the IPC stream stays the crash-safe record (a killed writer's is sealed from it by
+`perfscope compact`). While its writer lives it holds an exclusive `flock` on the file, so
+`perfscope compact` can tell a crashed writer's segment (seal it) from a running one's (leave it
+alone); a forked child (a DataLoader worker) lets go of its copy of that lock at once, so it never
+keeps a killed writer's segment "live". Reading a segment is bounded in memory: its compressed
+batches may not declare more bytes than `decoded_max_bytes` (a decompression bomb is refused, not
+decoded).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ LIVE_SUFFIX = ".arrows"
 LIVE_READ_MAX_BYTES = 1 << 30
 #: rows of a Parquet row group of a sealed segment (the last one holds the rest)
 ROW_GROUP_ROWS = 131_072
+#: ... or of this many bytes of Arrow data, whichever comes first (what a segment holds in memory)
+ROW_GROUP_BYTES = 16 << 20
 
 
 def twin(path: Path) -> Path:
@@ -66,7 +69,7 @@ class LiveSegment:
         # the twin in progress: rows not yet in a row group, then the open Parquet file under a
         # temporary hidden name; `_twin_ok` False once it failed (the seal reads the stream back)
         self._pending: list[pa.Table] = []
-        self._pending_rows = 0
+        self._pending_rows = self._pending_bytes = 0
         self._twin_file: pa.NativeFile | None = None
         self._twin_writer: pq.ParquetWriter | None = None
         self._twin_ok = True
@@ -90,14 +93,15 @@ class LiveSegment:
         if self._twin_ok:
             self._pending.append(data)
             self._pending_rows += data.num_rows
-            if self._pending_rows >= ROW_GROUP_ROWS:
+            self._pending_bytes += data.nbytes
+            if self._pending_rows >= ROW_GROUP_ROWS or self._pending_bytes >= ROW_GROUP_BYTES:
                 self._row_group()
 
     def _row_group(self) -> None:
         """Encode the pending rows as one row group of the twin (pyarrow does it off the GIL); a
         failure only means the seal reads the stream back."""
         data = pa.concat_tables(self._pending)
-        self._pending, self._pending_rows = [], 0
+        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
         try:
             if self._twin_writer is None:
                 self._twin_file = pa.OSFile(str(self._twin_tmp), "wb")
@@ -119,7 +123,7 @@ class LiveSegment:
                 self._twin_file = None
 
     def _drop_twin(self) -> None:
-        self._twin_ok, self._pending, self._pending_rows = False, [], 0
+        self._twin_ok, self._pending, self._pending_rows, self._pending_bytes = False, [], 0, 0
         with contextlib.suppress(Exception):
             self._close_twin()
         with contextlib.suppress(OSError):
@@ -147,6 +151,7 @@ class LiveSegment:
             return False
         finally:
             self._let_go()
+            _OPEN.discard(self)
         self._twin_ok = False
         return True
 

@@ -4,13 +4,15 @@ Rows are buffered per table (bounded) and handed to one background thread every 
 or when a buffer fills. The thread appends them as one record batch to the table's live segment
 `<table>/run_id=<run>/<writer>-<seq>.arrows`, an Arrow IPC stream flushed to the OS at every batch,
 which readers read up to its last complete batch: a process killed mid-run loses at most the rows
-of the current interval. A live segment is sealed at `live_max_bytes`, after `live_max_age_s` and at
-close: written as `<same stem>.parquet` (temporary name, atomic rename), then removed; readers
-ignore a `.arrows` whose `.parquet` twin exists. At close the sealed segments this host wrote for the
-run are merged into one file per table (perfscope.compact, under the store's lock, capped). The
-first rows of a prompt table (`steps`) are written at once rather than at the next roll. A folder
-deleted under a running writer is made again (one warning). A write that fails (full or read-only
-disk, a bug of ours) drops that batch with one warning; the caller never sees an exception.
+of the current interval. Its Parquet twin `<same stem>.parquet` is encoded as the batches come,
+under a temporary name (perfscope.live); the segment is sealed at `live_max_bytes`, after
+`live_max_age_s` and at close: the twin's footer written and renamed into place, then the segment
+removed; readers ignore a `.arrows` whose `.parquet` twin exists. At close the sealed segments
+this host wrote for the run are merged into one file per table (perfscope.compact, under the
+store's lock, capped). The first rows of a prompt table (`steps`) are written at once rather than
+at the next roll. A folder deleted under a running writer is made again (one warning). A write
+that fails (full or read-only disk, a bug of ours) drops that batch with one warning; the caller
+never sees an exception.
 """
 
 from __future__ import annotations
