@@ -17,9 +17,13 @@ from .step_rows import (
     START,
     Collective,
     Emit,
+    Frozen,
     Marks,
     Span,
     StepRecord,
+    freeze,
+    metric_value,
+    thaw,
     write_step,
 )
 
@@ -29,6 +33,10 @@ MAX_PENDING_STEPS = 64
 _NEVER = 1 << 62
 #: most steps whose rows a holding timeline keeps before handing them on
 MAX_HELD_STEPS = 64
+#: steps a pulled timeline lets gather before it asks the writer to take them (`wake`) ...
+PULL_AT_STEPS = 512
+#: ... and how many it keeps at most when the writer does not, before building them itself
+MAX_PULLED_STEPS = 8192
 
 
 def infer_samples(batch: Any) -> int | None:
@@ -58,6 +66,8 @@ class Timeline:
         self.rank = rank
         self.marks = marks
         self.host = marks.clock == "host"  # host marks are the perf reading itself: one clock read
+        #: host marks and no NVTX ranges: a phase is a perf reading at each end (Phase's fast path)
+        self.quick = self.host
         self.clock = clock
         self.emit = emit
         self.default_samples = default_samples
@@ -81,12 +91,18 @@ class Timeline:
         #: (a loop that never ends a step: prof.step() forgotten)
         self.long_step_ns = _NEVER
         self.on_long_step: Callable[[int], None] = _noop1
-        #: rows of finished steps are handed to `emit` once this much step time has gathered (or
-        #: MAX_HELD_STEPS steps): one call per table for many short steps. 0 hands on every step.
+        #: rows of finished steps are built and handed to `emit` once this much step time has
+        #: gathered (or `max_held` steps): one call per table for many short steps. 0 hands on every
+        #: step. The steps are held as they were recorded; their rows are built when handed on.
         self.hold_ns = 0
-        self._held: dict[str, list[tuple[Any, ...]]] = {}
+        self.max_held = MAX_HELD_STEPS
+        #: with `wake` set, after the first hand-over the held steps wait for the store writer,
+        #: which builds their rows on its own thread (`take_rows`, at each roll, or soon after
+        #: `wake()` once PULL_AT_STEPS gathered): the training thread only appends each step
+        self.wake: Callable[[], None] | None = None
+        self._held: deque[Frozen] = deque()  # appended here, popped by whichever thread builds
         self._held_since = 0  # start (host perf) of the first held step
-        self._held_steps = 0
+        self._convert = False  # a metric of the open step is not a plain number (a tensor, say)
 
     def use_marks(self, marks: Marks) -> bool:
         """Switch the timing clock (to CUDA events once the model is on a GPU); only before anything
@@ -95,9 +111,16 @@ class Timeline:
             return False
         self.marks = marks
         self.host = marks.clock == "host"
+        self.quick = self.host and not self.nvtx
         self.opened = marks.mark()
         self.cur = None
         return True
+
+    def use_nvtx(self, ranges: Any) -> None:
+        """Push an NVTX range per phase and per step (collectors/nvtx_ranges.py's NvtxRanges)."""
+        self.nvtx, self.quick = True, False
+        self.nvtx_push, self.nvtx_pop = ranges.push, ranges.pop
+        self.nvtx_step_begin, self.nvtx_step_end = ranges.step_begin, ranges.step_end
 
     # -- the open step ---------------------------------------------------------------------------
     def _open(self, start_host: int, start: Any) -> StepRecord:
@@ -225,6 +248,8 @@ class Timeline:
         c.end = perf_ns() if self.host else self.marks.mark()
 
     def log(self, name: str, value: Any) -> None:
+        if value.__class__ is not float and value.__class__ is not int:
+            self._convert = True  # read at the step's end, as its rows may be built later
         (self.cur or self.current()).metrics.append((name, value, perf_ns()))
 
     def end_step(self, samples: int | None = None) -> None:
@@ -238,21 +263,21 @@ class Timeline:
         if samples is not None:
             cur.samples = samples
         self.cur = self._open_next(end_host, end, cur)
+        if self._convert:  # a tensor logged may change in place after its step: read it now
+            self._convert = False
+            cur.metrics = [(n, metric_value(v), t) for n, v, t in cur.metrics]
         if self.host and not cur.comm and not self.pending:
             # nothing to wait for: the common case, kept short
             if not self.hold_ns:
                 self._write(cur, complete=True)
                 return
-            if not self._held_steps:
+            held = self._held
+            if not held:
                 self._held_since = cur.start_host
-            self._held_steps += 1
-            if write_step(
-                cur, self._hold, self.marks, rank=self.rank, shift_ns=self.clock.shift_ns,
-                default_samples=self.default_samples, complete=True,
-            ):  # fmt: skip
-                self.steps_written += 1
-            if end_host - self._held_since >= self.hold_ns or self._held_steps >= MAX_HELD_STEPS:
-                self.flush()
+            held.append(freeze(cur))
+            self.steps_written += 1  # a complete host step always gets its steps row
+            if end_host - self._held_since >= self.hold_ns or len(held) >= self.max_held:
+                self._hand_on()
         else:
             self.pending.append(cur)
             self.drain()
@@ -333,21 +358,49 @@ class Timeline:
             self.discard_open_step()
         self.flush()
 
-    def _hold(self, table: str, rows: list[tuple[Any, ...]]) -> None:
-        held = self._held.get(table)
-        if held is None:
-            self._held[table] = rows
+    def take_rows(self) -> dict[str, list[tuple[Any, ...]]]:
+        """The rows of the held steps, by table, built now by the calling thread (the store writer
+        pulls them at each roll; flush hands them to `emit`). Safe beside the training thread:
+        finished steps are not changed any more, and each is taken from the deque once."""
+        out: dict[str, list[tuple[Any, ...]]] = {}
+
+        def gather(table: str, rows: list[tuple[Any, ...]]) -> None:
+            got = out.get(table)
+            if got is None:
+                out[table] = rows
+            else:
+                got += rows
+
+        held, marks, shift = self._held, self.marks, self.clock.shift_ns
+        if self.hold_ns == _NEVER:
+            self.max_held = PULL_AT_STEPS
+        while held:
+            try:
+                step = thaw(held.popleft())
+            except IndexError:  # the other thread took the last one
+                break
+            write_step(
+                step, gather, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples,
+                complete=True,
+            )  # fmt: skip
+        return out
+
+    def _hand_on(self) -> None:
+        if self.hold_ns != _NEVER or self.max_held >= MAX_PULLED_STEPS:
+            self.flush()
+            if self.wake is not None:  # the first rows went out at once; from now on the writer pulls
+                self.hold_ns, self.max_held = _NEVER, PULL_AT_STEPS
         else:
-            held += rows
+            self.max_held += PULL_AT_STEPS  # asked once per PULL_AT_STEPS (take_rows lowers it again)
+            self.wake()  # type: ignore[misc]  # hold_ns is _NEVER only with wake set
 
     def flush(self) -> None:
-        """Hand the held rows on to `emit`."""
-        held, self._held, self._held_steps = self._held, {}, 0
-        for table, rows in held.items():
+        """Build the rows of the held steps and hand them on to `emit`."""
+        for table, rows in self.take_rows().items():
             self.emit(table, rows)
 
     def _write(self, rec: StepRecord, *, complete: bool, open_step: bool = False) -> None:
-        if self._held_steps:
+        if self._held:
             self.flush()  # in order: what is held first
         marks = self.marks
         if write_step(

@@ -25,7 +25,7 @@ from .phases import Timeline, infer_samples
 from .poller import HostClaim, Poller
 from .rendezvous import Placement, place
 from .run_metadata import cuda_device_name, ranks_row, runs_row, split_keywords, tags_json
-from .step_rows import END, NAME
+from .step_rows import CANONICAL, END, NAME
 
 #: set to 1 to turn perfscope.profile into a pass-through without touching the script
 DISABLE_ENV = "PERFSCOPE_DISABLE"
@@ -44,19 +44,31 @@ START_LISTENERS: list[Callable[[Profiler], None]] = []
 class Phase:
     """A named phase, reusable and re-entrant: `with prof.phase("forward"): ...`.
 
-    An exception inside is recorded in the span's `error` column and propagates untouched."""
+    An exception inside is recorded in the span's `error` column and propagates untouched.
+    Entry and exit do Timeline.enter's and Timeline.exit's common case themselves (host timing, no
+    NVTX, a step open for less than NO_STEP_WARN_S): one call less each, on every phase."""
 
-    __slots__ = ("_prof", "name")
+    __slots__ = ("_canon", "_prof", "name")
 
     def __init__(self, prof: Profiler, name: str) -> None:
         self._prof = prof
         self.name = name
+        self._canon = CANONICAL.get(name, -1)
 
     def __enter__(self) -> Phase:
         tl = self._prof._live
         if tl is not None:
             try:
-                tl.enter(self.name)
+                t = perf_ns()
+                cur = tl.cur
+                if tl.quick and cur is not None and t - cur.start_host <= tl.long_step_ns:
+                    stack = tl.stack
+                    parent = stack[-1] if stack else None
+                    span = [self.name, parent, len(stack), t, t, None, None, self._canon]  # see step_rows.py
+                    stack.append(span)
+                    cur.spans.append(span)
+                else:
+                    tl.enter(self.name)
             except Exception as exc:
                 self._prof._internal_error(exc)
         return self
@@ -66,8 +78,8 @@ class Phase:
         if tl is not None:
             try:
                 stack = tl.stack
-                if stack and stack[-1][NAME] == self.name and tl.host and not tl.nvtx and exc_type is None:
-                    stack.pop()[END] = perf_ns()  # Timeline.exit's common case, one call less per phase
+                if exc_type is None and tl.quick and stack and stack[-1][NAME] == self.name:
+                    stack.pop()[END] = perf_ns()
                 else:
                     tl.exit_named(self.name, exc_type)
             except Exception as err:
@@ -170,6 +182,7 @@ class Profiler:
         self._block = StepBlock(self)
         self._block_ended = False  # the last step ended with a `with prof.step():` block
         self._step_called = False
+        self._steady = False  # step() has only the step to end (see its end)
         self._first_end: tuple[int, Any, int | None] | None = None  # see step()
         self._phases: dict[str, Phase] = {}
         self._hooks: list[Any] = []
@@ -259,16 +272,15 @@ class Profiler:
             placement.rank, HostMarks(), self.clock, self._writer.extend, default_samples=self.batch_size
         )
         self._timeline.hold_ns = int(HOLD_ROWS_S * 1e9)
+        self._timeline.wake = self._writer.pull_soon  # the writer builds the rows of short steps
+        self._writer.add_source(self._pull_rows)
         self._timeline.long_step_ns = int(NO_STEP_WARN_S * 1e9)
         self._timeline.on_long_step = self._no_step_ended
         if self._timing == "cuda" or (self._timing == "auto" and _cuda_in_use()):
             self._use_cuda_timing()
         ranges = NvtxRanges(self._nvtx_enabled)
         if ranges.enabled:
-            tl = self._timeline
-            tl.nvtx = True
-            tl.nvtx_push, tl.nvtx_pop = ranges.push, ranges.pop
-            tl.nvtx_step_begin, tl.nvtx_step_end = ranges.step_begin, ranges.step_end
+            self._timeline.use_nvtx(ranges)
         self._start_poller(placement, me.hostname)
         self._record_dist()
 
@@ -371,6 +383,7 @@ class Profiler:
         tl = self._timeline
         it = iter(loader)
         self._in_steps += 1
+        self._steady = False
         try:
             with self._guard:
                 tl.begin_loop()
@@ -439,6 +452,14 @@ class Profiler:
         or wrap the step's body in a block, `with prof.step(): ...` (see StepBlock). `samples`
         overrides the profile's batch_size for this step. A first call before anything was
         recorded starts the clock instead (the time before the loop is no step)."""
+        tl = self._live
+        if tl is not None and self._steady and tl.cur is not None and not tl.cur.empty():
+            self._block_ended = False  # the common case, kept short: see the end of this method
+            try:
+                tl.end_step(samples)
+            except Exception as exc:
+                self._internal_error(exc)
+            return self._block
         if not self._recording:
             return self._block
         if self._in_steps:
@@ -473,14 +494,22 @@ class Profiler:
                 self._flops.start()  # loops without a loader: count the second step, the first fully seen
             except Exception as exc:
                 self._internal_error(exc)
+        # nothing above but ending the step is left to do at the next call (prof.steps clears it)
+        self._steady = (
+            self._start_rows_written
+            and self._first_end is None
+            and not self._flops.running
+            and not (self.count_flops and tl.index <= 1)
+        )
         return self._block
 
     def log(self, **values: Any) -> None:
         """User metrics of the step in progress: `prof.log(loss=loss.item(), accuracy=acc)`."""
-        if self._recording:
+        tl = self._live
+        if tl is not None:
             try:
                 for name, value in values.items():
-                    self._timeline.log(name, value)
+                    tl.log(name, value)
             except Exception as exc:
                 self._internal_error(exc)
 
@@ -556,6 +585,14 @@ class Profiler:
             flops = self._flops.stop()
             if flops is not None and self._columns.get("flops_per_step") is None:
                 self._columns["flops_per_step"] = flops
+
+    def _pull_rows(self) -> dict[str, list[tuple[Any, ...]]]:
+        """The rows of the steps the timeline holds, built on the writer's thread (StoreWriter.add_source)."""
+        try:
+            return self._timeline.take_rows()
+        except Exception as exc:
+            self._internal_error(exc)
+            return {}
 
     def _end_first_step(self) -> None:
         """End step 0 where the first prof.step() call was (no block followed it)."""

@@ -110,6 +110,48 @@ class StepRecord:
         return not (self.spans or self.comm or self.metrics)
 
 
+#: a finished host step as one tuple of plain values: see `freeze`
+Frozen = tuple[Any, ...]
+_HEAD = 6  # index, start_host, start, end, samples, number of spans; then 9 values per span, 3 per metric
+
+
+def freeze(rec: StepRecord) -> Frozen:
+    """A finished step on the host clock with no collectives, as one flat tuple of what write_step
+    reads of it (`thaw` gives that back). Plain values only, so the garbage collector stops tracking
+    it at its next pass: steps held until the writer builds their rows cost no collection (the 8
+    lists and the record of a step, kept alive that long, were promoted to the old generation and
+    made its full collections cost several µs per step). Of a span's parent only its name and the
+    column of its nearest canonical ancestor (or -1) are kept."""
+    flat = [rec.index, rec.start_host, rec.start, rec.end, rec.samples, len(rec.spans)]
+    for name, parent, depth, start_host, start, end, error, canon in rec.spans:
+        if parent is None:
+            flat += (name, None, -1, depth, start_host, start, end, error, canon)
+            continue
+        parent_name = parent[NAME]
+        while parent is not None and parent[CANON] < 0:
+            parent = parent[PARENT]
+        column = -1 if parent is None else parent[CANON]
+        flat += (name, parent_name, column, depth, start_host, start, end, error, canon)
+    for metric in rec.metrics:
+        flat += metric
+    return tuple(flat)
+
+
+def thaw(frozen: Frozen) -> StepRecord:
+    """The StepRecord `freeze` made `frozen` of (parents reduced to what write_step reads)."""
+    index, start_host, start, end, samples, n = frozen[:_HEAD]
+    rec = StepRecord(index, start_host, start)
+    rec.end, rec.samples = end, samples
+    i = _HEAD
+    for _ in range(n):
+        name, parent_name, column, depth, start_host, start, end, error, canon = frozen[i : i + 9]
+        parent = None if parent_name is None else [parent_name, None, 0, 0, 0, 0, None, column]
+        rec.spans.append([name, parent, depth, start_host, start, end, error, canon])
+        i += 9
+    rec.metrics = [frozen[j : j + 3] for j in range(i, len(frozen), 3)]
+    return rec
+
+
 def exposed_sync_ns(ready_ns: list[int], done_ns: list[int], window_start_ns: int, window_end_ns: int) -> int:
     """Exposed part of overlapped collectives (DDP buckets), all times relative to one origin.
 
@@ -201,7 +243,7 @@ def write_step(
     if comm_rows:
         emit("comm", comm_rows)
     if rec.metrics:
-        emit("metrics", [(rank, index, t + shift, n, _number(v)) for n, v, t in rec.metrics])
+        emit("metrics", [(rank, index, t + shift, n, metric_value(v)) for n, v, t in rec.metrics])
     if not open_step and (complete or ready(rec.end)):
         step_ns = rec.end - s0 if host else el(s0, rec.end)
         if ready_rel:
@@ -244,7 +286,7 @@ def _queued_ns(c: Collective, marks: Marks, *, resolved: bool) -> int:
     return queued if queued > 0 else 0
 
 
-def _number(value: Any) -> float | None:
+def metric_value(value: Any) -> float | None:
     try:
         return float(value)  # a tensor's .item() is cheap here: its step has already finished
     except (TypeError, ValueError):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -16,7 +20,9 @@ from perfscope.collectors import host_metrics, phases
 from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.host_metrics import HostSampler
 from perfscope.collectors.phases import Timeline
+from perfscope.collectors.step_rows import freeze, thaw
 from perfscope.schema import TABLES
+from perfscope.store import open_store
 from perfscope.writer import StoreWriter
 
 
@@ -128,3 +134,156 @@ def test_writer_extend_fits_or_drops_rows_of_another_width(tmp_path: Path) -> No
         with StoreWriter(tmp_path, "run1") as w:
             w.extend("events", [good, (1, 2), good])
     assert w.stats.rows_written == 2 and w.stats.rows_dropped == 1
+
+
+class _CountMarks(HostMarks):
+    """Host marks read from the same counter as the timeline's perf clock (patched below)."""
+
+    def __init__(self, counter: Any) -> None:
+        self._counter = counter
+
+    def mark(self) -> int:
+        return next(self._counter)
+
+
+class _Tensorish:
+    """A logged value converted by float() (as a tensor is), changed in place after its step."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __float__(self) -> float:
+        return self.value
+
+
+def _record_awkward_steps(tl: Timeline, logged: list[_Tensorish]) -> None:
+    """Steps with everything write_step distinguishes: a user span around a canonical phase, sync
+    nested in optimizer, a failed phase, a phase exited out of order (its inner one never ends), a
+    span open across step boundaries, metrics of every kind."""
+    epoch = tl.enter("epoch")  # open across all the steps
+    for i in range(5):
+        tl.exit(tl.enter("data"), None)
+        outer = tl.enter("model")
+        tl.exit(tl.enter("forward"), None)
+        tl.exit(outer, None)
+        tl.exit(tl.enter("backward"), ZeroDivisionError if i == 2 else None)
+        opt = tl.enter("optimizer")
+        sync = tl.enter("sync")
+        tl.exit(tl.enter("bucket"), None)
+        tl.exit(sync, None)
+        tl.exit(opt, None)
+        lost = tl.enter("left-open")
+        tl.enter("inner")
+        tl.exit(lost, None)  # out of order: "inner" is dropped from the stack unended
+        value = _Tensorish(0.5 * i)
+        logged.append(value)
+        tl.log("loss", value)
+        tl.log("tokens", 100 + i)
+        tl.log("lr", 1e-3)
+        tl.end_step(8 if i == 3 else None)
+    tl.exit(epoch, None)
+    tl.end_step()
+
+
+def test_held_steps_give_the_rows_of_steps_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frozen, held and built later (by the writer's thread in a run) or written at the step's end:
+    the same rows, value for value."""
+    got = {}
+    for held in (False, True):
+        counter = itertools.count(1_000_000, 37)
+        monkeypatch.setattr(phases, "perf_ns", lambda counter=counter: next(counter))
+        rows: dict[str, list[tuple[Any, ...]]] = {}
+        clock = HostClock()
+        clock.shift_ns = 1_700_000_000 * 10**9
+        tl = Timeline(
+            2, _CountMarks(counter), clock, lambda t, r, rows=rows: rows.setdefault(t, []).extend(r)
+        )
+        tl.default_samples = 16
+        tl.hold_ns = 10**15 if held else 0
+        logged: list[_Tensorish] = []
+        _record_awkward_steps(tl, logged)
+        for value in logged:
+            value.value = -1.0  # changed after its step: the value at the step's end is recorded
+        if held:
+            assert not rows  # all held
+        tl.close()
+        got[held] = rows
+    assert set(got[True]) == {"steps", "spans", "metrics"}
+    for table in got[True]:
+        assert got[True][table] == got[False][table], table
+    losses = [r[4] for r in got[True]["metrics"] if r[3] == "loss"]
+    assert losses == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
+    assert len(got[True]["steps"]) == 6
+
+
+def test_a_frozen_step_is_plain_values_the_collector_no_longer_tracks() -> None:
+    """Held steps must cost the garbage collector nothing (lists kept alive for a second were
+    promoted to the old generation, making full collections several µs per step)."""
+    tl, _ = _timeline(hold_ns=10**15)
+    for _ in range(3):
+        _step(tl)
+    gc.collect()
+    assert len(tl._held) == 3
+    for frozen in tl._held:
+        assert not gc.is_tracked(frozen)
+        rec = thaw(frozen)
+        assert freeze(rec) == frozen
+
+
+def test_the_writer_builds_the_rows_of_held_steps_on_its_thread(tmp_path: Path) -> None:
+    """In a run the training thread only freezes each step; the writer pulls and builds the rows
+    (asked once enough gathered, else at its roll), and every step reaches the store."""
+    builders: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import perfscope
+
+        with perfscope.profile(tmp_path, experiment="pull", batch_size=4, poll_hz=0) as prof:
+            tl = prof._timeline
+            take = tl.take_rows
+
+            def spying() -> dict[str, list[tuple[Any, ...]]]:
+                out = take()
+                if out:
+                    builders.append(threading.current_thread().name)
+                return out
+
+            tl.take_rows = spying
+            for _ in range(3 * phases.PULL_AT_STEPS):
+                with prof.phase("forward"):
+                    pass
+                prof.log(loss=1.0)
+                prof.step()
+            deadline = time.monotonic() + 30
+            while tl._held and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert "perfscope-writer" in builders
+            run_id = prof.run_id
+    got = open_store(tmp_path).query(
+        "SELECT count(*) AS n, min(step) AS lo, max(step) AS hi, sum(forward_ns > 0)::INT AS timed "
+        "FROM steps WHERE run_id = $1",
+        [run_id],
+    )
+    n = 3 * phases.PULL_AT_STEPS
+    assert got.to_pylist() == [{"n": n, "lo": 0, "hi": n - 1, "timed": n}]
+
+
+def test_a_writer_source_is_pulled_at_flush_and_when_asked(tmp_path: Path) -> None:
+    pending = [[(0, 1, "kind", "first")], [(0, 2, "kind", "second")]]
+    calls: list[str] = []
+
+    def pull() -> dict[str, list[tuple[Any, ...]]]:
+        calls.append(threading.current_thread().name)
+        return {"events": pending.pop(0)} if pending else {}
+
+    with StoreWriter(tmp_path, "run1") as w:
+        w.add_source(pull)
+        w.flush()
+        assert w.stats.rows_written == 1
+        w.pull_soon()
+        deadline = time.monotonic() + 30
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "perfscope-writer" in calls
+        w.flush()
+    assert w.stats.rows_written == 2
