@@ -14,6 +14,7 @@ from perfscope.analysis import Selection
 from perfscope.charts.rows import rows
 from perfscope.errors import PerfscopeError, one_line
 from perfscope.store import Store
+from perfscope.words import counted
 
 from . import state
 
@@ -134,7 +135,7 @@ def store_info(path: Path, store: Store | None) -> None:
     st.caption(f"{files:,} segments · {store.row_count('steps'):,} step rows")
     if store.skipped:
         st.warning(
-            f"{len(store.skipped)} unreadable or foreign file(s) skipped; see Overview.",
+            f"{counted(len(store.skipped), 'unreadable or foreign file')} skipped; see Overview.",
             icon=":material/warning:",
         )
 

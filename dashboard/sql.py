@@ -15,6 +15,7 @@ from perfscope.errors import PerfscopeError
 from perfscope.output import printable_columns
 from perfscope.schema import TABLES
 from perfscope.user_sql import UserSql
+from perfscope.words import counted
 
 from .state import Context, session_sql
 
@@ -58,7 +59,7 @@ def _run(ctx: Context, text: str) -> None:
         return
     n = fetched.table.num_rows
     if fetched.complete:
-        st.caption(f"{n:,} row(s)")
+        st.caption(counted(n, "row"))
     else:
         st.caption(f"more than {SHOWN_ROWS:,} rows; the first {SHOWN_ROWS:,} are shown")
     st.dataframe(fetched.table, hide_index=True)

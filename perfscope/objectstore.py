@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import PerfscopeWarning, StoreError, one_line, warn_once
+from .words import counted
 
 SCHEME = "s3://"
 #: the most bytes / objects one sync may bring into the mirror (a prefix is untrusted input)
@@ -271,7 +272,7 @@ def sync_mirror(url: str) -> Path:
     if not wanted:
         raise StoreError(
             f"{loc.url} holds no perfscope store files"
-            + (f" ({len(odd)} object(s) with names no store file has)" if odd else "")
+            + (f" ({counted(len(odd), 'object')} with names no store file has)" if odd else "")
             + ". Record into it with perfscope.profile('s3://...') or perfscope run --store s3://..."
         )
     with _locked(mirror):
@@ -311,7 +312,8 @@ def sync_mirror(url: str) -> Path:
         os.replace(tmp, state_path)
     if odd:
         listed = "; ".join(odd[:5]) + (f"; ... and {len(odd) - 5} more" if len(odd) > 5 else "")
-        warnings.warn(f"perfscope: {loc.url}: skipped {len(odd)} object(s): {listed}", PerfscopeWarning, 2)
+        skipped = counted(len(odd), "object")
+        warnings.warn(f"perfscope: {loc.url}: skipped {skipped}: {listed}", PerfscopeWarning, 2)
     return mirror
 
 

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from .errors import PerfscopeWarning
 from .schema import PARTITION_KEY
+from .words import counted
 
 if TYPE_CHECKING:
     from .store import Segment, Store
@@ -294,7 +295,7 @@ def _index(store: Store) -> dict[str, RunRollup]:
     if bad and store._warn:
         lines = "\n".join(f"  {b}" for b in bad[:10])
         warnings.warn(
-            f"perfscope: ignored {len(bad)} rollup(s) in {base}; "
+            f"perfscope: ignored {counted(len(bad), 'rollup')} in {base}; "
             f"the raw step rows are read instead:\n{lines}",
             PerfscopeWarning,
             stacklevel=3,

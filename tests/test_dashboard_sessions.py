@@ -69,7 +69,7 @@ def test_one_session_cannot_change_or_stall_another(tmp_path: Path) -> None:
                 page.goto(f"{url}/sql")
                 settle(page)
             counts = {t: _query(theirs, f"SELECT * FROM {t}") for t in ("steps", "spans", "runs")}
-            assert counts["steps"] == "840 row(s)" and counts["spans"] == "3,360 row(s)", counts
+            assert counts["steps"] == "840 rows" and counts["spans"] == "3,360 rows", counts
 
             for sql in WRITES:
                 assert "only reading queries" in _query(mine, sql.format(root=root)), sql

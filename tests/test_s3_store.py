@@ -261,7 +261,7 @@ def test_hostile_keys_never_leave_the_mirror_and_are_named(
     for key in evil:
         client().put_object(Bucket=bucket, Key=key, Body=b"PAR1 not really")
     url = f"s3://{bucket}/st"
-    with pytest.warns(PerfscopeWarning, match=r"skipped 6 object\(s\)"):
+    with pytest.warns(PerfscopeWarning, match=r"skipped 6 objects"):
         store = open_store(url)
     with store, open_store(small_store) as local:
         assert store.row_count("steps") == local.row_count("steps") > 0

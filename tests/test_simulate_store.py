@@ -212,7 +212,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
         (["--param", "warp=9"], "--param warp: unknown parameter"),
         (["--param", "nonsense"], "write it as KEY=VALUE"),
         (["--param", "horovod-nccl.speed=1"], "'speed' is not a backend parameter"),
-        (["--param", "gloo.coord_us=1"], "names backend(s) gloo"),
+        (["--param", "gloo.coord_us=1"], "names backend gloo"),
         (["--param", "gpus_per_node=-2"], "gpus_per_node: must be a finite number >= 0"),
         (["--steps", "3", "--world-sizes", "1"], "--steps must be from 20"),
         (["--config", "x.json", "--world-sizes", "1"], "give either --config, or --preset"),

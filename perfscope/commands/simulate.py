@@ -150,7 +150,8 @@ def _check_backend_names(by_backend: dict[str, dict[str, Any]], known: Sequence[
     unknown = sorted(set(by_backend) - {"backend", *known})
     if unknown:
         raise PerfscopeError(
-            f"--param names backend(s) {', '.join(unknown)} that are not simulated here ({', '.join(known)})"
+            f"--param names {plural('backend', len(unknown))} {', '.join(unknown)} that are not simulated "
+            f"here ({', '.join(known)})"
         )
 
 
