@@ -236,10 +236,10 @@ class StoreWriter:
         self.stats = WriterStats()
         self._width = {name: len(t.columns) for name, t in TABLES.items()}
         # rows laid end to end: one list append per value is cheaper than a list of tuples
-        # to transpose later, and slicing recovers the columns at C speed.
+        # to transpose later, and slicing recovers the columns at C speed. Never replaced, and
+        # taken without a lock (see _take).
         self._bufs: dict[str, list[Any]] = {name: [] for name in TABLES}
         self._limit = {name: max_buffer_rows * w for name, w in self._width.items()}
-        self._lock = threading.Lock()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued_batches)
         self._seq = 0
         self._made_dirs: set[Path] = set()
@@ -252,22 +252,16 @@ class StoreWriter:
 
     # -- producer side -------------------------------------------------------------------
     def append(self, table: str, row: Row) -> None:
-        if len(row) != self._width[table]:
+        # the hot path of every recorded row: no lock (see _take)
+        if type(row) is not tuple or len(row) != self._width[table]:
             fitted = self._fit(table, row)
             if fitted is None:
                 return
             row = fitted
-        # acquire/release rather than `with`: this is the hot path of every recorded row
-        lock = self._lock
-        lock.acquire()
         buf = self._bufs[table]
-        buf.extend(row)  # a tuple of plain values: cannot raise while the lock is held
-        full = len(buf) >= self._limit[table]
-        if full:
-            self._bufs[table] = []
-        lock.release()
-        if full:
-            self._enqueue((table, buf))
+        buf.extend(row)  # a tuple: one C call, so the row lands whole, never interleaved
+        if len(buf) >= self._limit[table]:
+            self._hand_over(table)
 
     def extend(self, table: str, rows: Iterable[Row]) -> None:
         width = self._width[table]
@@ -275,15 +269,8 @@ class StoreWriter:
         if set(map(len, good)) - {width}:  # a row of another width (rare): fit or drop it
             fitted = [r if len(r) == width else self._fit(table, r) for r in good]
             good = [r for r in fitted if r is not None]
-        if not good:
-            return
-        with self._lock:  # once for all the rows
-            buf = self._bufs[table]
-            buf.extend(chain.from_iterable(good))  # at C speed: the collector hands over many rows at once
-            if len(buf) < self._limit[table]:
-                return
-            self._bufs[table] = []
-        self._enqueue((table, buf))
+        if good and self._add(table, good):
+            self._hand_over(table)
 
     def add_source(self, pull: Callable[[], Mapping[str, Iterable[Row]]]) -> None:
         """`pull()` returns rows by table, taken with the buffers (at each roll, flush and close) by
@@ -339,8 +326,16 @@ class StoreWriter:
         self.close()
 
     def _fit(self, table: str, row: Row) -> Row | None:
-        """A row written for an older schema, without the columns added since (they are NULL);
-        None (and a warning) for a row of any other width."""
+        """The row as a tuple; a row written for an older schema, without the columns added since
+        (they are NULL); None (and a warning) for a row of any other width."""
+        if type(row) is not tuple:
+            try:
+                row = tuple(row)
+            except Exception:
+                self._bad_row(table, row)
+                return None
+        if len(row) == self._width[table]:
+            return row
         if TABLES[table].min_width <= len(row) < self._width[table]:
             return tuple(row) + (None,) * (self._width[table] - len(row))
         self._bad_row(table, row)
@@ -354,27 +349,36 @@ class StoreWriter:
             f"{self._width[table]}); this is a bug in the code that produced it.",
         )
 
+    def _add(self, table: str, rows: Iterable[Row]) -> bool:
+        """Add rows of `table`'s width to its buffer at once; whether it is full."""
+        flat = list(chain.from_iterable(rows))  # built first: the extend below is one C call
+        buf = self._bufs[table]
+        buf.extend(flat)
+        return len(buf) >= self._limit[table]
+
+    def _take(self, table: str) -> list[Any]:
+        """Remove and return the rows buffered for `table`, without a lock: a copy, then a delete of
+        exactly what was copied, each one C call (atomic under the GIL, and under the list's own lock
+        without it), leave what any thread appends meanwhile for the next take. Appends are whole
+        rows in one C call each (a tuple or a list), so a take holds whole rows."""
+        buf = self._bufs[table]
+        flat = buf[:]
+        del buf[: len(flat)]
+        return flat
+
+    def _hand_over(self, table: str) -> None:
+        flat = self._take(table)
+        if flat:  # another thread may have taken them first
+            self._enqueue((table, flat))
+
     def _pull_sources(self) -> list[tuple[str, list[Any]]]:
         """Add the sources' rows to the buffers; returns the buffers this filled up, taken."""
-        pulled = [pull() for pull in self._sources]  # built outside the lock
-        full = []
-        with self._lock:
-            for rows_by_table in pulled:
-                for table, rows in rows_by_table.items():
-                    buf = self._bufs[table]
-                    buf.extend(chain.from_iterable(rows))
-                    if len(buf) >= self._limit[table]:
-                        full.append((table, buf))
-                        self._bufs[table] = []
-        return full
+        full = {table for pull in self._sources for table, rows in pull().items() if self._add(table, rows)}
+        return [(t, flat) for t in full if (flat := self._take(t))]
 
     def _take_all(self) -> list[tuple[str, list[Any]]]:
         full = self._pull_sources()
-        with self._lock:
-            full += [(t, b) for t, b in self._bufs.items() if b]
-            for t, _ in full:
-                self._bufs[t] = []
-        return full
+        return full + [(t, flat) for t in self._bufs if (flat := self._take(t))]
 
     def _swap_all(self) -> None:
         for item in self._take_all():

@@ -428,3 +428,44 @@ def test_a_forked_child_never_writes_to_or_removes_its_parents_segment_files(
     assert os.waitstatus_to_exitcode(status) == 0
     assert (path.stat().st_size, tmp.stat().st_size) == sizes and writer_alive(path) is True
     assert seg.seal() and pq.read_metadata(twin(path)).num_rows == 30
+
+
+def test_rows_appended_from_many_threads_land_whole_and_once(tmp_path: Path) -> None:
+    # the buffers take no lock: many producers, tiny buffers, rolls and flushes all the time, and a
+    # thread switch forced as often as the interpreter allows
+    w = StoreWriter(tmp_path, "r", roll_interval_s=0.002, max_buffer_rows=50, merge_at_close=False)
+    per_thread = 2_000
+
+    def row(rank: int, step: int) -> tuple[object, ...]:
+        return (rank, step, rank * 10**9 + step, step, 1, 2, 3, 4, 5, 6, 7, 1, rank, f"c{rank}")
+
+    def produce(rank: int) -> None:
+        for step in range(per_thread):
+            if rank == 0:
+                w.append("steps", row(rank, step))
+            elif rank == 1:
+                w.append("steps", list(row(rank, step)))  # not a tuple: made one
+            elif step % 5 == 0:
+                w.extend("steps", [row(rank, s) for s in range(step, step + 5)])
+            if rank == 3 and step % 400 == 0:
+                w.flush()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=produce, args=(rank,)) for rank in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    stats = w.close()
+    assert stats.rows_dropped == 0 and stats.rows_written == 4 * per_thread
+    with open_store(tmp_path) as store:
+        got = store.query(
+            "SELECT count(*) AS n, count(DISTINCT (rank, step)) AS d, "
+            "count(*) FILTER (WHERE start_ns = rank::BIGINT * 1000000000 + step AND step_ns = step "
+            "AND samples = rank AND clock = 'c' || rank) AS whole FROM steps"
+        ).to_pylist()
+    assert got == [{"n": 4 * per_thread, "d": 4 * per_thread, "whole": 4 * per_thread}]
