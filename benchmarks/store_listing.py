@@ -1,5 +1,6 @@
 """Opening a store of many small segments and summarising it (`perfscope info`): today's tree, with
-and without its manifest, beside the design before the manifest (commit fc72bec), in one run.
+and without its manifest, beside the design before the manifest (commit fc72bec) and the first
+manifest's (commit 4f675ea: an entry and a Segment object per file), in one run.
 
     .venv/bin/python benchmarks/store_listing.py                        # 100,000 segments
     .venv/bin/python benchmarks/store_listing.py --segments 10000 --before-max 10000
@@ -8,11 +9,12 @@ The store: `--runs` runs of distinct one-row steps segments, the same files hard
 run's folder (copies in different partitions are distinct segments), and a runs row per run. Each
 measurement is a fresh process that imports perfscope, opens the store and computes `perfscope
 info`'s summary; its wall time, CPU time and peak RSS (imports included) are printed. "before" runs
-the tree of fc72bec (`git archive`, in a temporary folder); "after, cold" today's tree on a store
-without a manifest (it reads every footer and saves one); "after" today's tree with the manifest
-saved. The old design takes about 2.5 ms and 85 KB per segment, and a cold open reads every footer,
-so both run only up to `--before-max` segments; above it the manifest is built reading each distinct
-(hard-linked) file's footer once, as the cold open would have saved it.
+the tree of fc72bec (`git archive`, in a temporary folder); "first manifest" the tree of 4f675ea
+with the manifest it saves; "after, cold" today's tree on a store without a manifest (it reads every
+footer and saves one); "after" today's tree with the manifest saved. The design before the manifest
+takes about 2.5 ms and 85 KB per segment, and a cold open reads every footer, so both run only up to
+`--before-max` segments; a manifest is built by each tree reading each distinct (hard-linked) file's
+footer once, as the cold open would have saved it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE_COMMIT = "fc72bec"
+#: the first manifest: Python entries, and a Segment object per file at every open
+FIRST_MANIFEST_COMMIT = "4f675ea"
 
 CHILD = r"""
 import json, resource, sys, time
@@ -67,23 +71,33 @@ def build(root: Path, runs: int, per_run: int) -> None:
         os.link(src / "runs.parquet", root / "runs" / f"run_id=r{r:04d}" / "w-000000.parquet")
 
 
-def seed_manifest(root: Path) -> None:
-    """The manifest a first open saves, built reading each distinct (hard-linked) file's footer once."""
-    from perfscope.manifest import Manifest
-    from perfscope.store import Segment, _inspect_uncached
+SEED = r"""
+import os, sys
+from pathlib import Path
+from perfscope.manifest import Manifest
+from perfscope.store import Segment, _inspect_uncached
 
-    manifest = Manifest(str(root))
-    by_inode: dict[int, Segment] = {}
-    for table in ("steps", "runs"):
-        for part in sorted((root / table).iterdir()):
-            for entry in os.scandir(part):
-                st = entry.stat()
-                if st.st_ino not in by_inode:
-                    seg = _inspect_uncached(Path(entry.path), table)
-                    assert isinstance(seg, Segment), seg
-                    by_inode[st.st_ino] = seg
-                manifest.note(entry.path, st.st_size, st.st_mtime_ns, by_inode[st.st_ino])
-    assert manifest.save()
+root = Path(sys.argv[1])
+manifest = Manifest(str(root))
+by_inode = {}
+for table in ("steps", "runs"):
+    for part in sorted((root / table).iterdir()):
+        for entry in os.scandir(part):
+            st = entry.stat()
+            if st.st_ino not in by_inode:
+                seg = _inspect_uncached(Path(entry.path), table)
+                assert isinstance(seg, Segment), seg
+                by_inode[st.st_ino] = seg
+            manifest.note(entry.path, st.st_size, st.st_mtime_ns, by_inode[st.st_ino])
+assert manifest.save()
+"""
+
+
+def seed_manifest(root: Path, pythonpath: Path) -> None:
+    """The manifest a first open by the tree at `pythonpath` saves, built reading each distinct
+    (hard-linked) file's footer once."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    subprocess.run([sys.executable, "-c", SEED, str(root)], env=env, check=True, cwd="/")
 
 
 def _row(table: str, values: Mapping[str, object]) -> tuple[object, ...]:
@@ -105,10 +119,10 @@ def measure(store: Path, pythonpath: Path) -> dict[str, float]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def old_tree(dest: Path) -> Path:
-    """perfscope as it was at BEFORE_COMMIT, extracted under `dest`."""
+def old_tree(commit: str, dest: Path) -> Path:
+    """perfscope as it was at `commit`, extracted under `dest`."""
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", BEFORE_COMMIT, "perfscope"], check=True, capture_output=True
+        ["git", "-C", str(REPO), "archive", commit, "perfscope"], check=True, capture_output=True
     ).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
@@ -125,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     results: list[tuple[str, int, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        old = old_tree(Path(tmp) / "before")
+        old = old_tree(BEFORE_COMMIT, Path(tmp) / "before")
+        first = old_tree(FIRST_MANIFEST_COMMIT, Path(tmp) / "first")
         sizes = sorted({min(args.segments, args.before_max), args.segments})
         for n in sizes:
             store = Path(tmp) / f"store-{n}" / "store"
@@ -135,11 +150,12 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(
                     ("after, cold (reads every footer, saves the manifest)", n, measure(store, REPO))
                 )
-            else:  # the manifest a cold open would save, from one footer read per distinct file
-                seed_manifest(store)
-            warm = [measure(store, REPO) for _ in range(args.repeat)]
-            best = min(warm, key=lambda r: r["cpu_s"])
-            results.append((f"after, with the manifest (best of {args.repeat})", n, best))
+            # each tree's manifest as its cold open would save it, from one footer read per distinct file
+            for label, tree in (("first manifest (4f675ea)", first), ("after, with the manifest", REPO)):
+                seed_manifest(store, tree)
+                warm = [measure(store, tree) for _ in range(args.repeat)]
+                best = min(warm, key=lambda r: r["cpu_s"])
+                results.append((f"{label} (best of {args.repeat})", n, best))
     print(f"load average before the run: {load_before:.1f}")
     print("| design | segments | open (wall) | open + info (wall) | CPU (whole process) | peak RSS |")
     print("|---|---|---|---|---|---|")

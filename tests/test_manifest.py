@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import perfscope.store as store_mod
 from perfscope import sample_traces
 from perfscope.commands.info import summary
 from perfscope.compact import compact
+from perfscope.errors import StoreError
 from perfscope.leftovers import clean_leftovers
 from perfscope.manifest import MANIFEST_NAME, SAVE_MIN_CHANGES, Manifest
 from perfscope.store import Listing, Store, list_store, replaces_metadata
@@ -477,3 +479,49 @@ def test_a_refresh_reads_again_only_the_live_segments_that_grew(
         assert str(lives[0].path) not in store_mod._live_cache  # gone from the folder: forgotten
         assert str(lives[1].path) in store_mod._live_cache
     lives[1].close()
+
+
+def test_a_file_turned_into_a_link_out_of_the_store_is_refused_despite_its_entry(
+    small: tuple[Path, Listing], footer_reads: list[str]
+) -> None:
+    root, truth = small
+    target = root / "steps" / "run_id=r1" / "w-003.parquet"
+    outside = root.parent / "outside.parquet"
+    shutil.copy2(target, outside)  # the same bytes, size and mtime
+    target.unlink()
+    target.symlink_to(outside)
+    _forget()
+    listing = list_store(root, save_manifest=False)
+    assert [s.reason for s in listing.skipped if s.path == str(target)] == [
+        f"a symbolic link to {outside}, outside the store"
+    ]
+    assert _facts(listing) == [f for f in _facts(truth) if f[0] != str(target)]
+    assert footer_reads == []  # the folder's other files still came from their entries
+
+
+def test_entries_out_of_order_are_not_used_and_the_listing_is_the_truth(
+    small: tuple[Path, Listing], footer_reads: list[str]
+) -> None:
+    root, truth = small
+    _rewrite(root, lambda t: t.take(list(range(len(t)))[::-1]))  # each folder's names reversed
+    _forget()
+    assert _facts(list_store(root, save_manifest=False)) == _facts(truth)
+    assert footer_reads == []  # each folder's entries, out of order, looked up one by one
+    _rewrite(
+        root, lambda t: t.take([k for k in range(len(t)) if k % 2] + [k for k in range(len(t)) if not k % 2])
+    )
+    _forget()
+    assert _facts(list_store(root, save_manifest=False)) == _facts(truth)
+    assert (
+        len(footer_reads) == 36
+    )  # each steps folder's entries split in two: not used (a runs folder has one)
+
+
+def test_an_entry_with_a_schema_version_from_the_future_refuses_the_store(
+    small: tuple[Path, Listing],
+) -> None:
+    root, _ = small
+    _rewrite(root, lambda t: _set(t, "version", _entry_of(root, "run_id=r2/w-005.parquet"), 99))
+    _forget()
+    with pytest.raises(StoreError, match="schema version 99"):
+        Store(root)

@@ -1,9 +1,10 @@
 """Summarise a store: runs, experiments, ranks, steps, time span, and the files skipped and why.
 
-Counts come from the listing (the store's manifest, or the footers): a store of 100,000 segments is
-summarised without reading them. Ranks and the time span come from each segment's column ranges;
-only a run whose segments hold several ranks each, or the few segments that may hold the last step,
-are read.
+Counts come from the listing (the store's manifest, or the footers), summed as columns a partition
+folder at a time (store.Block): a store of 100,000 segments is summarised without reading them and
+without a Python object per segment. Ranks and the time span come from each segment's column
+ranges; only a run whose segments hold several ranks each, or the few segments that may hold the
+last step, are read. No statement binds a parameter: DuckDB's first one imports pandas (0.3 s).
 """
 
 from __future__ import annotations
