@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -67,25 +68,26 @@ def baseline(n: int) -> float:
 
 def writer_run(
     module: Any, n: int, root: Path, *, sample_every: int = 1_000_000
-) -> tuple[float, float, list[tuple[int, int]]]:
+) -> tuple[float, float, list[tuple[int, int]], float]:
     """Seconds from the first append until every row is on disk and readable (`flush`), seconds of
-    `close` after that (sealing, merging), and the RSS samples."""
+    `close` after that (sealing, merging), the RSS samples, and the process's CPU seconds until
+    `flush` returned (both threads: what a loaded machine inflates least)."""
     proc = psutil.Process()
     rss: list[tuple[int, int]] = [(0, proc.memory_info().rss)]
     w = module.StoreWriter(root, "bench", roll_interval_s=1.0)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(n):
         w.append("steps", _row(i))
         if i and i % sample_every == 0:
             rss.append((i, proc.memory_info().rss))
     w.flush()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     w.close()
     close_s = time.perf_counter() - t0 - dt
     rss.append((n, proc.memory_info().rss))
     if w.stats.rows_written != n:
         raise SystemExit(f"wrote {w.stats.rows_written} of {n} rows")
-    return dt, close_s, rss
+    return dt, close_s, rss, cpu
 
 
 def _files(root: Path) -> int:
@@ -100,26 +102,28 @@ def main() -> None:
     args = ap.parse_args()
     writers = {f"{OLD_COMMIT} (Parquet per roll)": old_writer_module(), "live IPC segments": new_writer}
     tmp = Path(tempfile.mkdtemp(prefix="perfscope-bench-"))
+    load = os.getloadavg()
     try:
         base: list[float] = []
         short: dict[str, list[float]] = {k: [] for k in writers}
         for r in range(args.repeats):  # interleaved, order alternating, so drift hits all alike
             base.append(baseline(args.short))
             for name in list(writers)[:: 1 if r % 2 == 0 else -1]:
-                dt, close_s, _ = writer_run(writers[name], args.short, tmp / f"s{r}")
+                dt, close_s, _, _ = writer_run(writers[name], args.short, tmp / f"s{r}")
                 short[name].append(dt + close_s)
                 shutil.rmtree(tmp / f"s{r}")
         b = min(base)
+        print(f"load average at the start: {' / '.join(f'{x:.1f}' for x in load)} (1, 5, 15 min)")
         print(f"baseline: build {args.short:,} step tuples into a list: {args.short / b:,.0f} rows/s")
         print()
         print(
             f"| writer | rows/s to close, {args.short:,} rows (best of {args.repeats}) | x baseline time "
-            f"| rows/s to durable, {args.rows:,} rows | close after that | RSS first 1M / peak / end "
-            "| files left |"
+            f"| rows/s to durable, {args.rows:,} rows | CPU µs per row to durable | close after that "
+            "| RSS first 1M / peak / end | files left |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for name, module in writers.items():
-            dt, close_s, rss = writer_run(module, args.rows, tmp / "long")
+            dt, close_s, rss, cpu = writer_run(module, args.rows, tmp / "long")
             with open_store(tmp / "long") as store:
                 got = store.query("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
             assert got == args.rows, got
@@ -129,9 +133,11 @@ def main() -> None:
             mib = f"{first / 2**20:,.0f} / {peak / 2**20:,.0f} / {end / 2**20:,.0f} MiB"
             print(
                 f"| {name} | {args.short / m:,.0f} | {m / b:.2f}x | {args.rows / dt:,.0f} "
-                f"| {close_s:.1f} s | {mib} | {_files(tmp / 'long')} |"
+                f"| {cpu / args.rows * 1e6:.2f} | {close_s:.1f} s | {mib} | {_files(tmp / 'long')} |"
             )
             shutil.rmtree(tmp / "long")
+        print()
+        print(f"load average at the end: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1, 5, 15 min)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

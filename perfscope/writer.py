@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from . import leftovers
 from .errors import warn_once
-from .live import LIVE_SUFFIX, LiveSegment, read_live, twin
+from .live import LIVE_SUFFIX, LiveSegment, dictionary_columns, read_live, twin
 from .schema import PARTITION_KEY, TABLES
 
 Row = Sequence[Any]
@@ -88,7 +88,13 @@ def write_segment(
     """Write `table` to `path` atomically: temporary hidden name, close, rename."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
+        pq.write_table(
+            table,
+            tmp,
+            compression=compression,
+            row_group_size=row_group_size,
+            use_dictionary=dictionary_columns(table.schema),
+        )
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

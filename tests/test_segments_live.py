@@ -341,6 +341,14 @@ def test_a_sealed_segment_is_the_twin_encoded_alongside_in_row_groups(
     assert seg.seal() and not tmp.exists()
     meta = pq.read_metadata(twin(path))
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [30, 30, 30, 10]
+    # a dictionary for the columns that repeat (text, small integers), not for times and sizes
+    group = meta.row_group(0)
+    dictionary = {
+        group.column(i).path_in_schema
+        for i in range(group.num_columns)
+        if group.column(i).has_dictionary_page
+    }
+    assert dictionary == {"rank", "comm_count", "samples", "clock"}
     assert pq.read_table(twin(path)).equals(read_live(path))  # the same rows, schema and metadata
     path.unlink()
     assert _steps(tmp_path) == list(range(100))
