@@ -2,7 +2,8 @@
 under torch.profiler (CPU activities), plus the cost of an NVTX range and of the telemetry poller.
 
     .venv/bin/python benchmarks/overhead.py [--rounds 25] [--block-s 1.0] [--poll-s 10]
-    .venv/bin/python benchmarks/overhead.py --old /tmp/wt_old   # this tree against another, one table
+    .venv/bin/python benchmarks/overhead.py --rows             # the per-tree table, this tree alone
+    .venv/bin/python benchmarks/overhead.py --old /tmp/wt_old  # this tree against others (repeatable)
 
 `--old TREE` (a git worktree of an older commit: `git worktree add /tmp/wt_old fc72bec`) runs the
 bare/perfscope.profile comparison of both trees in subprocesses, alternating, and prints one Markdown
@@ -201,31 +202,93 @@ def paired_steps_us(model: nn.Module, opt: Any, data: list[Any], store: Path) ->
     return diff_us(wall), diff_us(cpu)
 
 
-def recording_only_us(store: Path, n: int = 20_000) -> tuple[float, float]:
-    """The recording calls of one step with nothing to record between them (data, forward,
-    backward, optimizer, log, step end): us per step of the training thread's CPU, and of the whole
-    process's CPU (adds the writer thread encoding the rows and the poller). The steady figure on a
-    shared machine; the rows arrive far faster than in training, so the writer's share is an upper
-    bound."""
+def _loop_steps(prof: Any, items: list[int]) -> None:
+    """`for batch in prof.steps(loader)` (its 'data' phase and step end) with three phases and a log."""
+    for _ in prof.steps(items):
+        with prof.phase("forward"):
+            pass
+        with prof.phase("backward"):
+            pass
+        with prof.phase("optimizer"):
+            pass
+        prof.log(loss=1.0)
+
+
+def _loop_step(prof: Any, items: list[int]) -> None:
+    """The four phases, a log and prof.step(), as a loop without prof.steps writes them."""
+    phase = prof.phase
+    for _ in items:
+        with phase("data"):
+            pass
+        with phase("forward"):
+            pass
+        with phase("backward"):
+            pass
+        with phase("optimizer"):
+            pass
+        prof.log(loss=1.0)
+        prof.step()
+
+
+def _loop_step_comm(prof: Any, items: list[int]) -> None:
+    """_loop_step with a hand-written collective in the optimizer (its own sync phase and comm row):
+    what a step with communication adds (it has no process group here; nothing is sent)."""
+    phase = prof.phase
+    for _ in items:
+        with phase("data"):
+            pass
+        with phase("forward"):
+            pass
+        with phase("backward"):
+            pass
+        with phase("optimizer"), prof.collective("allreduce", 4096):
+            pass
+        prof.log(loss=1.0)
+        prof.step()
+
+
+#: the loops `recording_only_us` times, by the name of their figure
+LOOPS: dict[str, Callable[[Any, list[int]], None]] = {
+    "calls": _loop_steps,
+    "calls_step": _loop_step,
+    "calls_comm": _loop_step_comm,
+}
+
+
+def recording_only_us(
+    store: Path, loop: Callable[[Any, list[int]], None], n: int = 20_000
+) -> tuple[float, float]:
+    """The recording calls of `n` steps with nothing to record between them: us per step of the
+    training thread's CPU, and of the whole process's CPU (adds the writer thread building and
+    encoding the rows, and the poller). The steady figure on a shared machine; the rows arrive far
+    faster than in training, so the writer's share is an upper bound."""
     empty = list(range(n))
     t0, p0 = time.thread_time_ns(), time.process_time_ns()
     for _ in empty:
         pass
     base_thread, base_process = time.thread_time_ns() - t0, time.process_time_ns() - p0
     with perfscope.profile(store, experiment="overhead-calls", batch_size=BATCH, poll_hz=10) as prof:
+        loop(prof, list(range(500)))  # the first rows go out at once: the steady state after them
         t0, p0 = time.thread_time_ns(), time.process_time_ns()
-        for _ in prof.steps(empty):
-            with prof.phase("forward"):
-                pass
-            with prof.phase("backward"):
-                pass
-            with prof.phase("optimizer"):
-                pass
-            prof.log(loss=1.0)
+        loop(prof, empty)
         thread = time.thread_time_ns() - t0 - base_thread
-        prof.flush()  # the writer's encoding of these rows counts too
+        prof.flush()  # the writer's building and encoding of these rows counts too
         process = time.process_time_ns() - p0 - base_process
     return thread / n / 1e3, process / n / 1e3
+
+
+def recording_figures(tmp: Path, repeats: int = 5) -> dict[str, float]:
+    """Every loop of LOOPS timed `repeats` times, interleaved: medians as `<name>_us` (training
+    thread) and `<name>_process_us` (all threads)."""
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in LOOPS}
+    for k in range(repeats):
+        for name, loop in LOOPS.items():
+            got[name].append(recording_only_us(tmp / f"{name}{k}", loop))
+    out = {}
+    for name, pairs in got.items():
+        out[f"{name}_us"] = statistics.median(t for t, _ in pairs)
+        out[f"{name}_process_us"] = statistics.median(p for _, p in pairs)
+    return out
 
 
 def calibrate(target_s: float = 0.0028) -> int:
@@ -445,11 +508,19 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
+def _commit(tree: str) -> str:
+    done = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "?"
+
+
 def compare_trees(args: argparse.Namespace) -> None:
-    """This tree and `args.old`, each measured in its own process (bare and perfscope.profile
-    interleaved inside it), twice, alternating; one Markdown table of the medians."""
+    """This tree and each of `args.old` (none: this tree alone), each measured in its own process
+    (bare and perfscope.profile interleaved inside it), twice, alternating; one Markdown table of
+    the medians, a row per tree."""
     here = str(Path(__file__).resolve().parent.parent)
-    trees = {"new (this tree)": here, f"old ({args.old})": str(Path(args.old).resolve())}
+    trees = {f"this tree ({_commit(here)})": here}
+    for old in args.old or []:
+        trees[f"{old} ({_commit(old)})"] = str(Path(old).resolve())
     got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     torch.set_num_threads(1)
     width = args.width or calibrate()  # once: both trees run the same step
@@ -468,22 +539,31 @@ def compare_trees(args: argparse.Namespace) -> None:
 
     first = next(iter(got.values()))[0]
     print(
-        f"## perfscope.profile against bare, two trees ({args.rounds} interleaved block pairs per process, "
+        f"## perfscope.profile against bare, by tree ({args.rounds} interleaved block pairs per process, "
         f"2 processes per tree, MLP width {first['width']:.0f}, batch {BATCH}, "
         f"{first['steps_per_block']:.0f} steps per block, 1 thread, {os.cpu_count()} cores; load average "
         f"{load_before[0]:.1f} before, {load_after[0]:.1f} after)\n"
     )
     print(
-        "| tree | bare step | wall ratio (median) | wall p10-p90 | CPU ratio | recording calls per step "
-        "(training thread CPU) | with writer + poller threads | training thread blocked per step "
+        "Recording calls per step: the training thread's CPU (all threads' in brackets: the writer "
+        "builds and encodes the rows), in a loop with nothing else: `prof.steps` with 3 phases and a log; "
+        "4 phases, a log and `prof.step()`; the same with a hand-written collective.\n"
+    )
+    print(
+        "| tree | bare step | wall ratio (median) | wall p10-p90 | CPU ratio | recording calls: prof.steps "
+        "| 4 phases + prof.step() | with a collective | training thread blocked per step "
         "(bare: blocked) | poller CPU at 10 Hz |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def calls(label: str, name: str) -> str:
+        return f"{med(label, name + '_us'):.1f} µs ({med(label, name + '_process_us'):.1f})"
+
     for label in trees:
         print(
             f"| {label} | {med(label, 'step_ms'):.3f} ms | {med(label, 'wall_ratio'):.3f}x | "
             f"{med(label, 'wall_p10'):.3f}-{med(label, 'wall_p90'):.3f} | {med(label, 'cpu_ratio'):.3f}x | "
-            f"{med(label, 'calls_us'):.1f} µs | {med(label, 'calls_process_us'):.1f} µs | "
+            f"{calls(label, 'calls')} | {calls(label, 'calls_step')} | {calls(label, 'calls_comm')} | "
             f"{med(label, 'blocked_us'):.1f} µs ({med(label, 'blocked_bare_us'):.1f} µs) | "
             f"{med(label, 'poller_pct'):.3f} % |"
         )
@@ -493,7 +573,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=25, help="block pairs (rounds of every variant)")
     ap.add_argument("--width", type=int, default=0, help="MLP width (0: the one whose step takes ~2.8 ms)")
-    ap.add_argument("--old", metavar="TREE", help="compare with the perfscope of another source tree")
+    ap.add_argument(
+        "--old",
+        metavar="TREE",
+        action="append",
+        help="compare with the perfscope of another source tree (repeatable)",
+    )
+    ap.add_argument(
+        "--rows", action="store_true", help="the per-tree table for this tree alone (and any --old)"
+    )
     ap.add_argument("--json", action="store_true", help="bare and perfscope.profile only, figures as JSON")
     ap.add_argument("--block-s", type=float, default=1.0, help="length of one block of steps")
     ap.add_argument("--poll-s", type=float, default=10.0, help="how long to measure the poller")
@@ -505,7 +593,7 @@ def main() -> None:
     )
     ap.add_argument("--only-ddp", action="store_true", help="run only the DDP comparison")
     args = ap.parse_args()
-    if args.old:
+    if args.old or args.rows:
         compare_trees(args)
         return
     if args.only_ddp:
@@ -554,7 +642,7 @@ def main() -> None:
         return statistics.quantiles(xs, n=10)[int(p * 10) - 1] if len(xs) >= 2 else xs[0]
 
     if args.json:
-        calls = [recording_only_us(tmp / f"c{k}") for k in range(5)]
+        calls = recording_figures(tmp)
         cpu_pct, _, _ = poller_cpu(args.poll_s)
         ps = "perfscope.profile"
         print(
@@ -565,8 +653,7 @@ def main() -> None:
                     "wall_p10": q(ratios[ps], 0.1),
                     "wall_p90": q(ratios[ps], 0.9),
                     "cpu_ratio": statistics.median(cpu_ratios[ps]),
-                    "calls_us": statistics.median(t for t, _ in calls),
-                    "calls_process_us": statistics.median(p for _, p in calls),
+                    **calls,
                     "blocked_us": statistics.median(BLOCKED[ps]) / 1e3,
                     "blocked_bare_us": statistics.median(BLOCKED["bare"]) / 1e3,
                     "poller_pct": cpu_pct,
@@ -591,9 +678,7 @@ def main() -> None:
         cpu = statistics.median(cpu_ratios[name])
         print(f"| {name} | {med * 1e3:.3f} ms | {rat:.3f}x | {spread} | {cpu:.3f}x |")
     extra_us = (statistics.median(ratios["perfscope.profile"]) - 1) * statistics.median(times["bare"]) * 1e6
-    calls = [recording_only_us(tmp / f"c{k}") for k in range(5)]
-    calls_thread_us = statistics.median(t for t, _ in calls)
-    calls_process_us = statistics.median(p for _, p in calls)
+    calls = recording_figures(tmp)
     paired = [paired_steps_us(model, opt, data, tmp / f"p{k}") for k in range(3)]
     paired_wall_us = statistics.median(w for w, _ in paired)
     paired_cpu_us = statistics.median(c for _, c in paired)
@@ -601,8 +686,11 @@ def main() -> None:
     cpu_pct, samples, gpus = poller_cpu(args.poll_s)
     print()
     print(
-        f"- recording calls alone (4 phases, a log, the step end): {calls_thread_us:.1f} us per step of the "
-        f"training thread's CPU, {calls_process_us:.1f} us with the writer and poller threads"
+        f"- recording calls alone, us per step of the training thread's CPU (with the writer and poller "
+        f"threads): prof.steps loop with 3 phases and a log {calls['calls_us']:.1f} "
+        f"({calls['calls_process_us']:.1f}); 4 phases, a log and prof.step() {calls['calls_step_us']:.1f} "
+        f"({calls['calls_step_process_us']:.1f}); the same with a collective {calls['calls_comm_us']:.1f} "
+        f"({calls['calls_comm_process_us']:.1f})"
     )
     print(
         f"- recording calls per step, paired with bare steps one by one: {paired_wall_us:+.1f} us wall, "

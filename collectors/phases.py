@@ -271,13 +271,7 @@ class Timeline:
             if not self.hold_ns:
                 self._write(cur, complete=True)
                 return
-            held = self._held
-            if not held:
-                self._held_since = cur.start_host
-            held.append(freeze(cur))
-            self.steps_written += 1  # a complete host step always gets its steps row
-            if end_host - self._held_since >= self.hold_ns or len(held) >= self.max_held:
-                self._hand_on()
+            self._hold(cur)
         else:
             self.pending.append(cur)
             self.drain()
@@ -331,7 +325,11 @@ class Timeline:
         pending = self.pending
         while pending:
             if self._ready(pending[0]):
-                self._write(pending.popleft(), complete=True)
+                rec = pending.popleft()
+                if self.host and self.hold_ns:  # its collectives are done: held as the others
+                    self._hold(rec)
+                else:
+                    self._write(rec, complete=True)
             elif len(pending) > MAX_PENDING_STEPS:
                 # a collective that never completed (its hook failed) must not hold back every
                 # later step: write the oldest step with what has resolved
@@ -384,6 +382,16 @@ class Timeline:
                 complete=True,
             )  # fmt: skip
         return out
+
+    def _hold(self, rec: StepRecord) -> None:
+        """Hold a finished, resolved host step; hand the held ones on when enough gathered."""
+        held = self._held
+        if not held:
+            self._held_since = rec.start_host
+        held.append(freeze(rec))
+        self.steps_written += 1  # a complete host step always gets its steps row
+        if rec.end - self._held_since >= self.hold_ns or len(held) >= self.max_held:
+            self._hand_on()
 
     def _hand_on(self) -> None:
         if self.hold_ns != _NEVER or self.max_held >= MAX_PULLED_STEPS:

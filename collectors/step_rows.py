@@ -112,17 +112,20 @@ class StepRecord:
 
 #: a finished host step as one tuple of plain values: see `freeze`
 Frozen = tuple[Any, ...]
-_HEAD = 6  # index, start_host, start, end, samples, number of spans; then 9 values per span, 3 per metric
+#: index, start_host, start, end, samples, number of spans, number of collectives; then 9 values per
+#: span, 14 per collective, 3 per metric
+_HEAD = 7
 
 
 def freeze(rec: StepRecord) -> Frozen:
-    """A finished step on the host clock with no collectives, as one flat tuple of what write_step
+    """A finished step on the host clock, its collectives done, as one flat tuple of what write_step
     reads of it (`thaw` gives that back). Plain values only, so the garbage collector stops tracking
     it at its next pass: steps held until the writer builds their rows cost no collection (the 8
     lists and the record of a step, kept alive that long, were promoted to the old generation and
     made its full collections cost several µs per step). Of a span's parent only its name and the
-    column of its nearest canonical ancestor (or -1) are kept."""
-    flat = [rec.index, rec.start_host, rec.start, rec.end, rec.samples, len(rec.spans)]
+    column of its nearest canonical ancestor (or -1) are kept; of the collective issued before one
+    on its group, its end."""
+    flat = [rec.index, rec.start_host, rec.start, rec.end, rec.samples, len(rec.spans), len(rec.comm)]
     for name, parent, depth, start_host, start, end, error, canon in rec.spans:
         if parent is None:
             flat += (name, None, -1, depth, start_host, start, end, error, canon)
@@ -132,6 +135,10 @@ def freeze(rec: StepRecord) -> Frozen:
             parent = parent[PARENT]
         column = -1 if parent is None else parent[CANON]
         flat += (name, parent_name, column, depth, start_host, start, end, error, canon)
+    for c in rec.comm:
+        after = None if c.after is None else c.after.end
+        flat += (c.seq, c.op, c.bucket, c.nbytes, c.start_host, c.start, c.end, c.overlapped, after,
+                 c.exposed, c.is_async, c.phase, c.peer, c.group_size)  # fmt: skip
     for metric in rec.metrics:
         flat += metric
     return tuple(flat)
@@ -139,7 +146,7 @@ def freeze(rec: StepRecord) -> Frozen:
 
 def thaw(frozen: Frozen) -> StepRecord:
     """The StepRecord `freeze` made `frozen` of (parents reduced to what write_step reads)."""
-    index, start_host, start, end, samples, n = frozen[:_HEAD]
+    index, start_host, start, end, samples, n, n_comm = frozen[:_HEAD]
     rec = StepRecord(index, start_host, start)
     rec.end, rec.samples = end, samples
     i = _HEAD
@@ -148,6 +155,16 @@ def thaw(frozen: Frozen) -> StepRecord:
         parent = None if parent_name is None else [parent_name, None, 0, 0, 0, 0, None, column]
         rec.spans.append([name, parent, depth, start_host, start, end, error, canon])
         i += 9
+    for _ in range(n_comm):
+        seq, op, bucket, nbytes, start_host, start, end, overlapped, after, *rest = frozen[i : i + 14]
+        c = Collective(seq, op, bucket, nbytes, start_host, start, overlapped)
+        c.end = end
+        c.exposed, c.is_async, c.phase, c.peer, c.group_size = rest
+        if after is not None:
+            c.after = Collective(seq - 1, op, None, 0, start_host, start, False)
+            c.after.end = after
+        rec.comm.append(c)
+        i += 14
     rec.metrics = [frozen[j : j + 3] for j in range(i, len(frozen), 3)]
     return rec
 

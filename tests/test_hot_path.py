@@ -20,7 +20,7 @@ from perfscope.collectors import host_metrics, phases
 from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.host_metrics import HostSampler
 from perfscope.collectors.phases import Timeline
-from perfscope.collectors.step_rows import freeze, thaw
+from perfscope.collectors.step_rows import EXPOSED_ALL, freeze, thaw
 from perfscope.schema import TABLES
 from perfscope.store import open_store
 from perfscope.writer import StoreWriter
@@ -159,17 +159,36 @@ class _Tensorish:
 def _record_awkward_steps(tl: Timeline, logged: list[_Tensorish]) -> None:
     """Steps with everything write_step distinguishes: a user span around a canonical phase, sync
     nested in optimizer, a failed phase, a phase exited out of order (its inner one never ends), a
-    span open across step boundaries, metrics of every kind."""
+    span open across step boundaries, overlapped collectives queued on one group (one finishing
+    after its step ended), a collective in forward and one in sync, metrics of every kind."""
     epoch = tl.enter("epoch")  # open across all the steps
+    late = None
     for i in range(5):
         tl.exit(tl.enter("data"), None)
         outer = tl.enter("model")
-        tl.exit(tl.enter("forward"), None)
+        fwd = tl.enter("forward")
+        gather = tl.begin_collective("allgather", None, 64, overlapped=False, group="g")
+        gather.exposed, gather.phase, gather.peer, gather.group_size = EXPOSED_ALL, "forward", None, 4
+        tl.end_collective(gather)
+        tl.exit(fwd, None)
         tl.exit(outer, None)
-        tl.exit(tl.enter("backward"), ZeroDivisionError if i == 2 else None)
+        bwd = tl.enter("backward")
+        buckets = [
+            tl.begin_collective("allreduce", b, 1000 * b, overlapped=True, group="g") for b in range(2)
+        ]
+        if late is not None:
+            tl.end_collective(late)  # the previous step's last bucket: that step resolves now
+        for c in buckets[: 1 if i == 1 else 2]:
+            tl.end_collective(c)
+            c.exposed, c.phase = 7, "backward"
+        late = buckets[1] if i == 1 else None
+        tl.exit(bwd, ZeroDivisionError if i == 2 else None)
         opt = tl.enter("optimizer")
         sync = tl.enter("sync")
         tl.exit(tl.enter("bucket"), None)
+        c = tl.begin_collective("broadcast", None, 8, overlapped=False)
+        c.exposed, c.phase, c.peer = EXPOSED_ALL, "sync", 0
+        tl.end_collective(c)
         tl.exit(sync, None)
         tl.exit(opt, None)
         lost = tl.enter("left-open")
@@ -208,7 +227,7 @@ def test_held_steps_give_the_rows_of_steps_written_at_once(monkeypatch: pytest.M
             assert not rows  # all held
         tl.close()
         got[held] = rows
-    assert set(got[True]) == {"steps", "spans", "metrics"}
+    assert set(got[True]) == {"steps", "spans", "metrics", "comm"}
     for table in got[True]:
         assert got[True][table] == got[False][table], table
     losses = [r[4] for r in got[True]["metrics"] if r[3] == "loss"]
