@@ -70,6 +70,9 @@ class Replaced:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
+    """One segment read. (manifest.Entries.segments makes them with positional arguments, in the
+    order of these fields.)"""
+
     #: the file's absolute path (`path` makes it a Path on demand: a listing of 100,000 segments
     #: builds no Path objects; slots, not a __dict__, for the same reason)
     file: str
