@@ -122,7 +122,7 @@ class LiveSegment:
                     compression=self.compression,
                     use_dictionary=dictionary_columns(self.schema),
                 )
-            self._twin_writer.write_table(data, row_group_size=max(1, data.num_rows))
+            self._twin_writer.write_table(data, row_group_size=max(1, min(data.num_rows, 1 << 20)))
         except Exception:
             self._drop_twin()
 
