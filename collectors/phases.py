@@ -23,7 +23,7 @@ from .step_rows import (
     StepRecord,
     freeze,
     metric_value,
-    thaw,
+    write_frozen,
     write_step,
 )
 
@@ -374,10 +374,10 @@ class Timeline:
             self.max_held = PULL_AT_STEPS
         while held:
             try:
-                step = thaw(held.popleft())
+                step = held.popleft()
             except IndexError:  # the other thread took the last one
                 break
-            write_step(
+            write_frozen(
                 step, gather, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples,
                 complete=True,
             )  # fmt: skip

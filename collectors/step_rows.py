@@ -144,31 +144,6 @@ def freeze(rec: StepRecord) -> Frozen:
     return tuple(flat)
 
 
-def thaw(frozen: Frozen) -> StepRecord:
-    """The StepRecord `freeze` made `frozen` of (parents reduced to what write_step reads)."""
-    index, start_host, start, end, samples, n, n_comm = frozen[:_HEAD]
-    rec = StepRecord(index, start_host, start)
-    rec.end, rec.samples = end, samples
-    i = _HEAD
-    for _ in range(n):
-        name, parent_name, column, depth, start_host, start, end, error, canon = frozen[i : i + 9]
-        parent = None if parent_name is None else [parent_name, None, 0, 0, 0, 0, None, column]
-        rec.spans.append([name, parent, depth, start_host, start, end, error, canon])
-        i += 9
-    for _ in range(n_comm):
-        seq, op, bucket, nbytes, start_host, start, end, overlapped, after, *rest = frozen[i : i + 14]
-        c = Collective(seq, op, bucket, nbytes, start_host, start, overlapped)
-        c.end = end
-        c.exposed, c.is_async, c.phase, c.peer, c.group_size = rest
-        if after is not None:
-            c.after = Collective(seq - 1, op, None, 0, start_host, start, False)
-            c.after.end = after
-        rec.comm.append(c)
-        i += 14
-    rec.metrics = [frozen[j : j + 3] for j in range(i, len(frozen), 3)]
-    return rec
-
-
 def exposed_sync_ns(ready_ns: list[int], done_ns: list[int], window_start_ns: int, window_end_ns: int) -> int:
     """Exposed part of overlapped collectives (DDP buckets), all times relative to one origin.
 
@@ -202,33 +177,49 @@ def write_step(
     complete: bool,
     open_step: bool = False,
 ) -> bool:
-    """Emit the rows of `rec`. `shift_ns` turns a host perf reading into ns since epoch on rank 0's
-    clock. With `complete`, every mark is known to be resolved; without, marks not yet resolved are
-    left out. An `open_step` (one that failed or never ended) gets no steps row. Returns whether a
-    steps row was written."""
+    """Emit the rows of `rec` (see write_frozen)."""
+    return write_frozen(
+        freeze(rec), emit, marks, rank=rank, shift_ns=shift_ns, default_samples=default_samples,
+        complete=complete, open_step=open_step,
+    )  # fmt: skip
+
+
+def write_frozen(
+    frozen: Frozen,
+    emit: Emit,
+    marks: Marks,
+    *,
+    rank: int,
+    shift_ns: int,
+    default_samples: int | None,
+    complete: bool,
+    open_step: bool = False,
+) -> bool:
+    """Emit the rows of a step (`freeze`'s tuple). `shift_ns` turns a host perf reading into ns
+    since epoch on rank 0's clock. With `complete`, every mark is known to be resolved; without,
+    marks not yet resolved are left out. An `open_step` (one that failed or never ended) gets no
+    steps row. Returns whether a steps row was written."""
     host = marks.clock == "host"
     el = marks.elapsed_ns
     ready = marks.ready
     shift = shift_ns
-    index, clock = rec.index, marks.clock
-    s0 = rec.start
+    clock = marks.clock
+    index, step_start_host, s0, step_end, samples, n_spans, n_comm = frozen[:_HEAD]
     cols = [0, 0, 0, 0, 0]
     span_rows = []
     backward: list[tuple[int, int]] = []
-    for name, parent, depth, start_host, start, end, error, canon in rec.spans:
+    i = _HEAD
+    for _ in range(n_spans):
+        name, parent_name, column, depth, start_host, start, end, error, canon = frozen[i : i + 9]
+        i += 9
         if end is None or not (host or complete or (ready(start) and ready(end))):
             continue
         dur = end - start if host else el(start, end)
-        span_rows.append(
-            (rank, index, name, parent[NAME] if parent is not None else None, depth,
-             start_host + shift, dur, clock, error)
-        )  # fmt: skip
+        span_rows.append((rank, index, name, parent_name, depth, start_host + shift, dur, clock, error))
         if canon >= 0:
             cols[canon] += dur
-            while parent is not None and parent[CANON] < 0:
-                parent = parent[PARENT]
-            if parent is not None:
-                cols[parent[CANON]] -= dur
+            if column >= 0:  # its nearest canonical ancestor's own time excludes it
+                cols[column] -= dur
             if canon == _BACKWARD:
                 start_rel = start - s0 if host else el(s0, start)
                 backward.append((start_rel, start_rel + dur))
@@ -237,32 +228,43 @@ def write_step(
     ready_rel: list[int] = []
     done_rel: list[int] = []
     moved: list[tuple[int, int]] = []  # (canonical column or -1, exposed ns) of calls outside `sync`
-    for c in rec.comm:
-        end = c.end
-        if end is None or not (host or complete or (ready(c.start) and ready(end))):
+    for _ in range(n_comm):
+        seq, op, bucket, nbytes, start_host, start, end, overlapped, after_end, exposed, *rest = frozen[
+            i : i + 14
+        ]
+        is_async, phase, peer, group_size = rest
+        i += 14
+        if end is None or not (host or complete or (ready(start) and ready(end))):
             continue
-        dur = end - c.start if host else el(c.start, end)
-        r = c.start - s0 if host else el(s0, c.start)
-        if c.overlapped:
+        dur = end - start if host else el(start, end)
+        r = start - s0 if host else el(s0, start)
+        if overlapped:
             ready_rel.append(r)
             done_rel.append(r + dur)
-        queued = _queued_ns(c, marks, resolved=host or complete)
+        queued = _queued_ns(start, end, after_end, marks, resolved=host or complete)
         comm_total += dur - queued
-        exposed = dur if c.exposed == EXPOSED_ALL else c.exposed
-        if exposed and c.phase is not None and c.phase != "sync":
-            moved.append((CANONICAL.get(c.phase, -1), exposed))
+        if exposed == EXPOSED_ALL:
+            exposed = dur
+        if exposed and phase is not None and phase != "sync":
+            moved.append((CANONICAL.get(phase, -1), exposed))
         comm_rows.append(
-            (rank, index, c.seq, c.op, c.bucket, c.nbytes, c.start_host + shift + queued, dur - queued, clock,
-             c.peer, c.group_size, exposed, c.is_async, c.phase)
+            (rank, index, seq, op, bucket, nbytes, start_host + shift + queued, dur - queued, clock, peer,
+             group_size, exposed, is_async, phase)
         )  # fmt: skip
     if span_rows:
         emit("spans", span_rows)
     if comm_rows:
         emit("comm", comm_rows)
-    if rec.metrics:
-        emit("metrics", [(rank, index, t + shift, n, metric_value(v)) for n, v, t in rec.metrics])
-    if not open_step and (complete or ready(rec.end)):
-        step_ns = rec.end - s0 if host else el(s0, rec.end)
+    if i < len(frozen):
+        emit(
+            "metrics",
+            [
+                (rank, index, frozen[j + 2] + shift, frozen[j], metric_value(frozen[j + 1]))
+                for j in range(i, len(frozen), 3)
+            ],
+        )
+    if not open_step and (complete or ready(step_end)):
+        step_ns = step_end - s0 if host else el(s0, step_end)
         if ready_rel:
             last_ready = max(ready_rel)
             window = next(((a, b) for a, b in backward if a <= last_ready <= b), None)
@@ -278,26 +280,25 @@ def write_step(
                 cols[col] -= waited
         cols = [c if c > 0 else 0 for c in cols]
         other = step_ns - sum(cols)
-        samples = rec.samples if rec.samples is not None else default_samples
         emit(
             "steps",
-            [(rank, index, rec.start_host + shift, step_ns, *cols, other if other > 0 else 0,
-              comm_total, len(comm_rows), samples, clock)],
+            [(rank, index, step_start_host + shift, step_ns, *cols, other if other > 0 else 0,
+              comm_total, len(comm_rows), samples if samples is not None else default_samples, clock)],
         )  # fmt: skip
         return True
     return False
 
 
-def _queued_ns(c: Collective, marks: Marks, *, resolved: bool) -> int:
-    """Time `c` spent ready but queued behind the collective issued before it on the same group
-    (0 when there is none, or its completion came first or is not resolved)."""
-    prev = c.after
-    if prev is None or prev.end is None or c.end is None:
+def _queued_ns(start: Any, end: Any, after_end: Any, marks: Marks, *, resolved: bool) -> int:
+    """Time a collective (ready at `start`, done at `end`) spent queued behind the collective
+    issued before it on the same group, done at `after_end` (0 when there is none, or its
+    completion came first or is not resolved)."""
+    if after_end is None or end is None:
         return 0
     if marks.clock == "host":
-        queued = min(prev.end, c.end) - c.start
-    elif resolved or marks.ready(prev.end):
-        queued = min(marks.elapsed_ns(c.start, prev.end), marks.elapsed_ns(c.start, c.end))
+        queued = min(after_end, end) - start
+    elif resolved or marks.ready(after_end):
+        queued = min(marks.elapsed_ns(start, after_end), marks.elapsed_ns(start, end))
     else:
         return 0
     return queued if queued > 0 else 0

@@ -439,6 +439,9 @@ class StoreWriter:
                 continue
             if item is _STOP:
                 self._drain()
+                # rows a pull on this thread added after close() took the buffers (pull_soon racing it)
+                for table, flat in self._take_all():
+                    self._write(table, flat)
                 for table in list(self._live):
                     self._seal(table)
                 self._merge_host()
