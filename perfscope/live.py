@@ -263,6 +263,7 @@ def writer_alive(path: Path) -> bool | None:
 # -- reading: a hostile file is bounded ---------------------------------------------------------
 # The few fields of Arrow's Message flatbuffer (format/Message.fbs) a decompression bound needs.
 _RECORD_BATCH, _DICTIONARY_BATCH = 3, 2  # MessageHeader union tags
+_MAX_BUFFERS = 4096  # per batch: three per column at most, and a table of ours has under a hundred
 
 
 class _Malformed(Exception):
@@ -303,6 +304,8 @@ def _declared_bytes(meta: bytes, body: pa.Buffer | None) -> int:
             return 0
         vec = _deref(meta, buffers_at)
         (count,) = struct.unpack_from("<I", meta, vec)
+        if count > _MAX_BUFFERS:  # no table of ours comes near: a loop over millions is refused
+            raise _Malformed
         total = 0
         for i in range(count):
             offset, length = struct.unpack_from("<qq", meta, vec + 4 + 16 * i)
