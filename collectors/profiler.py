@@ -30,8 +30,9 @@ from .step_rows import CANONICAL, END, NAME
 #: set to 1 to turn perfscope.profile into a pass-through without touching the script
 DISABLE_ENV = "PERFSCOPE_DISABLE"
 
-#: rows of short steps are handed to the store writer once per this much step time (one call per
-#: table instead of one per table and step); a SIGKILL loses this much more than the writer's interval
+#: the first rows of short steps are handed to the store writer after this much step time (so the
+#: first segment comes at once); after that the steps are held frozen and the writer builds their
+#: rows at each roll (Timeline.wake, take_rows): a SIGKILL loses no more than the writer's interval
 HOLD_ROWS_S = 0.05
 
 #: a phase this long after its step began, outside prof.steps: one warning that prof.step() is missing
