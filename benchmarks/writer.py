@@ -3,6 +3,7 @@ today's writer (live Arrow IPC segments) and the one of commit fc72bec (a Parque
 loaded from git beside it and run interleaved in one process.
 
     .venv/bin/python benchmarks/writer.py [--rows 10000000] [--short 1000000] [--repeats 3]
+    .venv/bin/python benchmarks/writer.py --encoding   # Parquet encoding CPU by dictionary choice
 
 Throughput is measured from the first `append` to the return of `close()` (every row on disk,
 sealed into Parquet and merged where the writer does that), against a baseline measured in the same
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -28,8 +30,10 @@ from types import ModuleType
 from typing import Any
 
 import psutil
+import pyarrow.parquet as pq
 
 from perfscope import writer as new_writer
+from perfscope.live import ROW_GROUP_ROWS, dictionary_columns
 from perfscope.store import open_store
 
 OLD_COMMIT = "fc72bec"
@@ -56,6 +60,38 @@ def old_writer_module() -> ModuleType:
 
 def _row(i: int) -> tuple[object, ...]:
     return (0, i, 1_700_000_000_000_000_000 + i * 2_000_000, 2_000_000, 1, 2, 3, 4, 5, 6, 7, 1, 32, "host")
+
+
+def _varied_row(i: int, rnd: random.Random) -> tuple[object, ...]:
+    """A step row as a job writes it: phase times that vary from step to step."""
+    phases = [rnd.randrange(lo, lo + 100_000) for lo in (50_000, 800_000, 1_500_000, 0, 200_000, 10_000)]
+    start = 1_700_000_000_000_000_000 + i * 2_900_000 + rnd.randrange(1000)
+    return (3, i, start, sum(phases), *phases, rnd.randrange(100_000, 200_000), 12, 64, "host")
+
+
+def encoding(rows: int, repeats: int) -> None:
+    """CPU time of one Parquet row group of `rows` step rows (snappy), every column offered a
+    dictionary (pyarrow's default) against the writer's choice (perfscope.live.dictionary_columns)."""
+    rnd = random.Random(1)
+    tables = {
+        "benchmark rows": new_writer.rows_to_table("steps", [_row(i) for i in range(rows)]),
+        "varied phase times": new_writer.rows_to_table("steps", [_varied_row(i, rnd) for i in range(rows)]),
+    }
+    choices: dict[str, Any] = {"every column": True, "dictionary_columns": None}
+    print(f"| rows | dictionaries | CPU ns per row (best of {repeats}) | bytes per row |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="perfscope-bench-") as tmp:
+        out = Path(tmp) / "group.parquet"
+        for kind, table in tables.items():
+            for label, use in choices.items():
+                use = dictionary_columns(table.schema) if use is None else use
+                best = float("inf")
+                for _ in range(repeats):
+                    c0 = time.process_time()
+                    pq.write_table(table, out, compression="snappy", use_dictionary=use)
+                    best = min(best, time.process_time() - c0)
+                size = out.stat().st_size
+                print(f"| {kind} | {label} | {best / rows * 1e9:,.0f} | {size / rows:.1f} |")
 
 
 def baseline(n: int) -> float:
@@ -99,7 +135,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--short", type=int, default=1_000_000, help="rows of the throughput runs")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--encoding",
+        action="store_true",
+        help="only the Parquet encoding of a 131,072-row group, by dictionary choice",
+    )
     args = ap.parse_args()
+    if args.encoding:
+        print(f"load average: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1, 5, 15 min)")
+        encoding(ROW_GROUP_ROWS, max(args.repeats, 5))
+        return
     writers = {f"{OLD_COMMIT} (Parquet per roll)": old_writer_module(), "live IPC segments": new_writer}
     tmp = Path(tempfile.mkdtemp(prefix="perfscope-bench-"))
     load = os.getloadavg()
