@@ -449,7 +449,9 @@ class StoreWriter:
                     self._clean_leftovers = False
                     self._remove_leftovers()
                 return
-            if isinstance(item, threading.Event):
+            if isinstance(item, threading.Event):  # flush(): also what a pull racing it added
+                for table, flat in self._take_all():
+                    self._write(table, flat)
                 item.set()
                 continue
             if item is _PULL:

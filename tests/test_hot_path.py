@@ -286,21 +286,24 @@ def test_the_writer_builds_the_rows_of_held_steps_on_its_thread(tmp_path: Path) 
 
 
 def test_a_writer_source_is_pulled_at_flush_and_when_asked(tmp_path: Path) -> None:
-    pending = [[(0, 1, "kind", "first")], [(0, 2, "kind", "second")]]
+    ready: list[tuple[Any, ...]] = []
     calls: list[str] = []
 
     def pull() -> dict[str, list[tuple[Any, ...]]]:
         calls.append(threading.current_thread().name)
-        return {"events": pending.pop(0)} if pending else {}
+        got, ready[:] = ready[:], []
+        return {"events": got} if got else {}
 
     with StoreWriter(tmp_path, "run1") as w:
         w.add_source(pull)
+        ready.append((0, 1, "kind", "first"))
         w.flush()
         assert w.stats.rows_written == 1
+        ready.append((0, 2, "kind", "second"))
         w.pull_soon()
         deadline = time.monotonic() + 30
-        while pending and time.monotonic() < deadline:
+        while ready and time.monotonic() < deadline:
             time.sleep(0.01)
         assert "perfscope-writer" in calls
         w.flush()
-    assert w.stats.rows_written == 2
+        assert w.stats.rows_written == 2
