@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from .errors import StoreError
 from .leftovers import clean_leftovers
-from .live import LIVE_SUFFIX, read_live, twin, writer_alive
+from .live import LIVE_SUFFIX, dictionary_columns, read_live, twin, writer_alive
 from .rollups import write_rollups
 from .schema import META_REPLACES, META_TABLE, META_VERSION, PARTITION_KEY, SCHEMA_VERSION, TABLES
 from .store import (
@@ -93,7 +93,9 @@ def _merge(table: str, segs: list[Segment], out: Path) -> int:
     pending: list[pa.Table] = []
     pending_rows = 0
     try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+        with pq.ParquetWriter(
+            tmp, schema, compression="zstd", use_dictionary=dictionary_columns(schema)
+        ) as w:
             for seg in segs:
                 data = seg.path.read_bytes()
                 if hashlib.blake2b(data, digest_size=16).hexdigest() != digests[seg.path.name]:
