@@ -314,9 +314,9 @@ def _declared_bytes(meta: bytes, body: pa.Buffer | None) -> int:
             if body is None or offset < 0 or length < 8 or offset + length > body.size:
                 raise _Malformed
             (size,) = struct.unpack_from("<q", body.slice(offset, 8).to_pybytes())
-            total += length - 8 if size == -1 else size  # -1: this buffer is stored uncompressed
             if size < -1:
                 raise _Malformed
+            total += length - 8 if size == -1 else size  # -1: this buffer is stored uncompressed
         return total
     except (struct.error, IndexError):
         raise _Malformed from None
