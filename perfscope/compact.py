@@ -285,11 +285,15 @@ def _compact_locked(
                 why = f"{merged.name} claims to replace it, but does not hold all its rows"
                 result.skipped.append(SkippedFile(str(path), why))
     result.skipped += listing.doubtful
+    # a twin whose live segment is still there (its writer killed between the two) stays as it is:
+    # merged away, it would leave the live segment to be read, and sealed, again
+    unsealed = {twin(p) for p in listing.sealed_live}
     replaced: list[tuple[Path, str]] = []
     for table, segs in listing.segments.items():
         by_part: dict[Path, list[Segment]] = {}
         for seg in segs:
-            if seg.live is None and (host is None or _of_host(seg.path.name, host)):
+            mine = host is None or _of_host(seg.path.name, host)
+            if seg.live is None and seg.path not in unsealed and mine:
                 by_part.setdefault(seg.path.parent, []).append(seg)
         for part, group in sorted(by_part.items()):
             if len(group) < 2:

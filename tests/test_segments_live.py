@@ -477,3 +477,49 @@ def test_rows_appended_from_many_threads_land_whole_and_once(tmp_path: Path) -> 
             "AND samples = rank AND clock = 'c' || rank) AS whole FROM steps"
         ).to_pylist()
     assert got == [{"n": 4 * per_thread, "d": 4 * per_thread, "whole": 4 * per_thread}]
+
+
+KILLED_AT_UNLINK = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from perfscope.writer import StoreWriter
+    unlink = Path.unlink
+    def killed_before_the_live_segment_goes(self, missing_ok=False):
+        if self.suffix == ".arrows":  # the twin is in place: killed before the segment is removed
+            os.kill(os.getpid(), signal.SIGKILL)
+        unlink(self, missing_ok=missing_ok)
+    Path.unlink = killed_before_the_live_segment_goes
+    w = StoreWriter(sys.argv[1], "r", writer_id="killed", merge_at_close=False)
+    for i in range(500):
+        w.append("steps", (1, i, 10**18 + i, 1, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
+    w.close()
+    """
+)
+
+
+def test_a_writer_killed_between_the_twins_rename_and_the_unlink_is_counted_once_after_merges(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT_UNLINK, str(tmp_path)], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    part = segment_dir(tmp_path, "steps", "r")
+    (killed,) = part.glob("*-killed-*.arrows")
+    assert twin(killed).exists()
+    # a writer of the same host closes and merges the host's sealed segments (a sealed twin of a
+    # live segment still there among them, the live segment's rows were read again)
+    with StoreWriter(tmp_path, "r", writer_id="later", live_max_bytes=1) as w:
+        for i in range(50):
+            w.append("steps", _step(0, i))
+            w.flush()
+    assert w.stats.files_merged >= 2
+
+    def per_rank() -> list[dict[str, int]]:
+        with open_store(tmp_path) as store:
+            sql = "SELECT rank, count(*) AS n FROM steps GROUP BY rank ORDER BY rank"
+            return store.query(sql).to_pylist()
+
+    assert per_rank() == [{"rank": 0, "n": 50}, {"rank": 1, "n": 500}]
+    compact(tmp_path, grace_s=0)
+    assert not killed.exists()
+    assert per_rank() == [{"rank": 0, "n": 50}, {"rank": 1, "n": 500}]
