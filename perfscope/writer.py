@@ -246,6 +246,7 @@ class StoreWriter:
         # taken without a lock (see _take).
         self._bufs: dict[str, list[Any]] = {name: [] for name in TABLES}
         self._limit = {name: max_buffer_rows * w for name, w in self._width.items()}
+        self._taking = threading.Lock()  # takers only (see _take); an append never waits on it
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued_batches)
         self._seq = 0
         self._made_dirs: set[Path] = set()
@@ -363,13 +364,16 @@ class StoreWriter:
         return len(buf) >= self._limit[table]
 
     def _take(self, table: str) -> list[Any]:
-        """Remove and return the rows buffered for `table`, without a lock: a copy, then a delete of
-        exactly what was copied, each one C call (atomic under the GIL, and under the list's own lock
-        without it), leave what any thread appends meanwhile for the next take. Appends are whole
-        rows in one C call each (a tuple or a list), so a take holds whole rows."""
+        """Remove and return the rows buffered for `table`, without a lock against appends: a copy,
+        then a delete of exactly what was copied, each one C call (atomic under the GIL, and under the
+        list's own lock without it), leave what any thread appends meanwhile for the next take. Appends
+        are whole rows in one C call each (a tuple or a list), so a take holds whole rows. Two takes
+        (a full buffer handed over on the job's thread, a roll on the writer's) are one at a time: one
+        running between the other's copy and delete would double those rows and delete newer ones."""
         buf = self._bufs[table]
-        flat = buf[:]
-        del buf[: len(flat)]
+        with self._taking:
+            flat = buf[:]
+            del buf[: len(flat)]
         return flat
 
     def _hand_over(self, table: str) -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -523,3 +524,33 @@ def test_a_writer_killed_between_the_twins_rename_and_the_unlink_is_counted_once
     compact(tmp_path, grace_s=0)
     assert not killed.exists()
     assert per_rank() == [{"rank": 0, "n": 50}, {"rank": 1, "n": 500}]
+
+
+def test_two_takes_of_a_buffer_racing_neither_double_nor_lose_rows(tmp_path: Path) -> None:
+    # the job's thread hands a full buffer over while the writer thread takes it at a roll: the
+    # second take is let run between the first one's copy and its delete (a thread switch there,
+    # forced; it finishes at once unless the takes are one at a time), and a producer appends a row
+    w = StoreWriter(tmp_path, "r", roll_interval_s=3600, merge_at_close=False, prompt_tables=())
+
+    class Preempted(list[Any]):
+        armed = True
+
+        def __getitem__(self, index: Any) -> Any:
+            copy = super().__getitem__(index)
+            if isinstance(index, slice) and Preempted.armed:
+                Preempted.armed = False
+                others.append(threading.Thread(target=w._hand_over, args=("steps",)))
+                others[0].start()
+                others[0].join(2.0)
+                w.append("steps", _step(0, 99))
+            return copy
+
+    others: list[threading.Thread] = []
+    w._bufs["steps"] = buf = Preempted()
+    for i in range(3):
+        buf.extend(_step(0, i))
+    w._hand_over("steps")
+    others[0].join()
+    stats = w.close()
+    assert stats.rows_written == 4
+    assert _steps(tmp_path) == [0, 1, 2, 99]
