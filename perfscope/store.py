@@ -199,6 +199,16 @@ class Listing:
             if s.live is not None
         ]
 
+    def reread(self, table: str) -> None:
+        """Take the facts of `table`'s Parquet segments from their footers, not from the manifest: a
+        view over them failed to bind (an entry named a column its file lacks)."""
+        blocks = self.blocks.get(table, [])
+        for k, b in enumerate(blocks):
+            found: list[Segment] = []
+            for seg in b.segments():
+                _admit(seg if seg.live is not None else _inspect_uncached(seg.path, table), self, found)
+            blocks[k] = Block(b.folder, _partition_segments(found, self))
+
     def drop(self, files: set[str] | dict[str, str]) -> None:
         """Leave `files` out of the segments read."""
         for blocks in self.blocks.values():
@@ -827,7 +837,11 @@ def create_views(
                 registered.add(live_relation(seg))
     verb = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW"
     for name in chosen:
-        con.execute(f"{verb} {name} AS {_view_sql(name, listing.of(name))}")
+        try:
+            con.execute(f"{verb} {name} AS {_view_sql(name, listing.of(name))}")
+        except duckdb.BinderException:  # a manifest entry named a column its file lacks
+            listing.reread(name)
+            con.execute(f"{verb} {name} AS {_view_sql(name, listing.of(name))}")
     return registered
 
 

@@ -4,6 +4,7 @@ may still tell is bounded; a SIGKILL mid-save leaves the old manifest or the new
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -525,3 +526,29 @@ def test_an_entry_with_a_schema_version_from_the_future_refuses_the_store(
     _forget()
     with pytest.raises(StoreError, match="schema version 99"):
         Store(root)
+
+
+def test_an_entry_naming_a_column_its_file_lacks_breaks_no_query(tmp_path: Path) -> None:
+    """A forged entry saying its file holds a column it lacks: the view would select a column no file
+    has (a binder error, every query failing); the files' own footers are read instead."""
+    root = tmp_path / "store"
+    part = root / "steps" / "run_id=r0"
+    part.mkdir(parents=True)
+    for i in range(3):
+        data = [row("steps", rank=i, step=k, start_ns=T0_NS + k * MS, step_ns=MS) for k in range(5)]
+        write_segment(part / f"w-{i:03d}.parquet", rows_to_table("steps", data).drop_columns(["clock"]))
+    (root / "runs" / "run_id=r0").mkdir(parents=True)
+    _runs_segment(root / "runs" / "run_id=r0" / "w.parquet")
+    list_store(root, save_manifest=True)
+
+    def claim_clock(t: pa.Table) -> pa.Table:
+        lists = [json.loads(v) for v in t.column("columns").to_pylist()]
+        told = [json.dumps(sorted({*c, "clock"}) if "step" in c else c) for c in lists]
+        return t.set_column(t.schema.get_field_index("columns"), "columns", pa.array(told))
+
+    _rewrite(root, claim_clock)
+    sql = "SELECT count(*) AS n, count(clock) AS c FROM steps"
+    for run in (lambda s: s.query(sql), lambda s: s.read_only_query(sql)):
+        _forget()
+        with Store(root, warn=False) as store:
+            assert run(store).to_pylist() == [{"n": 15, "c": 0}]
