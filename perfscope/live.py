@@ -146,7 +146,8 @@ class LiveSegment:
     def seal(self) -> bool:
         """End the stream, finish the twin and rename it into place, then let go of the lock (so
         `perfscope compact` never seals it meanwhile). False, the twin dropped, when it could not be
-        encoded alongside or the segment has no rows: the caller seals from the stream instead."""
+        encoded alongside or the segment has no rows: the caller seals from the stream instead, and
+        then calls `close` (the lock is held until then, for the same reason)."""
         if self._forked:
             return False
         try:
@@ -163,9 +164,8 @@ class LiveSegment:
         except Exception:
             self._drop_twin()
             return False
-        finally:
-            self._let_go()
-            _OPEN.discard(self)
+        self._let_go()
+        _OPEN.discard(self)
         self._twin_ok = False
         return True
 

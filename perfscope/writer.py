@@ -566,10 +566,13 @@ class StoreWriter:
                 return
             sealed = live.seal()
             if not sealed:
-                data = read_live(live.path)
-                if data is not None and data.num_rows:
-                    write_segment(twin(live.path), data, compression=self.compression)
-                    sealed = True
+                try:
+                    data = read_live(live.path)
+                    if data is not None and data.num_rows:
+                        write_segment(twin(live.path), data, compression=self.compression)
+                        sealed = True
+                finally:
+                    live.close()  # the lock let go once the twin is in place
             self.stats.segments_written += int(sealed)
             live.path.unlink(missing_ok=True)
         except Exception as exc:

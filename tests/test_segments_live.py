@@ -554,3 +554,33 @@ def test_two_takes_of_a_buffer_racing_neither_double_nor_lose_rows(tmp_path: Pat
     stats = w.close()
     assert stats.rows_written == 4
     assert _steps(tmp_path) == [0, 1, 2, 99]
+
+
+def test_a_seal_read_back_from_the_stream_holds_the_lock_until_its_twin_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the twin encoded alongside is lost (a cleaner took its temporary file), so the seal reads the
+    # stream back; a `perfscope compact` running right then must not seal and merge the segment too
+    from perfscope import writer as writer_module
+
+    monkeypatch.setattr(live_module, "ROW_GROUP_ROWS", 10)
+    with StoreWriter(tmp_path, "r", writer_id="before", merge_at_close=False) as before:
+        for i in range(20):
+            before.append("steps", _step(1, i))
+    w = StoreWriter(tmp_path, "r", writer_id="sealing", merge_at_close=False)
+    for i in range(50):
+        w.append("steps", _step(0, i))
+    w.flush()
+    (lost,) = segment_dir(tmp_path, "steps", "r").glob(".*.tmp")
+    lost.unlink()
+    real = writer_module.write_segment
+
+    def compact_first(*args: Any, **kwargs: Any) -> None:
+        compact(tmp_path, grace_s=0)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "write_segment", compact_first)
+    assert w.close().segments_written == 1
+    with open_store(tmp_path) as store:
+        got = store.query("SELECT rank, count(*) AS n FROM steps GROUP BY rank ORDER BY rank").to_pylist()
+    assert got == [{"rank": 0, "n": 50}, {"rank": 1, "n": 20}]
