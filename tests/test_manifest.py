@@ -552,3 +552,24 @@ def test_an_entry_naming_a_column_its_file_lacks_breaks_no_query(tmp_path: Path)
         _forget()
         with Store(root, warn=False) as store:
             assert run(store).to_pylist() == [{"n": 15, "c": 0}]
+
+
+def test_entries_whose_ranges_end_before_their_rows_leave_info_to_the_rows(
+    small: tuple[Path, Listing],
+) -> None:
+    """Forged step_ns ranges of 0: the file the ranges point at ends later than every range allows,
+    so no file is left to read the last end from; the rows decide (no failing query)."""
+    root, _ = small
+    with Store(root) as store:
+        truth = summary(store)["last_step_end_ns"]
+
+    def zero(t: pa.Table) -> pa.Table:
+        for name in ("step_ns_min", "step_ns_max"):
+            values = [None if v is None else 0 for v in t.column(name).to_pylist()]
+            t = t.set_column(t.schema.get_field_index(name), name, pa.array(values, pa.int64()))
+        return t
+
+    _rewrite(root, zero)
+    _forget()
+    with Store(root) as store:
+        assert summary(store)["last_step_end_ns"] == truth

@@ -102,10 +102,11 @@ def _span_ns(store: Store, blocks: list[Block]) -> tuple[int | None, int | None]
         return None if value is None else int(value)
 
     latest = last_end(_held(blocks, bound.argmax(keepdims=True)))
-    if latest is None:  # its rows have no duration: the rows decide
+    chosen = np.flatnonzero(bound >= latest) if latest is not None else bound[:0]
+    if not len(chosen):  # its rows have no duration, or end past its range (an entry lying): the rows decide
         row = store.query(full_sql).to_pylist()[0]
         return first_ns, None if row["last_ns"] is None else int(row["last_ns"])
-    return first_ns, last_end(_held(blocks, np.flatnonzero(bound >= latest)))
+    return first_ns, last_end(_held(blocks, chosen))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
