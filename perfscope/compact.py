@@ -165,10 +165,10 @@ def compact_host(
     grace_s: float = 0.5,
 ) -> CompactResult | None:
     """Merge the sealed segments of one run that one host wrote (names led by its tag, see
-        writer.host_tag) into one file per table: what a writer does at close. A table whose files
-        come to more than `max_bytes` is left to `perfscope compact`; so is the rollup of a run whose steps
-    do (perfscope.rollups, written here once the run has no live segment left). None when the store's lock was not
-        had within `wait_s`, or flock is not available there."""
+    writer.host_tag) into one file per table: what a writer does at close. A table whose files come
+    to more than `max_bytes` is left to `perfscope compact`; so is the rollup of a run whose steps do
+    (perfscope.rollups, written here once the run has no live segment left). None when the store's
+    lock was not had within `wait_s`, or flock is not available there."""
     root_path = Path(root).resolve()
     try:
         with _store_lock(root_path, wait_s=wait_s) as locked:
