@@ -141,7 +141,7 @@ def test_a_fit_with_too_few_points_never_supports_high_confidence(thin_fit_store
         assert f.confidence <= THIN_FIT_CONFIDENCE and f.confidence_label != "high"
     # a finding held down says why, and what would raise it: two more world sizes across nodes
     assert "too few to trust" in knee[0].text
-    assert "rests on 2 point(s) at N = 8, 12" in knee[0].text and "measure N = 24 and 48" in knee[0].text
+    assert "rests on 2 points at N = 8, 12" in knee[0].text and "measure N = 24 and 48" in knee[0].text
 
 
 def test_seed_study_never_says_high_on_a_thin_fit() -> None:

@@ -117,7 +117,7 @@ def test_a_real_gloo_job_records_threads_and_gets_the_confound_first(tmp_path: P
     assert "threads per rank differ" in findings[0].title
     # the CPU time each rank used comes from the host samples, in cores
     assert re.search(
-        r"N=1 \(run [^)]+\) ran 2 torch thread\(s\) per rank \(OMP_NUM_THREADS unset\)", findings[0].text
+        r"N=1 \(run [^)]+\) ran 2 torch threads per rank \(OMP_NUM_THREADS unset\)", findings[0].text
     )
     assert "(OMP_NUM_THREADS=1)" in findings[0].text
     assert "cores of CPU time per rank" in findings[0].text, findings[0].text
