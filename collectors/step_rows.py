@@ -245,6 +245,10 @@ def write_frozen(
         comm_total += dur - queued
         if exposed == EXPOSED_ALL:
             exposed = dur
+        elif exposed is not None and exposed > dur - queued:
+            # a wait() that went on past the op's completion (the thread preempted, or the Work's
+            # future fired late) waited for no transfer: what a call exposes is at most its own time
+            exposed = dur - queued
         if exposed and phase is not None and phase != "sync":
             moved.append((CANONICAL.get(phase, -1), exposed))
         comm_rows.append(

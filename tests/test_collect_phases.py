@@ -228,3 +228,26 @@ def test_cuda_marks_are_resolved_later_without_blocking(clock: FakeClock) -> Non
     tl2_marks = tl.marks
     tl2_marks.mark()
     assert len(made) == created  # resolved events return to the pool and are reused
+
+
+def test_a_wait_past_the_ops_completion_exposes_at_most_the_ops_time(clock: FakeClock) -> None:
+    """An async op that completed while the rank computed, then a wait() that took long anyway (the
+    thread preempted on a loaded host): its comm row exposes at most its own duration, and only that
+    much moves from backward to sync."""
+    tl, rows = _timeline(clock)
+    tl.begin_loop()
+    bwd = tl.enter("backward")
+    c = tl.begin_collective("allreduce", None, 4 << 20, overlapped=False, group=("pg", 1))
+    c.is_async, c.phase = True, "backward"  # as the torch.distributed recorder issues it
+    clock.advance(300)
+    tl.end_collective(c)  # the Work's future: done after 300 ns
+    clock.advance(5_000)  # compute
+    c.exposed = 100 + 2_000  # the issuing call, then a wait() of 2,000 ns on a finished Work
+    clock.advance(2_000)
+    tl.exit(bwd, None)
+    tl.end_step()
+    (row,) = rows["comm"]
+    dur_ns, exposed_ns = row[7], row[11]
+    assert dur_ns == 300 and exposed_ns == 300
+    (s,) = _steps(rows)
+    assert s["sync_exposed_ns"] == 300 and s["backward_ns"] == 7_300 - 300
