@@ -34,7 +34,9 @@ def _rank_steady(store: Store, sel: Selection) -> str:
     forward + backward + optimizer, which no longer hold the exposed communication made in them.
     From the per-window rollups where they cover the run (rollups.py), else from the raw rows."""
     sums = rank_sums_sql(
-        store, thresholds_table(store, sel), ("rows_all", "step_n_all", "step_sum_all", "compute_sum_all")
+        store,
+        thresholds_table(store, sel),
+        ("rows_all", "step_n_all", "step_sum_all", "compute_sum_all", "sync_exposed_sum", "sync_exposed_n"),
     )
     return temp_table(
         store,
@@ -42,7 +44,9 @@ def _rank_steady(store: Store, sel: Selection) -> str:
         f"""
         SELECT run_id, rank, rows_all::BIGINT AS steps,
                step_sum_all::DOUBLE / nullif(step_n_all, 0) AS step_ns,
-               compute_sum_all::DOUBLE / rows_all AS compute_ns
+               compute_sum_all::DOUBLE / rows_all AS compute_ns,
+               -- rank_breakdown's exposed sync: what the step waited for, DDP's buckets included
+               sync_exposed_sum::DOUBLE / nullif(sync_exposed_n, 0) AS sync_exposed_ns
         FROM ({sums})
         """,
     )
@@ -152,7 +156,9 @@ def comm_ops(store: Store, sel: Selection) -> pa.Table:
 @analysis("comm_by_role", "Communication per rank and role", "steady-state", "comm-patterns")
 def comm_by_role(store: Store, sel: Selection) -> pa.Table:
     """Per run and rank: role, step time, compute (forward + backward + optimizer, without the
-    exposed communication moved out of them), point-to-point wait and collective wait per step."""
+    exposed communication moved out of them), point-to-point wait and collective wait per step.
+    Collective wait is the exposed sync the step waited for less its point-to-point wait (DDP's
+    overlapped buckets have no exposed time of their own: their step's exposed sync is theirs)."""
     ss = _steady_steps(store, sel)
     per_rank = _rank_steady(store, sel)
     roles = roles_table(store, sel)
@@ -170,7 +176,10 @@ def comm_by_role(store: Store, sel: Selection) -> pa.Table:
         )
         SELECT r.run_id, r.rank, r.role, r.role_source, s.steps, s.step_ns, s.compute_ns,
                coalesce(c.p2p_ns, 0) / s.steps AS p2p_wait_ns,
-               coalesce(c.collective_ns, 0) / s.steps AS collective_wait_ns
+               greatest(
+                   coalesce(c.collective_ns, 0) / s.steps,
+                   coalesce(s.sync_exposed_ns, 0) - coalesce(c.p2p_ns, 0) / s.steps
+               ) AS collective_wait_ns
         FROM {roles} r LEFT JOIN s USING (run_id, rank) LEFT JOIN c USING (run_id, rank)
         """,
         "run_id, rank",
