@@ -3,22 +3,36 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SAMPLE_STAMP := $(VENV)/.installed-sample
 
 comma := ,
 .PHONY: lock setup lint typecheck pytest test sample schema bench clean
 
 LOCK := requirements-lock.txt
+SAMPLE_LOCK := requirements-sample-lock.txt
 # every extra, so the tests run against the real Lightning, transformers, trackers and HTA
 EXTRAS := torch,dashboard,dev,lightning,transformers,trackers,hta
 
-$(STAMP): pyproject.toml $(LOCK)
+# the editable install's build prints setuptools' notes on editable mode: informational, silenced
+INSTALL_SELF := PYTHONWARNINGS=ignore $(PY) -m pip install -q --no-deps -e .
+
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# every package at the version the lock names (torch is the CPU build: an unpinned torch pulls
-	# several GB of CUDA packages), then perfscope itself with nothing more
+
+# everything the tests use: every package at the version the lock names (torch is the CPU build: an
+# unpinned torch pulls several GB of CUDA packages), then perfscope itself with nothing more
+$(STAMP): pyproject.toml $(LOCK) | $(PY)
 	$(PY) -m pip install -q -r $(LOCK)
-	$(PY) -m pip install -q --no-deps -e .
-	touch $(STAMP)
+	$(INSTALL_SELF)
+	touch $(STAMP) $(SAMPLE_STAMP)
+
+# the sample needs the analysis and the report only: no torch, no frameworks, no trackers (the
+# sample lock takes its versions from the full lock, so a later `make test` installs only the rest)
+$(SAMPLE_STAMP): pyproject.toml $(SAMPLE_LOCK) | $(PY)
+	$(PY) -m pip install -q -r $(SAMPLE_LOCK)
+	$(INSTALL_SELF)
+	touch $(SAMPLE_STAMP)
 
 setup: $(STAMP)
 
@@ -36,7 +50,8 @@ pytest: setup
 test: lint typecheck pytest
 
 # the main job on the bundled sample data
-sample: setup
+sample: $(SAMPLE_STAMP)
+	mkdir -p artifacts
 	$(VENV)/bin/perfscope analyze sample_traces/seed-study
 	$(VENV)/bin/perfscope analyze sample_traces/demo-cpu
 	$(VENV)/bin/perfscope report sample_traces/seed-study -o artifacts/sample-report.html
@@ -46,6 +61,9 @@ lock: setup
 	# perfscope names itself through the dashboard extra: never pinned, installed editable above
 	CUSTOM_COMPILE_COMMAND="make lock" $(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url --unsafe-package perfscope --unsafe-package pip \
 		$(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -c constraints-cpu.txt -o $(LOCK) pyproject.toml
+	# the sample's install set, at the full lock's versions
+	CUSTOM_COMPILE_COMMAND="make lock" $(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url --unsafe-package perfscope --unsafe-package pip \
+		--extra report -c $(LOCK) -o $(SAMPLE_LOCK) pyproject.toml
 
 schema: setup
 	$(PY) -m perfscope.schema > docs/schema.md
