@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from perfscope.analysis import run_analysis
+from perfscope.analysis.sync import fit_points
 from perfscope.cli import main
 from perfscope.errors import PerfscopeError
 from perfscope.importers import nsys
@@ -258,3 +260,56 @@ def test_bad_input_is_one_line(tmp_path, capsys, make, says):
     assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err
     with pytest.raises(PerfscopeError, match=says):
         nsys.import_files([path], nsys.ImportOptions(store=tmp_path / "s2"))
+
+
+def _stretched(path: Path, factor: float, hostname: str) -> Path:
+    """The export with every time multiplied by `factor` (slower steps) and another host name."""
+    con = sqlite3.connect(path)
+    for table, cols in (("NVTX_EVENTS", "start = start * ?, end = end * ?"),
+                        ("CUPTI_ACTIVITY_KIND_KERNEL", "start = start * ?, end = end * ?")):  # fmt: skip
+        con.execute(f"UPDATE {table} SET {cols.replace('?', str(factor))}")
+    con.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'Hostname'", (hostname,))
+    con.commit()
+    con.close()
+    return path
+
+
+def test_scaling_study_of_exports_without_bytes_analyses_reports_and_finds_the_knee(tmp_path, capsys):
+    """nsys records no bytes per collective: every analysis, rule and chart takes bytes as unknown
+    (issue 22: `report` exited 70 and three rules failed on float(None))."""
+    store = tmp_path / "store"
+    layouts = {1: [("gpu-node-1", 1.0)], 2: [("gpu-node-1", 1.0)] * 2,
+               4: [("gpu-node-1", 1.5)] * 2 + [("gpu-node-2", 1.5)] * 2}  # fmt: skip
+    for n, ranks in layouts.items():
+        files = []
+        for r, (host, factor) in enumerate(ranks):
+            p = make_export(tmp_path / f"w{n}r{r}.sqlite", pid=100 * n + r, metrics=False)
+            files.append(_stretched(p, factor, host) if factor != 1.0 or host != "gpu-node-1" else p)
+        args = ["import", "nsys", *map(str, files), "--store", str(store), "--experiment", "knee"]
+        assert main([*args, "--batch-size", "32"]) == 0
+    with open_store(store) as st:
+        assert st.query("SELECT count(*) AS n FROM comm WHERE bytes IS NOT NULL").to_pylist()[0]["n"] == 0
+        nodes = st.query("SELECT world_size, nodes FROM runs ORDER BY world_size").to_pylist()
+    assert [(r["world_size"], r["nodes"]) for r in nodes] == [(1, 1), (2, 1), (4, 2)]
+    capsys.readouterr()
+    assert main(["analyze", str(store), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "failed" not in err and "Error" not in err, err
+    doc = json.loads(out)
+    knee = [f for f in doc["findings"] if f["rule"] == "node-boundary-knee"]
+    assert len(knee) == 1 and knee[0]["numbers"]["relative_drop"] == pytest.approx(1 - 1 / 1.5, rel=0.05)
+    # no bytes: no bandwidth and no alpha-beta point, never a made-up one
+    with open_store(store) as st:
+        sync = run_analysis("sync", st).to_pylist()
+        fits = run_analysis("allreduce_fit", st).to_pylist()
+    assert len(sync) == 3 and all(r["busbw_gb_per_s"] is None and r["bytes_per_step"] is None for r in sync)
+    assert all(r["bw_source"] is None for r in sync)
+    assert all(r["points"] == 0 and r["alpha_s"] is None for r in fits)
+    unknown = {"p": 4, "n": None, "k": 1.0, "t": 0.01, "data_source": "comm"}
+    assert fit_points([unknown, unknown | {"p": 8}]) is None  # no known point, no fit, no float(None)
+    assert "alpha_intra_s" not in knee[0]["numbers"]
+    report = tmp_path / "report.html"
+    assert main(["report", str(store), "-o", str(report)]) == 0
+    assert main(["top", str(store)]) == 0
+    err = capsys.readouterr().err
+    assert "failed" not in err and "internal error" not in err, err

@@ -256,12 +256,15 @@ def fit_alpha_beta(
     """Non-negative least squares for (α, β) on points (p ranks, n bytes, k collectives, t seconds)."""
     pa_ = np.asarray(p, dtype=float)
     y = np.asarray(t_s, dtype=float)
-    keep = pa_ >= 2
+    kk = np.asarray(k, dtype=float)
+    nn = np.asarray(n_bytes, dtype=float)
+    # a point with an unknown (NaN) or infinite coordinate says nothing about α or β
+    keep = (pa_ >= 2) & np.isfinite(pa_) & np.isfinite(y) & np.isfinite(kk) & np.isfinite(nn)
     if keep.sum() < 2:
         return None
     pa_, y = pa_[keep], y[keep]
-    x1 = np.asarray(k, dtype=float)[keep] * 2 * (pa_ - 1)
-    x2 = 2 * (pa_ - 1) / pa_ * np.asarray(n_bytes, dtype=float)[keep]
+    x1 = kk[keep] * 2 * (pa_ - 1)
+    x2 = 2 * (pa_ - 1) / pa_ * nn[keep]
     x = np.column_stack([x1, x2])
     candidates = []
     if np.linalg.matrix_rank(x) == 2:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -59,7 +60,11 @@ def sync_table(store: Store, sel: Selection) -> str:
             SELECT inst.*, g.world_size FROM {inst} inst JOIN {gs} g USING (run_id)
             WHERE transfer_ns > 0 AND op = 'allreduce'  -- the ring model and busbw are an allreduce's
         ), bw AS (
-            SELECT run_id, count(*) AS instances, sum(bytes) AS bytes_sum, sum(transfer_ns) AS transfer_sum,
+            -- bytes are unknown in traces that do not record them (nsys, gloo Kineto): such an
+            -- instance has no bandwidth, and a step's bytes are a sum only when every one is known
+            SELECT run_id, count(*) AS instances, count(bytes) AS sized,
+                   CASE WHEN count(bytes) = count(*) THEN sum(bytes) END AS bytes_sum,
+                   sum(transfer_ns) AS transfer_sum,
                    median(bytes / (transfer_ns / 1e9) / 1e9) AS algbw,
                    median({busbw}) AS busbw,
                    quantile_cont({busbw}, 0.1) AS busbw_p10,
@@ -78,20 +83,20 @@ def sync_table(store: Store, sel: Selection) -> str:
                CASE WHEN comm_total > 0 THEN greatest(0, 1 - sync_exposed_ns / comm_total) END
                    AS overlap_share,
                CASE WHEN world_size > 1 THEN CASE
-                   WHEN instances > 0 THEN algbw
+                   WHEN sized > 0 THEN algbw
                    WHEN grad_bytes > 0 AND coalesce(comm_total_mean, sync_exposed_ns) > 0
                        THEN grad_bytes / (coalesce(comm_total_mean, sync_exposed_ns) / 1e9) / 1e9
                END END AS algbw_gb_per_s,
                CASE WHEN world_size > 1 THEN CASE
-                   WHEN instances > 0 THEN busbw
+                   WHEN sized > 0 THEN busbw
                    WHEN grad_bytes > 0 AND coalesce(comm_total_mean, sync_exposed_ns) > 0
                        THEN grad_bytes / (coalesce(comm_total_mean, sync_exposed_ns) / 1e9) / 1e9
                             * 2 * (world_size - 1) / world_size
                END END AS busbw_gb_per_s,
-               CASE WHEN world_size > 1 AND instances > 0 THEN busbw_p10 END AS busbw_p10_gb_per_s,
-               CASE WHEN world_size > 1 AND instances > 0 THEN busbw_p90 END AS busbw_p90_gb_per_s,
+               CASE WHEN world_size > 1 AND sized > 0 THEN busbw_p10 END AS busbw_p10_gb_per_s,
+               CASE WHEN world_size > 1 AND sized > 0 THEN busbw_p90 END AS busbw_p90_gb_per_s,
                CASE WHEN world_size <= 1 THEN NULL
-                    WHEN instances > 0 THEN 'comm'
+                    WHEN sized > 0 THEN 'comm'
                     WHEN grad_bytes > 0 AND comm_total_mean > 0 THEN 'steps.comm_total_ns+runs.grad_bytes'
                     WHEN grad_bytes > 0 AND sync_exposed_ns > 0 THEN 'steps.sync_exposed_ns+runs.grad_bytes'
                END AS bw_source
@@ -137,7 +142,7 @@ def _fit_points(store: Store, sel: Selection) -> list[dict[str, Any]]:
         SELECT g.cluster, g.backend, {SCOPE_SQL} AS scope, g.run_id, g.world_size AS p,
                i.bytes::DOUBLE AS n, 1.0 AS k, median(i.transfer_ns) / 1e9 AS t, 'comm' AS data_source
         FROM {inst} i JOIN {gs} g USING (run_id)
-        WHERE i.transfer_ns > 0 AND g.world_size > 1 AND i.op = 'allreduce'
+        WHERE i.transfer_ns > 0 AND g.world_size > 1 AND i.op = 'allreduce' AND i.bytes IS NOT NULL
         GROUP BY g.cluster, g.backend, scope, g.run_id, g.world_size, i.bytes
         UNION ALL
         SELECT s.cluster, s.backend, s.scope, s.run_id, s.world_size, g.grad_bytes::DOUBLE,
@@ -152,13 +157,19 @@ def _fit_points(store: Store, sel: Selection) -> list[dict[str, Any]]:
 
 
 def fit_points(pts: list[dict[str, Any]]) -> AlphaBetaFit | None:
-    """Fit α and β to points with keys p, n, k, t (as `_fit_points` returns them)."""
+    """Fit α and β to points with keys p, n, k, t (as `_fit_points` returns them). A point with an
+    unknown (NULL) or non-finite value is no point: unknown bytes are not zero bytes."""
+    known = [x for x in pts if all(_finite(x.get(key)) for key in ("p", "n", "k", "t"))]
     return fit_alpha_beta(
-        [float(x["p"]) for x in pts],
-        [float(x["n"]) for x in pts],
-        [float(x["k"]) for x in pts],
-        [float(x["t"]) for x in pts],
+        [float(x["p"]) for x in known],
+        [float(x["n"]) for x in known],
+        [float(x["k"]) for x in known],
+        [float(x["t"]) for x in known],
     )
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def alpha_beta_fits(

@@ -43,7 +43,14 @@ def node_boundary_knee(ctx: Context) -> list[Finding]:
             "efficiency_outside": e_out,
             "relative_drop": drop,
         }
-        if intra is not None and inter is not None and not (intra.alpha_refused or inter.alpha_refused):
+        # the fits say why only where both are fits of measured sizes (traces without bytes give none)
+        if (
+            intra is not None
+            and inter is not None
+            and not (intra.alpha_refused or inter.alpha_refused)
+            and intra.bandwidth_gb_per_s is not None
+            and inter.bandwidth_gb_per_s is not None
+        ):
             fit_text = (
                 f" The alpha-beta fits say why: within a node α = {dur(intra.alpha_s * 1e9)} and "
                 f"{gbps(intra.bandwidth_gb_per_s)}, across nodes α = {dur(inter.alpha_s * 1e9)} and "
