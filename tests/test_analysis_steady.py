@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from storegen import MS, make_run
+from storegen import MS, T0_NS, make_run, row
 
 from perfscope.analysis import Selection, run_analysis
 from perfscope.store import open_store
+from perfscope.writer import StoreWriter
 
 
 def _slow_warmup(rank: int, step: int) -> dict[str, float]:
@@ -97,3 +98,85 @@ def test_selection_filters_by_source_and_experiment(tmp_path):
         assert set(_by_run(store, "run_summary", Selection(source="simulated"))) == {"s"}
         assert set(_by_run(store, "run_summary", Selection(experiments="a"))) == {"m"}
         assert _by_run(store, "run_summary")["s"]["source"] == "simulated"
+
+
+# ---- elapsed time is the window's wall clock (issue 21): ranks' step boundaries are not aligned
+
+
+def _unaligned_run(root, run_id, step_ms, *, steps=40, world_size=2, shift_ns=None, start_ns=True):
+    """A run whose ranks each run their steps back to back on their own timeline: rank r's step k
+    takes step_ms(r, k) ms and starts where its previous step ended (plus shift_ns(r) on its clock).
+    Returns {rank: (start of step 10, end of the last step)} on the store's clock."""
+    make_run(root, run_id, world_size=world_size, steps=0, batch_size_per_rank=32)
+    rows, bounds = [], {}
+    for r in range(world_size):
+        t = T0_NS + (shift_ns(r) if shift_ns else 0)
+        for k in range(steps):
+            d = int(step_ms(r, k) * MS)
+            if k == 10:
+                bounds[r] = [t, None]
+            rows.append(row("steps", rank=r, step=k, start_ns=t if start_ns else None, step_ns=d,
+                            forward_ns=d // 2, backward_ns=d - d // 2, samples=32, clock="host"))  # fmt: skip
+            t += d
+        bounds[r][1] = t
+    with StoreWriter(root, run_id, writer_id=f"unaligned-{run_id}") as w:
+        w.extend("steps", rows)
+    return bounds
+
+
+def _alternating(rank: int, step: int) -> float:
+    """Each rank alternates 30 and 20 ms steps, out of phase: every step's slowest rank takes 30 ms,
+    while both ranks cover the window at 25 ms a step."""
+    return 30.0 if (rank + step) % 2 == 0 else 20.0
+
+
+def test_step_time_is_the_windows_wall_clock_not_a_sum_of_per_step_maxima(tmp_path):
+    bounds = _unaligned_run(tmp_path, "alt", _alternating)
+    with open_store(tmp_path) as store:
+        r = _by_run(store, "run_summary")["alt"]
+    elapsed = max(e for _, e in bounds.values()) - min(s for s, _ in bounds.values())
+    assert r["steady_steps"] == 30
+    assert r["step_ns"] == pytest.approx(elapsed / 30, rel=1e-9)
+    assert r["step_ns"] == pytest.approx(25 * MS, rel=1e-9)  # not 30 ms, the sum of maxima's mean
+    assert r["throughput_samples_per_s"] == pytest.approx(64 * 30 / (elapsed / 1e9), rel=1e-9)
+    # the spread statistics still describe the per-step slowest rank
+    assert r["step_median_ns"] == pytest.approx(30 * MS)
+    # each rank's own steps fill the window: nothing is imbalance, and the phases add up to T
+    assert r["imbalance_ns"] == pytest.approx(0, abs=1)
+    total = sum(r[f"{p}_ns"] for p in ("data", "forward", "backward", "sync_exposed", "optimizer", "other"))
+    assert total + r["imbalance_ns"] == pytest.approx(r["step_ns"], rel=1e-9)
+
+
+def test_a_rank_that_starts_later_widens_the_window_by_its_lag(tmp_path):
+    """Rank 1 runs the same steps 7 ms behind rank 0: the window runs from rank 0's start to rank
+    1's end, and the lag shows as imbalance (time the mean rank's steps do not cover)."""
+    bounds = _unaligned_run(tmp_path, "lag", lambda r, k: 25.0, shift_ns=lambda r: r * 7 * MS)
+    with open_store(tmp_path) as store:
+        r = _by_run(store, "run_summary")["lag"]
+    assert bounds[1][1] - bounds[0][0] == 30 * 25 * MS + 7 * MS
+    assert r["step_ns"] == pytest.approx((30 * 25 + 7) / 30 * MS, rel=1e-9)
+    assert r["imbalance_ns"] == pytest.approx(7 / 30 * MS, rel=1e-6)
+
+
+def test_without_start_times_or_with_disagreeing_clocks_the_sum_of_maxima_stands_in(tmp_path):
+    """No start times, or rank 1's clock 10 s off (a window longer than the steps could take on one
+    clock): the elapsed time falls back to the sum of the slowest rank per step, and says so."""
+    from perfscope.analysis.steady import run_stats_table
+
+    _unaligned_run(tmp_path, "nots", _alternating, start_ns=False)
+    _unaligned_run(tmp_path, "skew", _alternating, shift_ns=lambda r: r * 10_000 * MS)
+    _unaligned_run(tmp_path, "ok", _alternating)
+    with open_store(tmp_path) as store:
+        rows = {
+            r["run_id"]: r
+            for r in store.query(
+                f"SELECT run_id, step_ns, elapsed_source FROM {run_stats_table(store, Selection())}"
+            ).to_pylist()
+        }
+    assert rows["nots"]["elapsed_source"] == "sum_no_timestamps"
+    assert rows["skew"]["elapsed_source"] == "sum_clocks_disagree"
+    assert rows["ok"]["elapsed_source"] == "wall_clock"
+    assert rows["nots"]["step_ns"] == pytest.approx(30 * MS) and rows["skew"]["step_ns"] == pytest.approx(
+        30 * MS
+    )
+    assert rows["ok"]["step_ns"] == pytest.approx(25 * MS)

@@ -24,6 +24,17 @@ PERIOD_SHARE = 0.8
 #: collector fault); quality's `impossible_durations` names those rows, the statistics leave them out.
 VALID_STEP = "s.step_ns >= 0"
 
+#: Where a run's steady elapsed time comes from. `wall_clock` (DESIGN): latest end minus earliest
+#: start on any rank. Without step start times, or when the window is longer than the sum of the
+#: per-step maxima plus one step (impossible for ranks on one clock: rank clocks disagree, e.g.
+#: imported traces of several hosts without a common time base), the sum of the slowest rank's step
+#: time per step stands in for it.
+ELAPSED_SOURCES = {
+    "wall_clock": "wall clock: latest end minus earliest start on any rank",
+    "sum_no_timestamps": "sum of the slowest rank per step (the rows carry no start times)",
+    "sum_clocks_disagree": "sum of the slowest rank per step (the ranks' clocks disagree)",
+}
+
 #: Canonical phases as stored in `steps`, in display order.
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
 #: The additive breakdown adds the time the slowest rank makes everyone wait.
@@ -91,14 +102,21 @@ def thresholds_table(store: Store, sel: Selection) -> str:
 
 
 def step_agg_table(store: Store, sel: Selection) -> str:
-    """Per run and steady step: the slowest rank's step time (DESIGN step time), ranks present.
+    """Per run and steady step: the slowest rank's step time (the spread statistics), ranks present,
+    and the step's earliest start and latest end on any rank (aligned clock: the elapsed time).
     From the per-step rollups where they cover the run (rollups.py), else from the raw rows."""
     thr = thresholds_table(store, sel)
-    steps = by_step_sql(store, thr, ("n_valid", "step_max_ns"), "s.step >= t.first_steady_step")
+    steps = by_step_sql(
+        store,
+        thr,
+        ("n_valid", "step_max_ns", "start_min_ns", "end_max_ns"),
+        "s.step >= t.first_steady_step",
+    )
     return temp_table(
         store,
         ("step_agg", sel),
-        f"SELECT run_id, step, step_max_ns, n_valid::INTEGER AS n_ranks FROM ({steps}) WHERE n_valid > 0",
+        "SELECT run_id, step, step_max_ns, n_valid::INTEGER AS n_ranks, start_min_ns, end_max_ns "
+        f"FROM ({steps}) WHERE n_valid > 0",
     )
 
 
@@ -129,13 +147,18 @@ def run_stats_table(store: Store, sel: Selection) -> str:
     """Per selected run: steady-state step time, its spread and shape, the additive phase
     breakdown, and throughput.
 
-    The step time `step_ns` is the steady window's elapsed time per step: the mean over steady
-    steps of the slowest rank's step time (steps run back to back, so their sum is the window's
-    elapsed time). Throughput = global samples over the window / its elapsed time, so periodic slow
-    steps count in full (never samples / median step). The median, p10/p90 and coefficient of
-    variation describe spread only; `step_period` and `slow_step_share` name a bimodal or periodic
-    step-time distribution (see `SLOW_STEP_RATIO`). The breakdown's phases are means over steady
-    (rank, step) rows and add up to `step_ns` with `imbalance_ns` (the slowest rank's excess)."""
+    The steady window's elapsed time `steady_elapsed_ns` is wall-clock time: the latest end of its
+    last step on any rank minus the earliest start of its first step on any rank (timestamps are on
+    rank 0's clock). Never a sum of per-step maxima: ranks' step boundaries are not aligned, so the
+    slowest rank of one step is not the slowest of the next and the sum overstates the window by
+    the jitter. The step time `step_ns` = elapsed / steps of the window (`elapsed_steps`);
+    throughput = global samples over the window / its elapsed time, so periodic slow steps count in
+    full (never samples / median step). `elapsed_source` says where the elapsed time came from
+    (ELAPSED_SOURCES). The median, p10/p90 and coefficient of variation of the per-step slowest rank
+    describe spread only; `step_period` and `slow_step_share` name a bimodal or periodic step-time
+    distribution (see `SLOW_STEP_RATIO`). The breakdown's phases are means over steady (rank, step)
+    rows and add up to `step_ns` with `imbalance_ns` (the window's time per step that the mean
+    rank's own step does not cover: a rank idle between its steps, waiting for the slowest)."""
     from .comm_patterns import roles_table  # it builds on this module's tables
 
     runs = runs_table(store, sel)
@@ -160,12 +183,35 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                    quantile_cont(step_max_ns, 0.1) AS step_p10_ns,
                    quantile_cont(step_max_ns, 0.9) AS step_p90_ns,
                    avg(step_max_ns) AS step_max_mean_ns,
-                   sum(step_max_ns) AS steady_elapsed_ns,
+                   sum(step_max_ns) AS step_max_sum_ns,
+                   max(step_max_ns) AS step_max_top_ns,
+                   min(start_min_ns) AS steady_start_ns,
+                   max(end_max_ns) AS steady_end_ns,
+                   max(step) FILTER (WHERE end_max_ns IS NOT NULL)
+                       - min(step) FILTER (WHERE start_min_ns IS NOT NULL) + 1 AS steady_span_steps,
                    stddev_samp(step_max_ns) / nullif(avg(step_max_ns), 0) AS step_cv,
                    max(n_ranks) AS max_ranks_per_step,
                    count(*) FILTER (WHERE n_ranks < most_ranks) AS incomplete_steps
             FROM (SELECT *, max(n_ranks) OVER (PARTITION BY run_id) AS most_ranks FROM {sa})
             GROUP BY run_id
+        ), el AS (
+            -- the wall clock of the steady window, unless the rows carry no start times or the
+            -- ranks' clocks visibly disagree (see ELAPSED_SOURCES)
+            SELECT run_id,
+                   CASE WHEN steady_end_ns IS NULL OR steady_start_ns IS NULL THEN 'sum_no_timestamps'
+                        WHEN steady_span_steps < 1 OR steady_end_ns <= steady_start_ns
+                             OR steady_end_ns - steady_start_ns
+                                > step_max_mean_ns * steady_span_steps + step_max_top_ns
+                        THEN 'sum_clocks_disagree'
+                        ELSE 'wall_clock' END AS elapsed_source
+            FROM st
+        ), els AS (
+            SELECT st.*, el.elapsed_source,
+                   CASE WHEN elapsed_source = 'wall_clock' THEN steady_end_ns - steady_start_ns
+                        ELSE step_max_sum_ns END::DOUBLE AS steady_elapsed_ns,
+                   CASE WHEN elapsed_source = 'wall_clock' THEN steady_span_steps
+                        ELSE steady_steps END AS elapsed_steps
+            FROM st JOIN el USING (run_id)
         ), slow AS (
             -- steps well above the median, and the gap to the previous such step
             SELECT a.run_id, a.step, a.step_max_ns,
@@ -194,16 +240,16 @@ def run_stats_table(store: Store, sel: Selection) -> str:
             FROM {roles} GROUP BY run_id
         ), j AS (
             SELECT r.*, t.first_step, t.last_step, t.n_steps, t.warmup_steps, t.warmup_fallback,
-                   st.* EXCLUDE (run_id), k.* EXCLUDE (run_id),
+                   els.* EXCLUDE (run_id), k.* EXCLUDE (run_id),
                    coalesce(rl.servers, 0) AS servers, coalesce(rl.stages, 0) AS stages,
-                   st.step_max_mean_ns AS step_ns,
-                   coalesce(shape.slow_steps, 0) / st.steady_steps AS slow_step_share,
-                   shape.slow_mean_ns / nullif(st.step_median_ns, 0) AS slow_step_ratio,
+                   els.steady_elapsed_ns / els.elapsed_steps AS step_ns,
+                   coalesce(shape.slow_steps, 0) / els.steady_steps AS slow_step_share,
+                   shape.slow_mean_ns / nullif(els.step_median_ns, 0) AS slow_step_ratio,
                    CASE WHEN shape.slow_steps >= {MIN_PERIODS} AND shape.period_share >= {PERIOD_SHARE}
                         THEN shape.period END AS step_period
             FROM {runs} r
             LEFT JOIN {thr} t USING (run_id)
-            LEFT JOIN st USING (run_id)
+            LEFT JOIN els USING (run_id)
             LEFT JOIN shape USING (run_id)
             LEFT JOIN k USING (run_id)
             LEFT JOIN rl USING (run_id)
@@ -226,8 +272,8 @@ def run_stats_table(store: Store, sel: Selection) -> str:
         SELECT g.*,
                {breakdown},
                step_mean_ns - ({named_sum}) AS other_ns,
-               step_max_mean_ns - step_mean_ns AS imbalance_ns,
-               samples_per_step * steady_steps / (steady_elapsed_ns / 1e9) AS throughput_samples_per_s,
+               step_ns - step_mean_ns AS imbalance_ns,
+               samples_per_step * elapsed_steps / (steady_elapsed_ns / 1e9) AS throughput_samples_per_s,
                dataset_samples / samples_per_step * (step_ns / 1e9) AS epoch_s
         FROM g
         """,
