@@ -47,7 +47,7 @@ STRAGGLER_COLUMNS = {
     "last_share": Col("last to enter", 100.0, "%.0f%%"),
     "wait_per_step_ns": Col("wait per step (ms)", 1e-6, "%.3f"),
     "wait_share_of_step": Col("wait / step", 100.0, "%.1f%%"),
-    "is_straggler": Col("straggler"),
+    "is_straggler": Col("last most often", help="last in most collectives, well above 1/n"),
     "wait_source": Col("measured from"),
 }
 PLACEMENT_COLUMNS = {
@@ -184,6 +184,17 @@ def coarsen_steps(table: pa.Table, buckets: int) -> pa.Table:
 def _stragglers(ctx: Context, run_id: str) -> None:
     one = ctx.refine(run_ids=(run_id,))
     strag = ctx.table("stragglers", one)
+    # the verdict is the explainer's (the overview's findings), never a second judgement here
+    said = [
+        f
+        for top in ctx.findings() or []
+        for f in top.flatten()
+        if f.rule == "straggler" and run_id in f.evidence.run_ids
+    ]
+    for f in said:
+        st.warning(f"**{f.title}.** {f.text}", icon=":material/hourglass_top:")
+    if not said:
+        st.caption("No straggler finding for this run: no rank holds the others back.")
     # the tables hold this run only; naming it spares the builders their search for one
     wait = coarsen_steps(ctx.table("collective_wait", one), HEATMAP_BUCKETS)
     charts(wait_heatmap(wait, run_id), last_rank_chart(strag, run_id))

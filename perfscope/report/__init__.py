@@ -136,7 +136,7 @@ def collect(
         )
         for i, f in enumerate(found, start=1)
     ]
-    ctx = context(tables, findings)
+    ctx = context(tables, findings, found)
     for f in findings:
         f.group_label = ctx.label(f.group_id) if f.group_id else ""
     sections = build_sections(ctx)

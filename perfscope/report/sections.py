@@ -5,7 +5,7 @@ findings, data quality."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -13,6 +13,8 @@ import pyarrow as pa
 from ..analysis.selection import SOURCES
 from ..charts import CHARTS
 from ..charts.rows import group_label_map, multi_point_groups, natural_key, rows
+from ..explain.finding import Finding as ExplainFinding
+from ..explain.rules_compute import LOW_LOAD_BALANCE, STRAGGLER_WAIT_SHARE
 from ..words import counted, plural
 from .model import (
     ChartBlock,
@@ -24,6 +26,7 @@ from .model import (
     Section,
     TableBlock,
     device_unit,
+    format_value,
 )
 
 #: Tables longer than this fold away in HTML (they stay complete in Markdown and --tables).
@@ -38,6 +41,9 @@ class Context:
     findings: list[Finding]
     labels: dict[str, str]  # group_id -> short label
     unit: str = "GPU"  # what one rank runs on, in words: "rank" when every run was on CPU
+    #: every rule firing behind the findings, with the rank of the finding that says it (a symptom
+    #: is said by its root cause's finding): the sections read these, never judge on their own
+    fired: list[tuple[int, ExplainFinding]] = field(default_factory=list)
 
     def rows(self, name: str, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
         return rows(self.tables.get(name), list(columns) if columns is not None else None)
@@ -687,43 +693,63 @@ def _host_cpu_table(values: list[dict[str, Any]]) -> TableBlock:
 
 
 def stragglers(ctx: Context) -> Section:
+    """What the straggler rule found (the explainer's own finding, linked), the per-rank waits of the
+    runs it names, and the charts of its run: the section never says less or other than the finding."""
     s = Section("stragglers", "Stragglers", definitions=("wait-at-collective", "pop"))
-    flagged = [r for r in ctx.rows("stragglers") if r["is_straggler"]]
-    run_id = next((f.run_ids[0] for f in ctx.findings if f.id.startswith("straggler") and f.run_ids), None)
-    if run_id is None and flagged:
-        run_id = flagged[0]["run_id"]
+    waits = ctx.rows("stragglers")
+    said = [(rank, f) for rank, f in ctx.fired if f.rule == "straggler"]
     s.blocks.append(
         [
             "At every collective the early ranks wait for the last one. A rank that is last far more "
-            "often than 1/n of the time holds the others back."
+            "often than 1/n of the time holds the others back; so does one that computes more than the "
+            "others (a load balance, mean/max useful compute per rank, under "
+            f"{LOW_LOAD_BALANCE})."
         ]
     )
-    if flagged:
-        s.blocks.append(
-            [
-                f"{counted(len(flagged), 'rank')} in {counted(len({r['run_id'] for r in flagged}), 'run')} "
-                f"{plural('is', len(flagged))} flagged:"
-            ]
-        )
+    run_id: str | None = None
+    if said:
+        sizes = {r["run_id"]: r["world_size"] or 0 for r in ctx.rows("run_summary", ("run_id", "world_size"))}
+        for rank, f in said:
+            s.blocks.append([Ref(f.title, f"finding-{rank}"), f". {f.text}"])
+        named = {run for _, f in said for run in f.evidence.run_ids}
+        # the run the first finding speaks of: its largest world size, as the rule chooses
+        run_id = max(said[0][1].evidence.run_ids, key=lambda r: (sizes.get(r, 0), r), default=None)
         s.blocks.append(
             _table(
                 "stragglers",
-                "Ranks flagged as stragglers",
+                "Wait at collective per rank, in the runs the findings name",
                 _cols(
                     ("run_id", "run"),
                     ("world_size", "N"),
                     ("rank", "rank"),
                     ("hostname", "host"),
                     ("last_share", "last in"),
+                    ("is_straggler", "last most often"),
                     ("others_wait_per_step_ns", "others wait/step"),
                     ("others_wait_share", "others wait share"),
                     ("wait_source", "from"),
                 ),
-                flagged,
+                [r for r in waits if r["run_id"] in named],
             )
         )
     else:
-        s.blocks.append(["No rank is flagged as a straggler in this selection."])
+        s.blocks.append(
+            [
+                "No rank holds the others back in this selection: every run's load balance is at least "
+                f"{LOW_LOAD_BALANCE}, and no rank is last in most collectives with the others waiting "
+                f"{format_value('others_wait_share', STRAGGLER_WAIT_SHARE)} of the step or more for it."
+            ]
+        )
+        for r in (r for r in waits if r["is_straggler"]):
+            run_id = run_id or r["run_id"]
+            s.blocks.append(
+                [
+                    f"Rank {r['rank']} of run {r['run_id']} is last in "
+                    f"{format_value('last_share', r['last_share'])} of the collectives, but the others wait "
+                    f"only {format_value('others_wait_share', r['others_wait_share'] or 0.0)} of the step "
+                    "for it: too little to slow the run."
+                ]
+            )
     s.blocks.append(ctx.chart("last_rank", run_id=run_id))
     s.blocks.append(ctx.chart("wait_heatmap", run_id=run_id))
     return s
@@ -979,7 +1005,8 @@ def build_sections(ctx: Context) -> list[Section]:
     return out
 
 
-def context(tables: Tables, findings: list[Finding]) -> Context:
+def context(tables: Tables, findings: list[Finding], found: Iterable[ExplainFinding] = ()) -> Context:
+    """The sections' context; `found`: the explainer's findings, in the order of `findings`."""
     group_ids = set()
     for name in ("scaling", "sync", "utilisation", "pop", "scaling_model", "scaling_prediction"):
         group_ids |= {r["group_id"] for r in rows(tables.get(name), ["group_id"]) if r["group_id"]}
@@ -988,4 +1015,5 @@ def context(tables: Tables, findings: list[Finding]) -> Context:
     curves = [r for r in rows(tables.get("scaling"), ["group_id", "world_size", "mixed"]) if not r["mixed"]]
     labels.update(group_label_map(multi_point_groups(curves)))
     unit = device_unit(r["device_model"] for r in rows(tables.get("run_summary"), ["device_model"]))
-    return Context(tables, findings, labels, unit)
+    fired = [(rank, f) for rank, top in enumerate(found, start=1) for f in top.flatten()]
+    return Context(tables, findings, labels, unit, fired)
