@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SAMPLE_STAMP := $(VENV)/.installed-sample
 
 comma := ,
-.PHONY: lock setup lint typecheck pytest test sample schema bench clean
+.PHONY: lock setup lint typecheck pytest test sample dashboard schema bench clean
 
 LOCK := requirements-lock.txt
 SAMPLE_LOCK := requirements-sample-lock.txt
@@ -55,6 +55,11 @@ sample: $(SAMPLE_STAMP)
 	$(VENV)/bin/perfscope analyze sample_traces/seed-study
 	$(VENV)/bin/perfscope analyze sample_traces/demo-cpu
 	$(VENV)/bin/perfscope report sample_traces/seed-study -o artifacts/sample-report.html
+
+# the sample study in the browser (adds the dashboard's packages at the full lock's versions)
+dashboard: $(SAMPLE_STAMP)
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -c $(LOCK) -e '.[dashboard]'
+	$(VENV)/bin/perfscope dashboard sample_traces/seed-study
 
 # refresh the lock on purpose: after changing a dependency in pyproject.toml, or to take new releases
 lock: setup

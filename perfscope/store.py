@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .duckdb_check import configure as configure_duckdb
 from .errors import PerfscopeWarning, StoreError, one_line, warn_once
 from .live import LIVE_SUFFIX, read_live, twin
 from .manifest import RANGE_COLUMNS, SAVE_MIN_CHANGES, Entries, Manifest
@@ -915,6 +916,7 @@ class Store:
             + "]"
         )
         self._con.execute("SET enable_external_access=false")
+        configure_duckdb(self._con)
         self._con.execute("SET lock_configuration=true")
         self.listing = Listing()
         self._live_names: set[str] = set()

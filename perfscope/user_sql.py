@@ -20,6 +20,7 @@ from types import TracebackType
 import duckdb
 import pyarrow as pa
 
+from .duckdb_check import configure as configure_duckdb
 from .errors import PerfscopeError
 from .store import Listing, Store, _spill_dir, create_views
 
@@ -107,6 +108,7 @@ def _connect(
         con.execute(f"SET allowed_directories={_quoted([spill])}")
         con.execute("SET enable_external_access=false")
         create_views(con, listing)
+        configure_duckdb(con)
         con.execute("SET lock_configuration=true")
     except duckdb.Error as exc:
         con.close()
