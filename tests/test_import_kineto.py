@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 import tracemalloc
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -605,3 +606,97 @@ def test_interval_arithmetic() -> None:
     b = merge(np.array([[2, 6], [11, 20]]))
     assert subtract(a, b).tolist() == [[0, 2], [6, 7], [10, 11]]
     assert overlap(a, b) == pytest.approx(3.0)
+
+
+# ---- every schema Kineto has written -------------------------------------------------------------------
+
+OLD = DATA / "kineto-old-schema-v100-1step.json.gz"  # 2021, PyTorch 1.8 era: Operator/Runtime/Kernel
+_NEWER_CATS = {"operator": "cpu_op", "runtime": "cuda_runtime", "kernel": "kernel", "memcpy": "gpu_memcpy",
+               "memset": "gpu_memset"}  # fmt: skip
+
+
+def _as_vintage(doc: dict[str, Any], vintage: str) -> dict[str, Any]:
+    """The old trace rewritten as later PyTorch releases write the same events: 1.9-1.13 lower-case
+    categories, ProfilerStep#N as a user_annotation, integer thread ids, deviceProperties; 2.x also
+    timestamps relative to baseTimeNanoseconds (fractional µs), a cuda_driver call and the GPU-side
+    copy of the step range (gpu_user_annotation), distributedInfo of a world of one."""
+    if vintage == "1.8":
+        return doc
+    out: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": doc["computeProperties"]}  # Kineto's order
+    base = 1_621_401_000_000_000 if vintage == "2.x" else 0
+    events = []
+    for ev in doc["traceEvents"]:
+        ev = dict(ev)
+        cat = str(ev.get("cat", "")).lower()
+        if cat in _NEWER_CATS:
+            ev["cat"] = _NEWER_CATS[cat]
+        if str(ev.get("name", "")).startswith("ProfilerStep#"):
+            ev["cat"] = "user_annotation"
+        if isinstance(ev.get("tid"), str) and ev["tid"].isdigit():
+            ev["tid"] = int(ev["tid"])
+        if isinstance(ev.get("ts"), (int, float)):
+            ev["ts"] = ev["ts"] - base + (0.25 if vintage == "2.x" else 0)
+        events.append(ev)
+        if vintage == "2.x" and str(ev.get("name", "")).startswith("ProfilerStep#"):
+            events.append(ev | {"cat": "gpu_user_annotation", "pid": 0, "tid": 7, "dur": ev["dur"] - 3})
+    if vintage == "2.x":
+        events.append({"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": events[0].get("ts", 0), "dur": 1, "args": {"correlation": 10**9}})  # fmt: skip
+        out["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 1}
+        out["baseTimeNanoseconds"] = base * 1000
+    out["traceEvents"] = events
+    return out
+
+
+def _steps_read_with_json(doc: dict[str, Any]) -> list[dict[str, float]]:
+    """Each CPU ProfilerStep#N range with the union of the compute kernels its CPU launched, read
+    straight from the JSON: µs, wall clock."""
+    base_ns = doc.get("baseTimeNanoseconds", 0)
+    evs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    launches = {e["args"]["correlation"]: e["ts"] for e in evs
+                if str(e.get("cat")).lower() in ("runtime", "cuda_runtime", "cuda_driver")}  # fmt: skip
+    kernels = [e for e in evs if str(e.get("cat")).lower() == "kernel"]
+    out = []
+    for s in evs:
+        if not str(s.get("name")).startswith("ProfilerStep#") or s.get("cat") == "gpu_user_annotation":
+            continue
+        mine = [(k["ts"], k["ts"] + k["dur"]) for k in kernels
+                if s["ts"] <= launches.get(k["args"]["correlation"], -1) < s["ts"] + s["dur"]]  # fmt: skip
+        start_ns = base_ns + int(Decimal(repr(s["ts"])) * 1000)  # exact: the JSON's digits
+        out.append({"step": int(s["name"].split("#")[1]), "start_ns": start_ns, "dur_us": s["dur"],
+                    "compute_us": sum(b - a for a, b in _union(mine))})  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("vintage", ["1.8", "1.9-1.13", "2.x"])
+def test_every_kineto_schema_imports_and_its_steps_match_its_profiler_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], vintage: str
+) -> None:
+    """The real 2021 trace (issue 22: refused, 'no ProfilerStep#N ranges') and the same events as
+    later releases write them: each step is its ProfilerStep#N range, to the ns."""
+    doc = _as_vintage(json.loads(gzip.decompress(OLD.read_bytes())), vintage)
+    path = tmp_path / f"v{vintage}.json"
+    path.write_text(json.dumps(doc))
+    expected = _steps_read_with_json(doc)
+    assert len(expected) >= 1 and expected[0]["compute_us"] > 0
+    assert _import(tmp_path, path) == 0, capsys.readouterr().err
+    with open_store(tmp_path / "store") as store:
+        steps = store.query(
+            "SELECT step, start_ns, step_ns, forward_ns + backward_ns + optimizer_ns AS compute_ns "
+            "FROM steps ORDER BY step"
+        ).to_pylist()
+        run = store.query("SELECT world_size, device_model, started_ns FROM runs").to_pylist()[0]
+    assert [s["step"] for s in steps] == [e["step"] for e in expected]
+    for s, e in zip(steps, expected, strict=True):
+        assert s["start_ns"] == e["start_ns"]  # wall clock, no float64 digits lost
+        assert s["step_ns"] == round(e["dur_us"] * 1000)
+        assert s["compute_ns"] == pytest.approx(e["compute_us"] * 1000, abs=2)
+    assert run["world_size"] == 1 and run["device_model"] == "Tesla V100-DGXS-32GB"
+    assert time.gmtime(run["started_ns"] / 1e9).tm_year == 2021  # the trace's own clock, not the file's
+
+
+def test_the_real_nccl_trace_still_imports(tmp_path: Path) -> None:
+    assert _import(tmp_path, REAL) == 0
+    with open_store(tmp_path / "store") as store:
+        assert store.query("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 3}]
+        assert store.query("SELECT world_size FROM runs").to_pylist() == [{"world_size": 2}]

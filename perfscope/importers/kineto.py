@@ -47,9 +47,19 @@ _COMM_RANGE_PREFIXES = ("gloo:", "mpi:", "ucc:")  # the transfer itself, on the 
 _DATA_PREFIXES = ("enumerate(DataLoader)", "DataLoader.__next__")
 _OPT_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#")
 _BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
-_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
-_CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
+# Categories of every schema Kineto has written (compared lower-case, as TensorBoard's profiler
+# plugin does): PyTorch 1.8 wrote `Operator`, `Runtime`, `Kernel`, `Memcpy`, `Memset` (and `Python`);
+# 1.9 on `cpu_op`, `cuda_runtime`, `kernel`, `gpu_memcpy`, `gpu_memset`, `user_annotation`,
+# `python_function`; 2.x adds `cuda_driver` and other runtimes. `gpu_user_annotation` ranges are
+# the GPU-side copies of CPU ranges (ProfilerStep#N included): never steps, never compute.
+_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
+_LAUNCH_CATS = frozenset(
+    {"cuda_runtime", "cuda_driver", "runtime", "driver", "xpu_runtime", "mtia_runtime", "privateuse1_runtime"}
+)
+_CPU_CATS = frozenset({"cpu_op", "operator", "user_annotation", "python_function", "python"})
+#: µs since the Unix epoch from 2001 to 2100: Kineto before `baseTimeNanoseconds` (PyTorch < 2.0)
+#: wrote wall-clock µs, later versions µs from an origin that `baseTimeNanoseconds` names
+_EPOCH_US = (1.0e15, 4.1e15)
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 4 * 2,
     "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
@@ -196,7 +206,10 @@ class RankTrace:
         return len(self.k_start) > 0 or bool(self.comm_kernels)
 
     def to_ns(self, ts_us: float) -> int:
-        return round(ts_us * 1000.0) + (self.base_ns or 0)
+        # whole µs and the fraction apart: µs since the epoch (older traces) times 1000 is past
+        # float64's 2^53 and would lose the last digits
+        whole = math.floor(ts_us)
+        return whole * 1000 + round((ts_us - whole) * 1000.0) + (self.base_ns or 0)
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -263,7 +276,7 @@ def _metadata(trace: RankTrace, head: bytes, tail: bytes) -> None:
         trace.backend = str(info.get("backend") or "")[:40]
     host = meta.get("host_name") or meta.get("hostname")
     trace.hostname = str(host)[:200] if host else ""
-    props = meta.get("deviceProperties")
+    props = meta.get("deviceProperties") or meta.get("computeProperties")  # the latter before 1.9
     if isinstance(props, list) and props and isinstance(props[0], dict):
         trace.device_model = str(props[0].get("name") or "")[:200]
 
@@ -298,6 +311,7 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
     if ts is None or dur is None or dur < 0:
         return
     cat = ev.get("cat")
+    cat = cat.lower() if isinstance(cat, str) else None
     name = ev.get("name")
     if not isinstance(name, str):
         return
@@ -503,6 +517,17 @@ def _ns(us: float) -> int:
 def _assign_ranks(traces: list[RankTrace], opts: ImportOptions) -> int:
     """Fill in missing ranks from the flags; returns the world size."""
     missing = [t for t in traces if t.rank is None]
+    if (
+        missing
+        and opts.rank is None
+        and opts.world_size is None
+        and len(traces) == 1
+        and not _talks(traces[0])
+    ):
+        # one file, no distributedInfo (PyTorch before 1.10 never wrote it) and no collective in
+        # it: a single-process job, rank 0 of 1
+        traces[0].rank, traces[0].world_size = 0, 1
+        missing = []
     if missing:
         if opts.rank is None or len(traces) != 1:
             names = ", ".join(t.path.name for t in missing[:3])
@@ -533,6 +558,11 @@ def _assign_ranks(traces: list[RankTrace], opts: ImportOptions) -> int:
     return world
 
 
+def _talks(t: RankTrace) -> bool:
+    """Whether the trace holds any communication: kernels, transfers or collective calls."""
+    return bool(t.comm_kernels or t.comm_ranges or t.comm_calls)
+
+
 def _anchor_clocks(traces: list[RankTrace]) -> str:
     """Kineto's timestamps count from an arbitrary origin; `baseTimeNanoseconds` (newer traces)
     makes them wall-clock. Traces without it are anchored so that the lowest rank's last event ends
@@ -541,6 +571,11 @@ def _anchor_clocks(traces: list[RankTrace]) -> str:
     missing = [t for t in traces if t.base_ns is None]
     if not missing:
         return "baseTimeNanoseconds"
+    epoch = [t for t in missing if t.steps and all(_EPOCH_US[0] <= s.start <= _EPOCH_US[1] for s in t.steps)]
+    if len(epoch) == len(missing):  # traces before baseTimeNanoseconds: the timestamps are wall-clock
+        for t in missing:
+            t.base_ns = 0
+        return "trace timestamps (µs since the epoch)" if len(missing) == len(traces) else "mixed"
     first = missing[0]
     offset = first.path.stat().st_mtime_ns - round(first.last_us * 1000.0)
     for t in missing:
