@@ -139,3 +139,81 @@ def test_a_malformed_target_is_one_line(
     assert main(["analyze", str(store_path), "--target", bad]) != 0
     err = capsys.readouterr().err
     assert "METRIC=NUMBER" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# What a Hugging Face Trainer logs every step (logging_steps=1), and once at the end of training.
+def _warmup_lr(step: int) -> float:
+    return 5e-3 * min(1.0, step / 10) * (1 - step / STEPS)  # linear warm-up from 0, then decay
+
+
+def _grad_norm(step: int) -> float:
+    return 2.5 - 0.06 * step if step < 20 else 1.3 + 0.03 * (step - 20)  # a dip, then a rise
+
+
+HF_LOGS = {
+    "loss": _decay(0.7, 0.08),
+    "grad_norm": _grad_norm,
+    "learning_rate": _warmup_lr,
+    "epoch": lambda step: (step + 1) / 16,
+    "total_flos": lambda step: 2.9e8,
+    "train_runtime": lambda step: 40.0 - 0.1 * step,
+    "train_samples_per_second": lambda step: 6.0 + 0.01 * step,
+    "eval_runtime": lambda step: 1.0 + 0.02 * step,
+    "eval_steps_per_second": lambda step: 30.0 - 0.3 * step,
+    "loss_scale": lambda step: 65536.0 / 2 ** (step // 10),  # AMP's scaler backing off: not a loss
+}
+
+
+def test_bookkeeping_is_neither_a_target_nor_a_divergence(tmp_path: Path) -> None:
+    """A healthy run whose loss falls: grad_norm, the learning-rate warm-up, epoch, *_runtime,
+    *_per_second and total_flos move as they always do; none is a time-to-target metric, and no
+    run diverged (the old rule read the learning rate leaving its warm-up 0 and the grad norm
+    rising after its dip as divergence)."""
+    make_run(tmp_path, "hf", experiment="hf", steps=STEPS, metrics=HF_LOGS)
+    with open_store(tmp_path) as store:
+        ttm = run_analysis("time_to_metric", store, Selection()).to_pylist()
+        assert {r["metric"] for r in ttm} == {"loss"}
+        assert not any(r["diverged"] for r in ttm)
+        assert not [f for f in explain(store, Selection()) if f.rule == "diverged"]
+
+
+def test_a_growing_loss_still_diverges_beside_bookkeeping(tmp_path: Path) -> None:
+    make_run(tmp_path, "hf", experiment="hf", steps=STEPS, metrics={**HF_LOGS, "loss": _diverging})
+    with open_store(tmp_path) as store:
+        (f,) = [f for f in explain(store, Selection()) if f.rule == "diverged"]
+    assert list(f.evidence.run_ids) == ["hf"] and "loss moving away from its best" in f.text
+    assert "grad_norm" not in f.text and "learning_rate" not in f.text
+
+
+@pytest.mark.parametrize("how", ["--target", "tag"])
+def test_a_metric_the_user_names_is_judged(tmp_path: Path, how: str) -> None:
+    """grad_norm is bookkeeping unless the user names it: then it is a target (its direction from
+    its trend) and its moving away from its best is reported."""
+    tags = {"target": "grad_norm=1.5"} if how == "tag" else {}
+    make_run(tmp_path, "hf", experiment="hf", steps=STEPS, metrics=HF_LOGS, tags=tags)
+    sel = Selection(targets=(("grad_norm", 1.5),)) if how == "--target" else Selection()
+    with open_store(tmp_path) as store:
+        ttm = {r["metric"]: r for r in run_analysis("time_to_metric", store, sel).to_pylist()}
+        assert set(ttm) == {"loss", "grad_norm"}
+        assert ttm["grad_norm"]["target"] == 1.5 and ttm["grad_norm"]["target_source"] == (
+            "user" if how == "--target" else "tag"
+        )
+        assert ttm["grad_norm"]["diverged"] and not ttm["loss"]["diverged"]
+
+
+@pytest.mark.parametrize(
+    ("name", "direction"),
+    [
+        ("loss", "lower"), ("train_loss_step", "lower"), ("train_loss_epoch", "lower"), ("val/loss", "lower"),
+        ("valLoss", "lower"), ("eval_perplexity", "lower"), ("wer", "lower"), ("val_acc", "higher"),
+        ("trainAccuracy", "higher"), ("acc@1", "higher"), ("top5", "higher"), ("mAP50", "higher"),
+        ("eval_f1", "higher"), ("rougeL", "higher"), ("grad_norm", None), ("learning_rate", None),
+        ("lr", None), ("epoch", None), ("total_flos", None), ("train_runtime", None),
+        ("train_samples_per_second", None), ("eval_steps_per_second", None), ("loss_scale", None),
+        ("gradient_accumulation_steps", None), ("power_w", None), ("heatmap", None), ("global_step", None),
+    ],
+)  # fmt: skip
+def test_which_names_are_targets(name: str, direction: str | None) -> None:
+    from perfscope.analysis.batch import metric_direction
+
+    assert metric_direction(name) == direction

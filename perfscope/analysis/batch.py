@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 from ..store import Store
@@ -15,8 +17,22 @@ from .utilisation import _run_t0
 CURVE_POINTS = 500
 #: Steps in the moving mean that smooths a noisy per-step metric before asking "reached yet?".
 SMOOTH_STEPS = 10
-LOWER_IS_BETTER = ("loss", "err", "perplex", "mse", "mae", "rmse", "nll", "wer", "cer")
-HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "bleu", "score", "iou", "map", "top")
+#: Which logged metrics are targets (time to target, divergence). A name is read as words (split at
+#: '_', '/', '.', '-', spaces and camelCase, lower-cased): a word of LOWER_IS_BETTER makes it a
+#: lower-is-better metric, one of HIGHER_IS_BETTER a higher-is-better one; a word of BOOKKEEPING
+#: makes it none whatever else it holds (loss_scale, grad_norm, learning_rate, total_flos,
+#: train_runtime, train_samples_per_second ...), and a name with neither kind of word (epoch,
+#: global_step) is none. A metric the user names (--target, the `target` tag) is a target whatever
+#: its name; its direction then comes from its name, else from its trend.
+LOWER_IS_BETTER = re.compile(r"\w*loss(es)?|nll|mse|mae|rmse|err|errors?|perplexity|ppl|wer|cer|ter")
+HIGHER_IS_BETTER = re.compile(
+    r"acc(uracy)?(@?\d+)?|top\d*|f1|auc|auroc|precision|recall|bleu\d*|rouge\w*|score|iou|miou|map\d*"
+    r"|ap\d*|dice|ndcg|mrr|r2"
+)
+BOOKKEEPING = frozenset(
+    ("norm", "lr", "learning", "flos", "flops", "runtime", "second", "seconds", "sec", "throughput",
+     "time", "scale", "scaler", "momentum", "memory", "mem", "mfu", "samples", "tokens", "num", "count")
+)  # fmt: skip
 #: The default target is the best value this share of the runs that did not diverge reached.
 DEFAULT_TARGET_SHARE = 0.75
 #: A run diverged when its smoothed metric ends this share of its progress (first to best) away
@@ -49,10 +65,40 @@ def batch_sweep(store: Store, sel: Selection) -> pa.Table:
     )
 
 
-def _direction_sql(name: str) -> str:
-    lower = " OR ".join(f"contains(lower({name}), '{w}')" for w in LOWER_IS_BETTER)
-    higher = " OR ".join(f"contains(lower({name}), '{w}')" for w in HIGHER_IS_BETTER)
-    return f"CASE WHEN {lower} THEN 'lower' WHEN {higher} THEN 'higher' END"
+def metric_words(name: str) -> list[str]:
+    """'train/TopAccuracy_step' -> ['train', 'top', 'accuracy', 'step']."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return [w for w in re.split(r"[^a-z0-9@]+", spaced.lower()) if w]
+
+
+def metric_direction(name: str) -> str | None:
+    """'lower' or 'higher' for a metric whose name says it is a loss, an error, an accuracy ...;
+    None for bookkeeping (grad_norm, learning_rate, epoch, *_runtime, *_per_second ...) and for a
+    name that says neither: such a metric is a target only when the user names it."""
+    words = metric_words(name)
+    if any(w in BOOKKEEPING for w in words):
+        return None
+    if any(LOWER_IS_BETTER.fullmatch(w) for w in words):
+        return "lower"
+    if any(HIGHER_IS_BETTER.fullmatch(w) for w in words):
+        return "higher"
+    return None
+
+
+def _target_metrics_sql(store: Store, curves: str, variants: str, sel: Selection) -> str:
+    """(metric, direction) of the metrics time to target and divergence judge: those whose name
+    gives a direction, and those the user names (direction NULL unless the name gives one)."""
+    names = store.query(f"SELECT DISTINCT metric FROM {curves}").column("metric").to_pylist()
+    named = {m for m, _ in sel.targets}
+    named |= set(
+        store.query(f"SELECT DISTINCT metric FROM ({_tag_targets_sql(variants)})").column(0).to_pylist()
+    )
+    rows = [(m, metric_direction(m)) for m in names if m is not None]
+    rows = [(m, d) for m, d in rows if d is not None or m in named]
+    if not rows:
+        return "SELECT NULL::VARCHAR AS metric, NULL::VARCHAR AS direction WHERE false"
+    values = ", ".join(f"({sql_literal(m)}, {sql_literal(d) if d else 'NULL'})" for m, d in rows)
+    return f"SELECT * FROM (VALUES {values}) t(metric, direction)"
 
 
 def _curves_table(store: Store, sel: Selection) -> str:
@@ -162,6 +208,7 @@ def time_to_metric(store: Store, sel: Selection) -> pa.Table:
     for the last third of the run by DIVERGED_MARGIN of its progress)."""
     c = _curves_table(store, sel)
     v = _variants_table(store, sel)
+    kinds = _target_metrics_sql(store, c, v, sel)
     user = (
         " UNION ALL ".join(
             f"SELECT {sql_literal(m)} AS metric, {float(t)!r}::DOUBLE AS target" for m, t in sel.targets
@@ -174,13 +221,15 @@ def time_to_metric(store: Store, sel: Selection) -> pa.Table:
     return store.query(
         f"""
         WITH d AS (
-            -- direction from the name, else from the trend (first vs last tenth of the run)
-            SELECT experiment, metric, coalesce({_direction_sql("metric")},
+            -- the target metrics only; direction from the name, else from the trend (first vs
+            -- last tenth of the run)
+            SELECT experiment, metric, coalesce(any_value(k.direction),
                    CASE WHEN avg(value) FILTER (WHERE step <= first_s + (last_s - first_s) / 10)
                            >= avg(value) FILTER (WHERE step >= last_s - (last_s - first_s) / 10)
                         THEN 'lower' ELSE 'higher' END) AS direction
             FROM (SELECT *, min(step) OVER (PARTITION BY run_id, metric) AS first_s,
                             max(step) OVER (PARTITION BY run_id, metric) AS last_s FROM {c})
+            JOIN ({kinds}) k USING (metric)
             GROUP BY experiment, metric
         ), per_run AS (
             SELECT c.run_id, c.experiment, c.metric, d.direction,
