@@ -200,6 +200,24 @@ class Listing:
             if s.live is not None
         ]
 
+    def signature(self) -> tuple[object, ...]:
+        """What a refresh compares with the listing before: the files read per table, their rows and
+        footprints (a live segment's rows grow), and the files skipped, doubted or superseded."""
+        read = tuple(
+            (
+                table,
+                b.folder,
+                tuple(b.entries.names())
+                if b.entries is not None and b._segments is None
+                else tuple((s.file, s.footprint) for s in b.segments()),
+                b.num_rows.tobytes(),
+            )
+            for table, blocks in sorted(self.blocks.items())
+            for b in blocks
+        )
+        others = (self.skipped, self.doubtful, self.superseded, self.superseded_by, self.sealed_live)
+        return (read, *(repr(o) for o in others))
+
     def reread(self, table: str) -> None:
         """Take the facts of `table`'s Parquet segments from their footers, not from the manifest: a
         view over them failed to bind (an entry named a column its file lacks)."""
@@ -965,6 +983,8 @@ class Store:
                 + (f" (skipped {len(listing.skipped)} files: {reasons})" if listing.skipped else "")
                 + ". Record a run into it with perfscope.profile(...) or try `perfscope demo`."
             )
+        if listing.signature() == self.listing.signature():
+            return  # nothing new: the views, live relations and what analyses built over them stand
         new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
         new_doubts = {s.path for s in listing.doubtful} - {s.path for s in self.listing.doubtful}
         self.listing = listing
