@@ -5,7 +5,8 @@ re-list the folder while another session's analysis is using temp tables of the 
 listing's temp tables are never dropped while anything computing over them still holds that
 generation (a thread's outermost `memo` call holds its generation until its value is computed, and
 everything computed inside reads that generation; an analysis runs inside one): a generation that
-nothing holds any more queues its tables, and the next caller drops them. A refresh that finds nothing new keeps the same listing (Store.refresh), so it changes nothing.
+nothing holds any more queues its tables, and the next caller drops them. A refresh that finds
+nothing new keeps the same listing (Store.refresh), so it changes nothing.
 """
 
 from __future__ import annotations
