@@ -103,7 +103,7 @@ def test_selection_filters_by_source_and_experiment(tmp_path):
 # ---- elapsed time is the window's wall clock (issue 21): ranks' step boundaries are not aligned
 
 
-def _unaligned_run(root, run_id, step_ms, *, steps=40, world_size=2, shift_ns=None, start_ns=True):
+def unaligned_run(root, run_id, step_ms, *, steps=40, world_size=2, shift_ns=None, start_ns=True):
     """A run whose ranks each run their steps back to back on their own timeline: rank r's step k
     takes step_ms(r, k) ms and starts where its previous step ended (plus shift_ns(r) on its clock).
     Returns {rank: (start of step 10, end of the last step)} on the store's clock."""
@@ -124,14 +124,14 @@ def _unaligned_run(root, run_id, step_ms, *, steps=40, world_size=2, shift_ns=No
     return bounds
 
 
-def _alternating(rank: int, step: int) -> float:
+def alternating(rank: int, step: int) -> float:
     """Each rank alternates 30 and 20 ms steps, out of phase: every step's slowest rank takes 30 ms,
     while both ranks cover the window at 25 ms a step."""
     return 30.0 if (rank + step) % 2 == 0 else 20.0
 
 
 def test_step_time_is_the_windows_wall_clock_not_a_sum_of_per_step_maxima(tmp_path):
-    bounds = _unaligned_run(tmp_path, "alt", _alternating)
+    bounds = unaligned_run(tmp_path, "alt", alternating)
     with open_store(tmp_path) as store:
         r = _by_run(store, "run_summary")["alt"]
     elapsed = max(e for _, e in bounds.values()) - min(s for s, _ in bounds.values())
@@ -150,7 +150,7 @@ def test_step_time_is_the_windows_wall_clock_not_a_sum_of_per_step_maxima(tmp_pa
 def test_a_rank_that_starts_later_widens_the_window_by_its_lag(tmp_path):
     """Rank 1 runs the same steps 7 ms behind rank 0: the window runs from rank 0's start to rank
     1's end, and the lag shows as imbalance (time the mean rank's steps do not cover)."""
-    bounds = _unaligned_run(tmp_path, "lag", lambda r, k: 25.0, shift_ns=lambda r: r * 7 * MS)
+    bounds = unaligned_run(tmp_path, "lag", lambda r, k: 25.0, shift_ns=lambda r: r * 7 * MS)
     with open_store(tmp_path) as store:
         r = _by_run(store, "run_summary")["lag"]
     assert bounds[1][1] - bounds[0][0] == 30 * 25 * MS + 7 * MS
@@ -163,9 +163,9 @@ def test_without_start_times_or_with_disagreeing_clocks_the_sum_of_maxima_stands
     clock): the elapsed time falls back to the sum of the slowest rank per step, and says so."""
     from perfscope.analysis.steady import run_stats_table
 
-    _unaligned_run(tmp_path, "nots", _alternating, start_ns=False)
-    _unaligned_run(tmp_path, "skew", _alternating, shift_ns=lambda r: r * 10_000 * MS)
-    _unaligned_run(tmp_path, "ok", _alternating)
+    unaligned_run(tmp_path, "nots", alternating, start_ns=False)
+    unaligned_run(tmp_path, "skew", alternating, shift_ns=lambda r: r * 10_000 * MS)
+    unaligned_run(tmp_path, "ok", alternating)
     with open_store(tmp_path) as store:
         rows = {
             r["run_id"]: r

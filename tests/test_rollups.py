@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from storegen import MS, T0_NS, Comm, make_run, ring_transfer_ns, row
 from tables import assert_tables_close
+from test_analysis_steady import alternating, unaligned_run
 
 from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.cli import main
@@ -71,7 +72,8 @@ def _extra_rows(
 
 def _study(root: Path) -> None:
     """Several runs and world sizes: stragglers, a missing rank, NULL and negative step times, a gap
-    in the steps, collectives recorded as comm rows, a second experiment."""
+    in the steps, collectives recorded as comm rows, a second experiment, ranks whose step
+    boundaries are not aligned (the steady window's wall clock is not the sum of per-step maxima)."""
     make_run(root, "n1", world_size=1, steps=60)
     make_run(root, "n2", world_size=2, steps=75, phase_fn=_straggler)
     _extra_rows(root, "n2", range(75, 80), step_ns=None, writer="late")
@@ -86,6 +88,7 @@ def _study(root: Path) -> None:
         experiment="other",
         comm=Comm([2**20, 2**22], lambda nb: ring_transfer_ns(4, nb, 5e-6, 1e-10), lambda r, s: r * 1e5),
     )
+    unaligned_run(root, "alt", alternating, steps=50)
 
 
 def _tables(root: Path, sel: Selection) -> dict[str, pa.Table]:
@@ -128,7 +131,7 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _study(root)
     compact(root, grace_s=0)
     assert (root / ROLLUP_DIR / "run_id=n2" / "by_step.parquet").is_file()
-    assert write_rollups(root, window_steps=WINDOW) == 5
+    assert write_rollups(root, window_steps=WINDOW) == 6
     assert write_rollups(root, window_steps=WINDOW) == 0  # up to date: nothing rewritten
     return root
 
@@ -142,7 +145,7 @@ def _without_rollups(root: Path, dest: Path) -> Path:
 def test_every_analysis_is_the_same_with_and_without_rollups(
     rolled: Path, tmp_path: Path, sel: Selection
 ) -> None:
-    assert _covered(rolled) == {"n1", "n2", "n4", "n8", "comm4"}
+    assert _covered(rolled) == {"n1", "n2", "n4", "n8", "comm4", "alt"}
     raw = _without_rollups(rolled, tmp_path / "raw")
     assert _covered(raw) == set()
     with warnings.catch_warnings():
@@ -153,6 +156,9 @@ def test_every_analysis_is_the_same_with_and_without_rollups(
         # abs_tol: a perfect fit's error (SMAPE 1e-14 %) is rounding, whichever rows were read
         assert_tables_close(got[name], want[name], rel=1e-9, abs_tol=1e-9, what=name)
     # the study exercises what it claims to
+    if sel == Selection():  # the wall clock of the window (25 ms a step), not the sum of maxima (30)
+        alt = next(r for r in want["run_summary"].to_pylist() if r["run_id"] == "alt")
+        assert alt["step_ns"] == pytest.approx(25 * MS) and alt["step_median_ns"] == pytest.approx(30 * MS)
     quality = {r["kind"] for r in want["quality"].to_pylist()}
     assert "impossible_durations" in quality
     assert any(r["is_straggler"] for r in want["stragglers"].to_pylist())
@@ -174,7 +180,7 @@ def test_a_stale_rollup_is_ignored_silently(rolled: Path, tmp_path: Path) -> Non
     raw = _without_rollups(root, tmp_path / "raw")
     with warnings.catch_warnings():
         warnings.simplefilter("error", PerfscopeWarning)
-        assert _covered(root) == {"n1", "n4", "n8", "comm4"}
+        assert _covered(root) == {"n1", "n4", "n8", "comm4", "alt"}
         got = _tables(root, Selection())
     want = _tables(raw, Selection())
     for name in ("run_summary", "rank_breakdown", "stragglers", "quality", "comm_by_role"):
@@ -260,7 +266,7 @@ def test_a_hostile_rollup_is_named_and_never_changes_a_number(
     spoil(root / ROLLUP_DIR / "run_id=n2", root / ROLLUP_DIR / "run_id=n4")
     raw = _without_rollups(root, tmp_path / "raw")
     with pytest.warns(PerfscopeWarning, match="rollup"):
-        assert _covered(root) == {"n1", "n4", "n8", "comm4"}
+        assert _covered(root) == {"n1", "n4", "n8", "comm4", "alt"}
     with pytest.warns(PerfscopeWarning, match="rollup"):
         got = _tables(root, Selection(warmup_steps=12))
     want = _tables(raw, Selection(warmup_steps=12))
@@ -316,7 +322,7 @@ def test_a_closing_writer_leaves_a_run_too_large_for_it_to_compact(tmp_path: Pat
     from perfscope.writer import host_tag
 
     _study(tmp_path)  # its writers rolled up each run as they closed
-    assert _covered(tmp_path) == {"n1", "n2", "n4", "n8", "comm4"}
+    assert _covered(tmp_path) == {"n1", "n2", "n4", "n8", "comm4", "alt"}
     shutil.rmtree(tmp_path / ROLLUP_DIR)
     assert compact_host(tmp_path, "n2", host_tag(), max_bytes=1) is not None
     assert _covered(tmp_path) == set()
