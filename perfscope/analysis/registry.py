@@ -21,11 +21,12 @@ META_TITLE = b"perfscope.title"
 DEFINITIONS: dict[str, str] = {
     "steady-state": "Steady state: drop warm-up steps (default: first 10 or first 5%, whichever is "
     "larger); statistics are medians with spread (p10/p90, coefficient of variation).",
-    "step-time": "Step time T of a run: per step the slowest rank's step_ns (max over ranks), then the "
-    "mean over the steady-state steps (the window's elapsed time per step); the median and p10/p90 "
-    "describe spread, and a periodic or bimodal step-time distribution is named.",
-    "throughput": "Throughput X = global samples over the steady window / its elapsed time (samples "
-    "per second); a periodic slow step counts in full, never samples / median step.",
+    "step-time": "Step time T of a run = the steady window's elapsed wall-clock time (latest end of "
+    "its last step on any rank − earliest start of its first step on any rank) / its steps; the "
+    "median and p10/p90 of the slowest rank's step time per step describe spread, and a periodic or "
+    "bimodal step-time distribution is named.",
+    "throughput": "Throughput X = global samples over the steady window / its elapsed wall-clock time "
+    "(samples per second); a periodic slow step counts in full, never samples / median step.",
     "speedup": "Speedup S(N) = X(N)/X(N0), N0 the smallest world size in the same group (experiment, "
     "cluster, backend, per-rank batch or global batch, model). Efficiency E(N) = S(N)·N0/N. Per-GPU "
     "speedup S(N)/N.",
