@@ -121,6 +121,8 @@ def claim_run_id(run_id: str) -> str:
 def safe_run_id(run_id: str) -> str:
     """Run ids become folder names (run_id=<id>): keep letters, digits and -_."""
     cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in run_id.strip())
+    if cleaned.lower() == "null":  # DuckDB reads a folder run_id=NULL as no run id
+        cleaned += "-run"
     return cleaned or generate_run_id()
 
 

@@ -493,9 +493,26 @@ def _check_version(seg: Segment) -> None:
         )
 
 
+def partition_value_problem(value: str) -> str:
+    """Why DuckDB would not read `value` back verbatim from a `run_id=<value>` folder name, or ''.
+    (It refuses every query over a table with a folder `run_id=a=b`, decodes `%3D` to `=`, cuts
+    `a\\b` at the backslash, and reads `NULL` as no run id.)"""
+    if not value:
+        return "its run id is empty"
+    if "=" in value or "%" in value or "\\" in value:
+        return "its run id holds '=', '%' or '\\', which DuckDB does not read back as written"
+    if value.lower() == "null":
+        return "its run id reads as NULL in DuckDB"
+    return ""
+
+
 def _partition_dirs(table_dir: Path, root: Path, skipped: list[SkippedFile]) -> Iterator[Path]:
     for entry in sorted(table_dir.iterdir()):
         if entry.is_dir() and entry.name.startswith(f"{PARTITION_KEY}="):
+            problem = partition_value_problem(entry.name[len(PARTITION_KEY) + 1 :])
+            if problem:
+                skipped.append(SkippedFile(str(entry), f"a foreign folder: {problem}"))
+                continue
             real = _outside(entry, root)
             if real is not None:
                 skipped.append(SkippedFile(str(entry), f"a folder leading to {real}, outside the store"))

@@ -515,3 +515,24 @@ def test_every_command_survives_every_hostile_file_at_once(
         assert main(argv) == 0, argv
         err = capsys.readouterr().err
         assert "Traceback" not in err and "internal error" not in err, (argv, err)
+
+
+@pytest.mark.parametrize("value", ["a=b", "a%3Db", "a\\b", "NULL", "null", ""])
+def test_a_partition_folder_duckdb_cannot_read_back_is_skipped_and_named(
+    demo: Path, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One copied segment in a foreign folder `run_id=a=b` broke every query on its table ('Hive
+    partition mismatch'), `analyze` (exit 70) and `info`; `%3D`, a backslash and NULL made DuckDB read
+    another run id than the folder's. Such a folder is skipped and named, like any foreign file."""
+    before = {t: _count(demo, t) for t in ("steps", "runs", "metrics")}
+    for table in ("steps", "runs", "metrics"):
+        src = sorted((demo / table).glob("run_id=*"))[0]
+        foreign = demo / table / f"run_id={value}"
+        foreign.mkdir()
+        for seg in _segments(src):
+            shutil.copy(seg, foreign / seg.name)
+    assert {t: _count(demo, t) for t in before} == before
+    assert main(["info", str(demo)]) == 0
+    out = capsys.readouterr()
+    assert f"run_id={value}: a foreign folder" in out.out + out.err
+    assert main(["analyze", str(demo), "--json"]) == 0

@@ -16,13 +16,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import PerfscopeError
+from ..errors import PerfscopeError, one_line
 from ..output import store_target
+from ..rollups import ROLLUP_DIR
 from ..schema import PARTITION_KEY, TABLES
+from ..store import partition_value_problem
 from ..writer import StoreWriter, segment_dir
 
 #: canonical phases of a steps row, in column order (after rank, step, start_ns, step_ns)
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
+
+# What a file may claim, checked where it is read (a number beyond these is a damaged or forged
+# file, and would otherwise overflow a column or multiply into millions of rows):
+#: ranks of one job: the largest training jobs run on about 10^5 GPUs
+MAX_RANKS = 1 << 18
+#: a wall-clock time in ns (2100-01-01), and a trace's own µs from its origin or the epoch: any
+#: sum of the two stays inside int64
+MAX_EPOCH_NS = 4_102_444_800 * 10**9
+MAX_TRACE_US = 4.2e15
+#: digits of a step number, tick or count a file may spell (Python refuses int() past 4300)
+MAX_DIGITS = 18
+
+
+def ranks_in_range(n: int, what: str) -> int:
+    """`n` (a world size or rank count a file or flag claims), or a one-line error."""
+    if n < 1:
+        raise PerfscopeError(f"{what} is {shown(n)}: a job has at least one rank")
+    if n > MAX_RANKS:
+        raise PerfscopeError(f"{what} is {shown(n)}: no job has more than {MAX_RANKS:,} ranks")
+    return n
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """A value from a file as it may appear in a one-line message: escaped, at most `limit` chars."""
+    text = one_line(str(value))
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text):,} chars)"
 
 
 @dataclass(frozen=True)
@@ -83,6 +111,13 @@ def check_paths(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     out = []
     for p in paths:
         path = Path(p)
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            raise PerfscopeError(
+                f"{shown(path, 200)}: the file name is not UTF-8; rename the file "
+                "(its name goes into the store)"
+            ) from None
         if not path.exists():
             raise PerfscopeError(f"{path}: no such file")
         if not path.is_file():
@@ -109,7 +144,13 @@ def default_run_id(origin: str, experiment: str, paths: Sequence[Path]) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not run_id or len(run_id) > 200 or run_id.startswith(".") or any(c in run_id for c in "/\\=\0\n"):
+    if (
+        not run_id
+        or len(run_id) > 200
+        or run_id.startswith(".")
+        or any(c in run_id for c in "/\0\n")
+        or partition_value_problem(run_id)
+    ):
         raise PerfscopeError(f"run id {run_id!r} cannot name a folder; use letters, digits, '-', '_', '.'")
     return run_id
 
@@ -247,7 +288,7 @@ class RunImport:
         return self.result
 
     def _remove(self) -> None:
-        for t in TABLES:
+        for t in (*TABLES, ROLLUP_DIR):  # the writer's close summarises what it wrote into rollups
             shutil.rmtree(self.root / t / f"{PARTITION_KEY}={self.run_id}", ignore_errors=True)
 
     def __enter__(self) -> RunImport:
