@@ -6,7 +6,10 @@ a `perfscope.profile` lazily and mark its steps and phases, with no change to th
 - A step is one optimizer update: it ends in the optimizer's step post-hook (global optimizer hooks),
   so gradient accumulation gives one step per update. `optimizer` is the time inside step().
 - `forward` is the time inside the outermost module's forward (one not called from another module's
-  forward) while gradients are enabled; its inputs' leading dimension counts the step's samples.
+  forward) while gradients are enabled. A forward the autograd engine runs (activation checkpointing
+  recomputing a block) is part of backward.
+- Samples are counted from the model being trained, never from a parameter-less module (a loss, a
+  metric): see SampleCounter. `--batch-size` (the profile's batch_size), when given, is stored instead.
 - `backward` starts when autograd reaches the outermost module's output and ends when the autograd
   engine finishes (after DDP's reducer has waited for its last bucket, so exposed sync is measured).
 - `data` runs from the end of a step to the next outermost forward.
@@ -24,6 +27,7 @@ import contextlib
 import json
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,12 @@ AUTO_ENV = "PERFSCOPE_AUTO"
 BOOTSTRAP_DIR = Path(__file__).with_name("bootstrap")
 #: output tensors given a backward hook per outermost forward (the loss's path goes through one)
 _MAX_HOOKED_OUTPUTS = 8
+#: bounds of what a step's sample count holds (a script that never steps an optimizer ends no step)
+_MAX_FORWARDS = 64
+_MAX_MICRO_BATCHES = 4096
+_MAX_OPTIMIZERS = 16
+#: a module's relation to the stepping optimizer
+_NO_PARAMETERS, _TRAINABLE, _STEPPED = 0, 1, 2
 
 _recorder: AutoRecorder | None = None
 
@@ -91,6 +101,93 @@ def _outputs_needing_grad(output: Any) -> list[Any]:
     return [t for t in items[:_MAX_HOOKED_OUTPUTS] if getattr(t, "requires_grad", False)]
 
 
+class SampleCounter:
+    """Samples of one step, counted from the forwards of the model being trained.
+
+    A micro-batch is the outermost training forwards up to the backward that follows them (a step
+    with gradient accumulation has several). Its samples are the batch of its first forward of a
+    module whose parameters the stepping optimizer updates (the model, or its DDP/FSDP wrapper),
+    so a loss, a metric or an activation used as a module adds nothing, nor does a second call of
+    the model on the same batch (two views, a twin network). Where no forward's module is stepped
+    by the optimizer (it steps master copies of the weights), the first module with trainable
+    parameters counts; a parameter-less one never does. A step's samples are the sum over its
+    micro-batches. An optimizer that evaluates its closure several times (L-BFGS) sees one batch."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, int]] = []  # (module, samples) since the last backward
+        self.micro: list[list[tuple[Any, int]]] = []  # the step's finished micro-batches
+        self.closed_in_step = False  # a micro-batch ended inside the optimizer's step (its closure)
+        self._kinds: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], int]] = weakref.WeakKeyDictionary()
+        self._stepped: dict[tuple[int, int], frozenset[int]] = {}
+
+    def forward(self, module: Any, samples: int | None) -> None:
+        """An outermost training forward of `module` over `samples` ended."""
+        if samples is None or len(self.pending) >= _MAX_FORWARDS:
+            return
+        if all(m is not module for m, _ in self.pending):
+            self.pending.append((module, samples))
+
+    def backward(self, in_optimizer: bool) -> None:
+        """A backward reached the forwards' outputs: the micro-batch ends."""
+        group, self.pending = self.pending, []
+        if not group:
+            return
+        if in_optimizer:
+            if self.closed_in_step:  # the closure evaluated again: the same batch
+                return
+            self.closed_in_step = True
+        if len(self.micro) < _MAX_MICRO_BATCHES:
+            self.micro.append(group)
+
+    def step_started(self) -> None:
+        self.closed_in_step = False
+
+    def take(self, optimizer: Any) -> int | None:
+        """The step's samples (None: no forward counted); starts the next step's count."""
+        self.backward(False)  # forwards after the last backward (or with none reached) are one batch
+        groups, self.micro = self.micro, []
+        self.closed_in_step = False
+        counts = [n for n in (self._batch(group, optimizer) for group in groups) if n is not None]
+        return sum(counts) if counts else None
+
+    def _batch(self, group: list[tuple[Any, int]], optimizer: Any) -> int | None:
+        fallback = None
+        for module, samples in group:
+            kind = self._kind(module, optimizer)
+            if kind == _STEPPED:
+                return samples
+            if kind == _TRAINABLE and fallback is None:
+                fallback = samples
+        return fallback
+
+    def _kind(self, module: Any, optimizer: Any) -> int:
+        """_STEPPED: the optimizer updates some of the module's parameters; _TRAINABLE: it has
+        parameters needing gradients, none stepped by it; _NO_PARAMETERS. Cached per module."""
+        groups = getattr(optimizer, "param_groups", None) or []
+        key = (id(optimizer), sum(len(g.get("params", ())) for g in groups))
+        try:
+            known = self._kinds.get(module)
+        except TypeError:  # a module that cannot be weakly referenced or hashed: not cached
+            known = None
+        if known is not None and key in known:
+            return known[key]
+        stepped = self._stepped.get(key)
+        if stepped is None:
+            if len(self._stepped) >= _MAX_OPTIMIZERS:
+                self._stepped.clear()
+            stepped = self._stepped[key] = frozenset(id(p) for g in groups for p in g.get("params", ()))
+        kind = _NO_PARAMETERS
+        for p in module.parameters():
+            if id(p) in stepped:
+                kind = _STEPPED
+                break
+            if p.requires_grad:
+                kind = _TRAINABLE
+        with contextlib.suppress(TypeError):
+            self._kinds.setdefault(module, {})[key] = kind
+        return kind
+
+
 class AutoRecorder:
     """The hooks of one process and the profile they feed. `perfscope run` hooks every module and
     opens its profile lazily; a framework callback passes its open profile and its model (`scope`),
@@ -118,7 +215,9 @@ class AutoRecorder:
         self.in_data = False
         self.in_backward = False
         self.in_optimizer = 0
-        self.samples = 0
+        self.samples = SampleCounter()
+        self.stepping: Any = None  # the outermost optimizer in its step()
+        self.unopened = 0  # optimizer steps in progress that began before the profile opened
         self.watched: set[int] = set()
         self.handles: list[Any] = []
         self.ddp_finder: Any = None
@@ -196,6 +295,11 @@ class AutoRecorder:
         if prof is not None and os.getpid() == self.pid:
             prof.close()
 
+    def _in_autograd(self) -> bool:
+        """The autograd engine runs this code (a checkpointed block recomputed in backward)."""
+        current = getattr(self.torch._C, "_current_graph_task_id", None)
+        return current is not None and current() != -1
+
     # -- phases -----------------------------------------------------------------------------------
     def _enter(self, name: str) -> None:
         assert self.prof is not None
@@ -213,7 +317,7 @@ class AutoRecorder:
             return
         self.depth = 1
         try:
-            training = bool(module.training) and self.torch.is_grad_enabled()
+            training = bool(module.training) and self.torch.is_grad_enabled() and not self._in_autograd()
             prof = self.prof
             if prof is None:
                 if not training:
@@ -234,7 +338,10 @@ class AutoRecorder:
         except Exception as exc:
             self._fail(exc)
 
-    def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def _forward_post(self, module: Any, args: Any, *rest: Any) -> None:
+        """(module, args, kwargs, output); torch calls a global hook as (module, args, result) when the
+        forward raised (a checkpoint's recomputation stopping early, an out-of-memory the script
+        catches): the nesting still unwinds, and a failed forward counts no samples."""
         if self.depth > 1:
             self.depth -= 1
             return
@@ -246,7 +353,10 @@ class AutoRecorder:
         self.in_forward = False
         try:
             self._exit("forward")
-            self.samples += _samples(args) or _samples(kwargs) or 0
+            if len(rest) != 2:
+                return
+            kwargs, output = rest
+            self.samples.forward(module, _samples(args) or _samples(kwargs))
             for tensor in _outputs_needing_grad(output):
                 tensor.register_hook(self._backward_reached)
         except Exception as exc:
@@ -258,6 +368,7 @@ class AutoRecorder:
             return
         try:
             self.in_backward = True
+            self.samples.backward(self.in_optimizer > 0 or self.unopened > 0)
             self._enter("backward")
             self.torch.autograd.Variable._execution_engine.queue_callback(self._engine_finishing)
         except Exception as exc:
@@ -298,7 +409,10 @@ class AutoRecorder:
             finder.remove()
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.off or self.prof is None or threading.get_ident() != self.thread:
+        if self.off or threading.get_ident() != self.thread:
+            return
+        if self.prof is None:  # an update begun before the profile opens (it may open in a closure)
+            self.unopened += 1
             return
         try:
             if self.in_backward:  # the engine's callback never came (a failed backward)
@@ -307,21 +421,47 @@ class AutoRecorder:
             if self.in_data:
                 self.in_data = False
                 self._exit("data")
+            if not self.in_optimizer:
+                self.stepping = optimizer
+                self.samples.step_started()
             self.in_optimizer += 1
             self._enter("optimizer")
         except Exception as exc:
             self._fail(exc)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.off or self.prof is None or not self.in_optimizer or threading.get_ident() != self.thread:
+        if self.off or threading.get_ident() != self.thread:
+            return
+        if self.unopened:
+            self.unopened -= 1
+            # the profile opened inside this update (its closure's first forward): the update is
+            # the first step, without an optimizer phase
+            if not self.unopened and self.prof is not None and not self.in_optimizer:
+                self.stepping = optimizer
+                self._end_update()
+            return
+        if self.prof is None or not self.in_optimizer:
             return
         try:
             self.in_optimizer -= 1
             self._exit("optimizer")
             if self.in_optimizer:  # an optimizer stepping another inside its step: one update
                 return
-            samples, self.samples = self.samples, 0
-            self.prof.step(samples or None)
+            self._end_update()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _end_update(self) -> None:
+        """The outermost optimizer step ended: the step ends, the wait for the next batch begins."""
+        assert self.prof is not None
+        try:
+            if self.in_backward:  # the engine's callback never came (a failed backward)
+                self.in_backward = False
+                self._exit("backward")
+            samples = self.samples.take(self.stepping)
+            self.stepping = None
+            # `--batch-size` given: the user's count is stored (the profile's default)
+            self.prof.step(samples if self.prof.batch_size is None else None)
             self._stop_finding_ddp()
             self.in_data = True
             self._enter("data")
