@@ -180,3 +180,14 @@ def test_without_start_times_or_with_disagreeing_clocks_the_sum_of_maxima_stands
         30 * MS
     )
     assert rows["ok"]["step_ns"] == pytest.approx(25 * MS)
+
+
+def test_pop_divides_by_the_step_time_not_the_mean_per_step_maximum(tmp_path):
+    """Both ranks compute their whole window (25 ms a step on average): communication efficiency
+    max(useful)/T is 1, not 25/30 (which a mean of per-step maxima made a false 'comm' loss)."""
+    unaligned_run(tmp_path, "alt", alternating)
+    with open_store(tmp_path) as store:
+        (p,) = run_analysis("pop", store, Selection()).to_pylist()
+    assert p["step_mean_ns"] == pytest.approx(25 * MS)
+    assert p["load_balance"] == pytest.approx(1.0)
+    assert p["comm_efficiency"] == pytest.approx(1.0)

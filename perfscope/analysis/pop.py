@@ -13,7 +13,8 @@ from .steady import USEFUL_PHASES, rank_agg_table
 
 @analysis("pop", "POP efficiencies", "pop")
 def pop(store: Store, sel: Selection) -> pa.Table:
-    """useful = forward + backward + optimizer per rank, mean per steady step; T = mean per-step max."""
+    """useful = forward + backward + optimizer per rank, mean per steady step; T = the run's step time
+    (the steady window's wall clock / its steps, steady.run_stats_table)."""
     ra = rank_agg_table(store, sel)
     gs = grouped_stats_table(store, sel)
     sc = scaling_table(store, sel)
@@ -34,13 +35,13 @@ def pop(store: Store, sel: Selection) -> pa.Table:
             FROM r WHERE world_size = baseline_world_size GROUP BY group_id
         )
         SELECT {GROUP_SELECT}, run_id, source, world_size, useful_mean_ns, useful_max_ns,
-               step_max_mean_ns AS step_mean_ns,
+               step_ns AS step_mean_ns,
                useful_mean_ns / nullif(useful_max_ns, 0) AS load_balance,
-               useful_max_ns / nullif(step_max_mean_ns, 0) AS comm_efficiency,
-               useful_mean_ns / nullif(useful_max_ns, 0) * useful_max_ns / nullif(step_max_mean_ns, 0)
+               useful_max_ns / nullif(step_ns, 0) AS comm_efficiency,
+               useful_mean_ns / nullif(useful_max_ns, 0) * useful_max_ns / nullif(step_ns, 0)
                    AS parallel_efficiency,
                useful_per_sample0 / nullif(useful_per_sample_ns, 0) AS computation_scaling,
-               useful_mean_ns / nullif(step_max_mean_ns, 0) * useful_per_sample0
+               useful_mean_ns / nullif(step_ns, 0) * useful_per_sample0
                    / nullif(useful_per_sample_ns, 0) AS global_efficiency
         FROM r JOIN base USING (group_id)
         ORDER BY group_id, world_size, run_id
