@@ -121,3 +121,65 @@ def test_trainer_ddp_under_torchrun_records_buckets(tmp_path: Path) -> None:
             "SELECT rank, count(*) AS n FROM comm WHERE bucket IS NOT NULL GROUP BY rank ORDER BY rank"
         ).to_pylist()
         assert buckets == [{"rank": 0, "n": 4}, {"rank": 1, "n": 4}]
+
+
+def _train(store: Path, out: Path, experiment: str, **args: object) -> None:
+    """A tiny GPT-2 learning a few repeated token patterns, logged every step."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from perfscope.integrations.transformers import PerfscopeCallback
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=97, n_positions=16))
+    rows = [torch.arange(16) % 5 + 5 * (i % 3) for i in range(64)]
+    targs = TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=4, max_steps=30, use_cpu=True, report_to=[],
+        save_strategy="no", logging_steps=1, disable_tqdm=True, **args,  # type: ignore[arg-type]
+    )  # fmt: skip
+    trainer = Trainer(
+        model=model, args=targs, train_dataset=[{"input_ids": r, "labels": r} for r in rows],
+        callbacks=[PerfscopeCallback(store, experiment=experiment, poll_hz=0)],
+    )  # fmt: skip
+    trainer.train()
+
+
+def test_logged_trainer_divergence_is_judged_on_the_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: a Trainer run logging every step (loss, grad_norm, learning_rate with a warm-up,
+    epoch, then train_runtime, total_flos, *_per_second) was reported diverged. A run whose loss and
+    grad norm fall has no divergence finding and only its loss is a time-to-target metric; a run
+    whose loss really grows (learning rate 1.0) gets the finding, on its loss."""
+    from perfscope.analysis import Selection, run_analysis
+    from perfscope.explain import explain
+
+    for key in [k for k in os.environ if k.startswith("PERFSCOPE_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    store = tmp_path / "S"
+    _train(store, tmp_path / "a", "healthy", learning_rate=1e-2, warmup_steps=6)
+    _train(store, tmp_path / "b", "too-hot", learning_rate=1.0, lr_scheduler_type="constant")
+    with perfscope.open_store(store) as st:
+        logged = st.query(
+            "SELECT r.experiment, m.name, arg_min(m.value, m.step) AS first, "
+            "arg_max(m.value, m.step) AS last, count(*) AS n FROM metrics m JOIN runs r USING (run_id) "
+            "GROUP BY ALL"
+        ).to_pylist()
+        curves = {(r["experiment"], r["name"]): r for r in logged}
+        # what the Trainer logged is recorded, bookkeeping included
+        assert {"grad_norm", "learning_rate", "epoch", "train_runtime", "total_flos"} <= {
+            n for _, n in curves
+        }
+        ok_loss, ok_norm = curves[("healthy", "loss")], curves[("healthy", "grad_norm")]
+        assert ok_loss["n"] >= 30 and ok_loss["last"] < 0.8 * ok_loss["first"]
+        assert ok_norm["last"] < ok_norm["first"]  # the grad norm falls
+        hot = curves[("too-hot", "loss")]
+        assert hot["last"] > 2 * hot["first"]  # the loss really grows
+        ttm = run_analysis("time_to_metric", st, Selection()).to_pylist()
+        findings = [f for f in explain(st, Selection()) if f.rule == "diverged"]
+    assert {r["metric"] for r in ttm} <= {"loss", "train_loss"}
+    diverged = {(r["experiment"], r["metric"]) for r in ttm if r["diverged"]}
+    assert diverged == {("too-hot", "loss")}
+    (f,) = findings
+    assert "too-hot" in f.title and "loss moving away from its best" in f.text
