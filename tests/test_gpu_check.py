@@ -104,3 +104,12 @@ def test_agreement_is_relative_with_a_floor() -> None:
     assert gc.agree(104.9, 100.0, 0) and not gc.agree(105.1, 100.0, 0)
     assert gc.agree(40_000, 0, gc.NCCL_FLOOR_NS)  # one rank's NCCL: microseconds, both near 0
     assert not gc.agree(10_000_000, 9_000_000, gc.PHASE_FLOOR_NS)
+
+
+def test_the_summary_stays_strict_json() -> None:
+    gc = _module()
+    figures = {"worst": gc.rel(5.0, 0.0), "nested": [float("nan"), 1.5, {"x": float("-inf")}]}
+    assert json.loads(json.dumps(gc.finite(figures), allow_nan=False)) == {
+        "worst": None,
+        "nested": [None, 1.5, {"x": None}],
+    }
