@@ -359,3 +359,43 @@ def test_host_samples_do_not_matter_for_healthy(tmp_path):
     make_run(tmp_path, "h1", world_size=1, host=Host(sys_cpu_pct=100.0))
     # a busy host is a measurement confound (other processes took 63 of 64 cores), never a cause
     assert [f.id for f in _findings(tmp_path)] == ["contention:other-processes"]
+
+
+def _slow(steps):
+    """A phase_fn making the given steps' forward 400 ms (on every rank) instead of the default 10:
+    slow past 1.5x the median even when every 2nd step is slow (the median then falls between)."""
+    return lambda rank, step: {"forward": 400 * MS} if step in steps else {}
+
+
+def test_slow_steps_are_named_by_a_real_period_in_words(tmp_path):
+    from perfscope.analysis import run_analysis
+
+    steps = 50  # warm-up: the first 10
+    make_run(tmp_path, "burst", experiment="burst", steps=steps, phase_fn=_slow(set(range(20, 28))))
+    make_run(tmp_path, "every2", experiment="every2", steps=steps, phase_fn=_slow(set(range(0, steps, 2))))
+    make_run(tmp_path, "every3", experiment="every3", steps=steps, phase_fn=_slow(set(range(0, steps, 3))))
+    with open_store(tmp_path) as store:
+        periods = {r["run_id"]: r["step_period"] for r in run_analysis("run_summary", store).to_pylist()}
+        findings = explain(store)
+    # eight slow steps in a row are a run of slow steps, not "every 1th step"
+    assert periods == {"burst": None, "every2": 2, "every3": 3}
+    every = [g for f in findings for g in f.flatten()]
+    (periodic,) = [g for g in every if g.rule == "quality:periodic_steps"]  # one finding per kind
+    assert periodic.evidence.run_ids == ("every2", "every3")
+    assert "run every2: every 2nd step takes" in periodic.text
+    assert "run every3: every 3rd step takes" in periodic.text
+    (bimodal,) = [g for g in every if g.rule == "quality:bimodal_steps"]
+    assert "run burst: 20% of steady steps take " in bimodal.text  # 8 of 40: two kinds of step
+    words = " ".join(" ".join((g.title, g.text, g.recommendation)) for g in every)
+    assert "1th" not in words and "2th" not in words and "3th" not in words
+    # users do not have the design notes: a finding says its reason in words, never cites them
+    assert "DESIGN" not in words
+    assert "10% of the mean step" in words
+
+
+def test_ordinals_are_words():
+    from perfscope.words import ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th", "112th",
+    ]  # fmt: skip

@@ -69,16 +69,26 @@ def _steady_steps(store: Store, sel: Selection) -> str:
 
 def roles_table(store: Store, sel: Selection) -> str:
     """Per run and rank: its role, recorded with profile(role=...) or inferred from what it did:
-    point-to-point traffic without steps is a server; point-to-point with fixed peers and no
-    collective is a pipeline stage (numbered by rank), unless its peers are servers (a worker)."""
+    a rank with point-to-point traffic and no collective is a server when it has no steps, or when
+    it computes no forward or backward while another rank of its run does (a server that ends each
+    turn of a loop shared with its workers with prof.step() has steps, but trains nothing);
+    point-to-point with fixed peers and no collective is a pipeline stage (numbered by rank),
+    unless its peers are servers (a worker)."""
     runs = runs_table(store, sel)
-    steps = rank_sums_sql(store, thresholds_table(store, sel), ("rows_all",), steady=False)
+    steps = rank_sums_sql(
+        store,
+        thresholds_table(store, sel),
+        ("rows_all", "forward_sum", "backward_sum"),
+        steady=False,
+    )
     return temp_table(
         store,
         ("roles", sel),
         f"""
         WITH st AS (
-            SELECT run_id, rank, rows_all::BIGINT AS steps FROM ({steps})
+            SELECT run_id, rank, rows_all::BIGINT AS steps,
+                   coalesce(forward_sum, 0) + coalesce(backward_sum, 0) > 0 AS trains
+            FROM ({steps})
         ), rk AS (
             SELECT run_id, rank FROM ranks WHERE run_id IN (SELECT run_id FROM {runs})
             UNION SELECT run_id, rank FROM st
@@ -91,11 +101,16 @@ def roles_table(store: Store, sel: Selection) -> str:
             FROM comm GROUP BY ALL
         ), f AS (
             SELECT rk.run_id, rk.rank, rec.role AS recorded_role, coalesce(st.steps, 0) AS steps,
+                   coalesce(st.trains, false) AS trains,
                    coalesce(c.p2p, 0) AS p2p, coalesce(c.collectives, 0) AS collectives
             FROM rk LEFT JOIN recorded rec USING (run_id, rank) LEFT JOIN st USING (run_id, rank)
             LEFT JOIN c USING (run_id, rank)
         ), srv AS (
-            SELECT *, coalesce(recorded_role = 'server', steps = 0 AND p2p > 0) AS is_server
+            SELECT *, coalesce(
+                       recorded_role = 'server',
+                       p2p > 0 AND (steps = 0 OR (collectives = 0 AND NOT trains
+                                                  AND bool_or(trains) OVER (PARTITION BY run_id)))
+                   ) AS is_server
             FROM f
         ), run_has_server AS (
             SELECT run_id, bool_or(is_server) AS has_server FROM srv GROUP BY run_id
@@ -158,7 +173,9 @@ def comm_by_role(store: Store, sel: Selection) -> pa.Table:
     """Per run and rank: role, step time, compute (forward + backward + optimizer, without the
     exposed communication moved out of them), point-to-point wait and collective wait per step.
     Collective wait is the exposed sync the step waited for less its point-to-point wait (DDP's
-    overlapped buckets have no exposed time of their own: their step's exposed sync is theirs)."""
+    overlapped buckets have no exposed time of their own: their step's exposed sync is theirs).
+    `wait_op`, `wait_peer` (NULL for a collective) and `wait_group_size` name the op the rank
+    waited on longest (by exposed time, else by total time), `wait_op_ns` its exposed time per step."""
     ss = _steady_steps(store, sel)
     per_rank = _rank_steady(store, sel)
     roles = roles_table(store, sel)
@@ -173,14 +190,27 @@ def comm_by_role(store: Store, sel: Selection) -> pa.Table:
                    sum(c.exposed_ns) FILTER (WHERE c.peer IS NOT NULL) AS p2p_ns,
                    sum(c.exposed_ns) FILTER (WHERE c.peer IS NULL) AS collective_ns
             FROM comm c JOIN {ss} st USING (run_id, rank, step) GROUP BY ALL
+        ), ops AS (
+            SELECT c.run_id, c.rank, c.op, c.peer, max(c.group_size) AS group_size,
+                   sum(c.exposed_ns) AS exposed_sum, sum(c.dur_ns) AS total_sum
+            FROM comm c JOIN {ss} st USING (run_id, rank, step) GROUP BY ALL
+        ), top AS (
+            SELECT * FROM ops
+            QUALIFY row_number() OVER (
+                PARTITION BY run_id, rank
+                ORDER BY coalesce(exposed_sum, 0) DESC, total_sum DESC NULLS LAST, op, peer
+            ) = 1
         )
         SELECT r.run_id, r.rank, r.role, r.role_source, s.steps, s.step_ns, s.compute_ns,
                coalesce(c.p2p_ns, 0) / s.steps AS p2p_wait_ns,
                greatest(
                    coalesce(c.collective_ns, 0) / s.steps,
                    coalesce(s.sync_exposed_ns, 0) - coalesce(c.p2p_ns, 0) / s.steps
-               ) AS collective_wait_ns
+               ) AS collective_wait_ns,
+               top.op AS wait_op, top.peer AS wait_peer, top.group_size AS wait_group_size,
+               top.exposed_sum / s.steps AS wait_op_ns
         FROM {roles} r LEFT JOIN s USING (run_id, rank) LEFT JOIN c USING (run_id, rank)
+        LEFT JOIN top USING (run_id, rank)
         """,
         "run_id, rank",
     )
@@ -202,19 +232,24 @@ def pipeline_stages(store: Store, sel: Selection) -> pa.Table:
             FROM {roles} WHERE role LIKE 'stage:%'
         ), s AS (
             SELECT * FROM {per_rank} WHERE (run_id, rank) IN (SELECT (run_id, rank) FROM st)
-        ), c AS (
-            SELECT c.run_id, c.rank, sum(c.exposed_ns) AS p2p_ns,
-                   -- micro-batches: the forward transfers of one step with one neighbour
-                   count(*) FILTER (WHERE c.phase = 'forward')
-                       / greatest(count(DISTINCT c.peer) FILTER (WHERE c.phase = 'forward'), 1) AS fwd_calls
+        ), pairs AS (
+            -- each direction with each neighbour: a stage sends (or receives) every micro-batch's
+            -- activations one way and its gradients the other, whatever phase the calls ran in
+            SELECT c.run_id, c.rank, c.peer, regexp_replace(c.op, '^i', '') AS op,
+                   count(*) AS calls, sum(c.exposed_ns) AS p2p_ns
             FROM comm c JOIN {ss} x USING (run_id, rank, step)
             WHERE c.peer IS NOT NULL GROUP BY ALL
+        ), c AS (
+            -- micro-batches: the transfers of one step in the direction with fewest (a stage may
+            -- send several tensors per micro-batch one way, never fewer than one)
+            SELECT run_id, rank, sum(p2p_ns) AS p2p_ns, min(calls) AS mb_calls FROM pairs GROUP BY ALL
         ), per AS (
             SELECT st.*, s.steps, s.step_ns, s.compute_ns, coalesce(c.p2p_ns, 0) / s.steps AS p2p_wait_ns,
-                   coalesce(c.fwd_calls, 0) / s.steps AS fwd_per_step
+                   coalesce(c.mb_calls, 0) / s.steps AS mb_per_step
             FROM st JOIN s USING (run_id, rank) LEFT JOIN c USING (run_id, rank)
         ), run AS (
-            SELECT run_id, count(*) AS stages, round(max(fwd_per_step))::INTEGER AS micro_batches,
+            SELECT run_id, count(*) AS stages,
+                   greatest(round(median(mb_per_step)), 1)::INTEGER AS micro_batches,
                    arg_max(stage, compute_ns) AS slowest_stage, arg_max(rank, compute_ns) AS slowest_rank,
                    max(compute_ns) AS slowest_compute_ns
             FROM per GROUP BY run_id

@@ -245,7 +245,9 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                    els.steady_elapsed_ns / els.elapsed_steps AS step_ns,
                    coalesce(shape.slow_steps, 0) / els.steady_steps AS slow_step_share,
                    shape.slow_mean_ns / nullif(els.step_median_ns, 0) AS slow_step_ratio,
+                   -- slow steps one step apart are a run of slow steps, not a period
                    CASE WHEN shape.slow_steps >= {MIN_PERIODS} AND shape.period_share >= {PERIOD_SHARE}
+                             AND shape.period >= 2
                         THEN shape.period END AS step_period
             FROM {runs} r
             LEFT JOIN {thr} t USING (run_id)

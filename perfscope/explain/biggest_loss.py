@@ -32,6 +32,7 @@ COVERED_BY: dict[str, set[str]] = {
         "sharded-exposed",
         "periodic-sync",
         "parameter-server",
+        "communication-share",
     },
     "data": {"input-bound"},
     "forward": {"small-per-gpu-work", "straggler"},

@@ -1,5 +1,7 @@
 """Rules about gradient synchronisation: communication-bound, slow network, latency-bound, no overlap,
-and which backend wins where (DESIGN rules 1, 2, 3, 8, 9)."""
+and which backend wins where (DESIGN rules 1, 2, 3, 8, 9); and one run that waits on communication
+for much of its step (a single world size cannot be communication-bound in the scaling sense, but
+its wait is still the first thing to say about it)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from statistics import median
 from typing import Any
 
 from ..analysis.sync import alpha_beta_fits, fit_points
+from ..words import counted
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .hardware import Setup, fewer_hops, setup_of, transport_check
 from .rulebook import cause_severity, make_finding, rule
-from .rules_patterns import pattern_runs
+from .rules_patterns import COMM_WAIT_SHARE, alone, measure_next, pattern_runs, ranks_waiting, waits_on
 from .words import dur, gbps, listing, num, pct, times
 
 LOW_EFFICIENCY = 0.8
@@ -91,6 +94,112 @@ def communication_bound(ctx: Context) -> list[Finding]:
             )
         )
     return out
+
+
+#: ranks whose waits differ by more than this share of the step wait for each other, not only for
+#: the transfer
+WAIT_SPREAD = 0.10
+
+
+@rule("communication-share", None, "One run waits on communication for much of its step")
+def communication_share(ctx: Context) -> list[Finding]:
+    """A run with no other world size of its job beside it (no scaling series), that is neither a
+    pipeline nor a parameter server (their rules say more), whose ranks wait on communication for
+    COMM_WAIT_SHARE of their step or more: which op, with whom, and what to record next."""
+    out = []
+    skip = pattern_runs(ctx)
+    runs, sync = ctx.by_run("run_summary"), ctx.by_run("sync")
+    by_run: dict[str, list[Row]] = defaultdict(list)
+    for r in ctx.rows("comm_by_role"):
+        if r["step_ns"] and r["world_size"] and r["world_size"] > 1:
+            by_run[r["run_id"]].append(r)
+    for run_id, ranks in by_run.items():
+        if run_id in skip or not alone(ctx, run_id):
+            continue
+        shares = {r["rank"]: _waited(r) / r["step_ns"] for r in ranks}
+        share = sum(shares.values()) / len(shares)
+        if share < COMM_WAIT_SHARE:
+            continue
+        n = int(ranks[0]["world_size"])
+        most = max(ranks, key=lambda r: shares[r["rank"]])
+        least = min(ranks, key=lambda r: shares[r["rank"]])
+        ops = listing(dict.fromkeys(waits_on(r, n) for r in ranks))
+        per_step = (sync.get(run_id) or {}).get("bytes_per_step")
+        moved = f" ({per_step / 2**20:.1f} MiB per step)" if per_step else ""
+        roles = sorted({str(r["role"]) for r in ranks})
+        text = (
+            f"In run {run_id} (N={n}, {listing(counted_roles(ranks))}), the ranks wait on communication "
+            f"for {pct(share)} of each step on average, {dur(share * _mean(r['step_ns'] for r in ranks))} "
+            f"of {dur(_mean(r['step_ns'] for r in ranks))}: {ops}{moved}."
+        )
+        detail = ranks_waiting(ranks)
+        if detail:
+            text += f" Per rank: {detail}."
+        if shares[most["rank"]] - shares[least["rank"]] > WAIT_SPREAD:
+            text += (
+                f" Rank {most['rank']} waits {pct(shares[most['rank']])} of its step, rank {least['rank']} "
+                f"{pct(shares[least['rank']])}: the rank that waits least waits for the transfer itself, "
+                "the others also for a slower rank to join it."
+            )
+        hw = setup_of(ctx, [run_id])
+        collective = all(r["wait_peer"] is None for r in ranks)
+        advice = (
+            "Hide or shrink the communication: let DDP overlap the allreduce with backward (bucket_cap_mb, "
+            "static_graph=True), send bf16/fp16 gradients (a compression comm hook), synchronise less "
+            f"often (gradient accumulation with no_sync()), or give each {hw.unit} more work per step "
+            "(a larger batch) so the same sync is a smaller share."
+            if collective
+            else "Overlap the transfers with compute (isend/irecv started early and waited for late), send "
+            "fewer or smaller tensors, or give each rank more work per transfer."
+        )
+        nxt = measure_next(ctx, run_id, [1, 2 * n], f"the same batch per {hw.unit}")
+        out.append(
+            make_finding(
+                ctx,
+                "communication-share",
+                run_id,
+                severity="alarm" if share >= 0.5 else "warning",
+                category="cause",
+                title=f"Run {run_id} waits on communication for {pct(share)} of its step ({ops})",
+                text=text,
+                run_ids=[run_id],
+                analyses=("comm_by_role", "comm_ops", "sync"),
+                recommendation=advice + nxt,
+                confidence=0.7 if run_id in runs else 0.6,
+                explained_loss=share,
+                numbers={
+                    "comm_share": share,
+                    "world_size": n,
+                    "wait_op": most["wait_op"],
+                    "wait_peer": most["wait_peer"],
+                    "most_waiting_rank": most["rank"],
+                    "most_waiting_share": shares[most["rank"]],
+                    "least_waiting_rank": least["rank"],
+                    "least_waiting_share": shares[least["rank"]],
+                    "roles": ",".join(roles),
+                    "measure_world_sizes": f"1,{2 * n}" if nxt else None,
+                },
+            )
+        )
+    return out
+
+
+def counted_roles(ranks: list[Row]) -> list[str]:
+    """'2 workers', '1 server' ... for the ranks' roles."""
+    by_role: dict[str, int] = defaultdict(int)
+    for r in ranks:
+        by_role[str(r["role"]).split(":", 1)[0]] += 1
+    return [counted(k, role) for role, k in sorted(by_role.items())]
+
+
+def _waited(r: Row) -> float:
+    """A rank's exposed communication per step: point-to-point and collective wait (comm_by_role)."""
+    return float((r["p2p_wait_ns"] or 0.0) + (r["collective_wait_ns"] or 0.0))
+
+
+def _mean(values: Any) -> float:
+    vals = [float(v) for v in values]
+    return sum(vals) / len(vals) if vals else 0.0
 
 
 def _is_gpu(run: Row | None) -> bool:

@@ -49,7 +49,8 @@ ADVICE = {
     "high_variance": "Run on dedicated nodes, repeat the run, and look at the step series for "
     "periodic stalls.",
     "periodic_steps": "Judge throughput by samples over elapsed time (perfscope does); to cut the "
-    "slow step's cost, make it rarer or overlap it (DESIGN: keep a periodic sync under 10% amortised).",
+    "slow step's cost, make it rarer or overlap it: a periodic sync costs its time divided by its "
+    "period, so keep that under about 10% of the mean step.",
     "bimodal_steps": "Look at the step series for what the slow steps do (I/O, evaluation, a periodic "
     "sync) before trusting a median.",
     "no_baseline": "Add a run at the smallest world size with the same per-rank (or global) batch.",
