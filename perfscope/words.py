@@ -21,3 +21,9 @@ def plural(noun: str, n: int) -> str:
 def counted(n: int, noun: str) -> str:
     """The count and its noun: counted(1, 'run') == '1 run', counted(1200, 'row') == '1,200 rows'."""
     return f"{n:,} {plural(noun, n)}"
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th ... 11th, 12th, 13th ... 21st, 22nd, 23rd, 101st."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

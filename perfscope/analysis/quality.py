@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from ..rollups import rank_sums_sql
 from ..store import Store
+from ..words import ordinal
 from .fitting import MIN_POINTS
 from .registry import analysis, run_analysis
 from .scaling import scaling_table
@@ -220,12 +221,12 @@ def _step_shape(r: dict[str, Any]) -> list[dict[str, Any]]:
     if not share or ratio is None or not (period or BIMODAL_SHARE[0] <= share <= BIMODAL_SHARE[1]):
         return []
     rid = r["run_id"]
-    what = f"every {period}th step" if period else f"{share:.0%} of steady steps"
+    what = f"every {ordinal(int(period))} step takes" if period else f"{share:.0%} of steady steps take"
     return [
         _row(
             "periodic_steps" if period else "bimodal_steps",
             "info",
-            f"run {rid}: {what} takes {ratio:.1f}× the median step (a periodic sync, checkpoint or "
+            f"run {rid}: {what} {ratio:.1f}× the median step (a periodic sync, checkpoint or "
             "evaluation?); throughput counts them in full (samples over elapsed time), the median "
             "describes only the common step.",
             rid,

@@ -24,9 +24,39 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 )
 
 
+#: On one run, a rule that names how its communication is organised (parameter averaging every k
+#: steps, sharded data parallelism, a pipeline, a parameter server) is the root cause of the run's
+#: wait on communication, which is then its symptom.
+RUN_ROOTS = ("pipeline-bubble", "parameter-server", "periodic-sync", "sharded-exposed")
+RUN_SYMPTOMS = ("communication-share",)
+
+
 def root_causes(findings: list[Finding]) -> list[Finding]:
     """One finding per cause per group, then one per rule across groups; ranked."""
-    return rank_findings(collapse_repeats(rank_findings(mark_overlaps(merge_symptoms(findings)))))
+    merged = merge_symptoms(merge_run_symptoms(findings))
+    return rank_findings(collapse_repeats(rank_findings(mark_overlaps(merged))))
+
+
+def merge_run_symptoms(findings: list[Finding]) -> list[Finding]:
+    """A one-run finding of RUN_SYMPTOMS whose run a RUN_ROOTS finding speaks for becomes that
+    finding's symptom (the first root by RUN_ROOTS order)."""
+    roots: dict[str, Finding] = {}
+    for f in sorted((f for f in findings if f.rule in RUN_ROOTS), key=lambda f: RUN_ROOTS.index(f.rule)):
+        for run in f.evidence.run_ids:
+            roots.setdefault(run, f)
+    attached: dict[int, list[Finding]] = {}
+    out: list[Finding] = []
+    for f in findings:
+        root = (
+            roots.get(f.evidence.run_ids[0])
+            if f.rule in RUN_SYMPTOMS and len(f.evidence.run_ids) == 1
+            else None
+        )
+        if root is None:
+            out.append(f)
+        else:
+            attached.setdefault(id(root), []).append(f)
+    return [replace(f, symptoms=f.symptoms + tuple(attached[id(f)])) if id(f) in attached else f for f in out]
 
 
 def mark_overlaps(findings: list[Finding]) -> list[Finding]:
