@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import PerfscopeError
 from ..importers import IMPORTERS, importer
-from ..importers.common import ImportOptions, check_paths
+from ..importers.common import ImportOptions, check_paths, ranks_in_range
 from ..objectstore import refuse_s3
 
 
@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size < 1:
         raise PerfscopeError("--world-size must be 1 or more")
+    if args.world_size is not None:
+        ranks_in_range(args.world_size, "--world-size")
     if args.rank is not None and not (0 <= args.rank < (args.world_size or 1 << 30)):
         raise PerfscopeError("--rank must be 0 or more and less than --world-size")
     if args.batch_size is not None and not 0 < args.batch_size < 1 << 31:

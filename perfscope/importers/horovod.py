@@ -29,11 +29,22 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..collectors.step_rows import exposed_sync_ns
 from ..errors import PerfscopeError
-from .common import ImportOptions, ImportResult, RunImport, StepTimes, default_run_id
+from .common import (
+    MAX_RANKS,
+    MAX_TRACE_US,
+    ImportOptions,
+    ImportResult,
+    RunImport,
+    StepTimes,
+    default_run_id,
+    ranks_in_range,
+    shown,
+)
+from .jsonguard import JsonGuard
 
 CHUNK_BYTES = 1 << 20
 #: one event larger than this is not Horovod's (they are a few hundred bytes)
@@ -43,7 +54,8 @@ _DTYPE_BYTES = {"uint8": 1, "int8": 1, "bool": 1, "uint16": 2, "int16": 2, "floa
 _BACKENDS = (("NCCL_", "horovod-nccl"), ("MPI_", "horovod-mpi"), ("GLOO_", "horovod-gloo"),
              ("CCL_", "horovod-ccl"), ("DDL_", "horovod-ddl"))  # fmt: skip
 _NEGOTIATE = "NEGOTIATE_"
-MAX_RANKS = 1 << 20
+#: a negotiation tick is named by its rank: ASCII digits (str.isdigit would take '²')
+_TICK = re.compile(r"[0-9]{1,7}")
 MAX_DEPTH = 64
 #: Horovod's response types: the top-level range of a tensor's collective
 OPS = frozenset(
@@ -60,6 +72,7 @@ def json_array(path: Path, what: str) -> Iterator[dict[str, Any]]:
     left open, or cut inside its last object, ends the iteration with `Truncated` after the last
     whole object. Anything else malformed is a one-line PerfscopeError."""
     decoder = json.JSONDecoder()
+    guard = JsonGuard(str(path))  # the decoder recurses: nesting is refused before it sees it
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     buf, pos, eof, started, offset = "", 0, False, False, 0
     with open(path, "rb") as f:
@@ -71,6 +84,7 @@ def json_array(path: Path, what: str) -> Iterator[dict[str, Any]]:
             raw = f.read(CHUNK_BYTES)
             if b"\0" in raw:
                 raise PerfscopeError(f"{path}: binary data; not {what}")
+            guard.feed(raw)
             eof = not raw
             offset += pos
             buf = buf[pos:] + utf8.decode(raw, final=eof)
@@ -180,10 +194,19 @@ def collectives(path: Path, tl: Timeline) -> Iterator[Collective]:
                 if ev.get("name") == "process_name" and "name" in args:
                     names[pid] = str(args["name"])[:1000]
                 if "start_time_since_epoch_in_micros" in args:
-                    tl.start_epoch_us = float(args["start_time_since_epoch_in_micros"])
+                    start = args["start_time_since_epoch_in_micros"]
+                    if not _time(start) or start < 0:
+                        raise PerfscopeError(
+                            f"{path}: start_time_since_epoch_in_micros {shown(json.dumps(start))} is not a "
+                            f"time; not {what}"
+                        )
+                    tl.start_epoch_us = float(start)
                 continue
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-                raise PerfscopeError(f"{path}: an event without a numeric ts; not {what}")
+            if not _time(ts):
+                raise PerfscopeError(
+                    f"{path}: an event's ts {shown(json.dumps(ts))} is not a time (a number of µs); "
+                    f"not {what}"
+                )
             name = str(ev.get("name", ""))
             open_ = stack[pid]
             if ph == "B":
@@ -196,7 +219,12 @@ def collectives(path: Path, tl: Timeline) -> Iterator[Collective]:
                         c.negotiate_start_us, c.ready_us = neg
                     current[pid] = c
                 open_.append((name, float(ts)))
-            elif ph == "X" and open_ and open_[-1][0].startswith(_NEGOTIATE) and name.isdigit():
+            elif ph == "X" and open_ and open_[-1][0].startswith(_NEGOTIATE):
+                if not _TICK.fullmatch(name) or int(name) >= MAX_RANKS:
+                    raise PerfscopeError(
+                        f"{path}: a negotiation tick named {shown(name)!r} is not a rank (0 to "
+                        f"{MAX_RANKS - 1:,}); not {what}"
+                    )
                 pending_ready.setdefault(pid, (open_[-1][1], {}))[1].setdefault(int(name), float(ts))
             elif ph == "E":
                 if not open_:
@@ -224,6 +252,16 @@ def collectives(path: Path, tl: Timeline) -> Iterator[Collective]:
         raise PerfscopeError(
             f"{path}: no finished collective (NEGOTIATE_* / ALLREDUCE ... ranges per tensor); not {what}"
         )
+
+
+def _time(v: Any) -> TypeGuard[float]:
+    """A number of µs a timeline can hold: finite, and within a trace's range."""
+    return (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and -MAX_TRACE_US <= v <= MAX_TRACE_US
+    )
 
 
 def parse(path: Path) -> Timeline:
@@ -325,15 +363,20 @@ class _RunWriter:
         seen = {r for c in ops for r in c.ready_us}
         self.ticks = self.ticks or bool(seen)
         top = max(seen, default=-1)
-        if top >= MAX_RANKS:
-            raise PerfscopeError(f"{self.path}: a negotiation tick names rank {top}; not a plausible rank")
         if self.world is None:
             if top < 0:
                 raise PerfscopeError(
                     f"{self.path}: the timeline has no negotiation ticks to count the ranks from; "
                     "give --world-size"
                 )
-            self.world = top + 1
+            # every rank ticks when it negotiates: ranks that never tick are not there (a tick named
+            # 1048575 among two ranks would make a million ranks of rows out of one line)
+            if len(seen) * 2 < top + 1:
+                raise PerfscopeError(
+                    f"{self.path}: the ticks name rank {top:,} but only {len(seen):,} ranks tick; "
+                    "not a plausible count of ranks (give --world-size if the timeline is right)"
+                )
+            self.world = ranks_in_range(top + 1, f"{self.path}: the world size the ticks claim")
             for r in range(self.world):
                 self.run.rank(r, started_ns=self.epoch_ns)
         elif self.prev_end is None:

@@ -34,13 +34,24 @@ from typing import IO, Any, cast
 import numpy as np
 
 from ..errors import PerfscopeError
-from .common import ImportOptions, ImportResult, RunImport, StepTimes, default_run_id
+from .common import (
+    MAX_DIGITS,
+    MAX_EPOCH_NS,
+    MAX_TRACE_US,
+    ImportOptions,
+    ImportResult,
+    RunImport,
+    StepTimes,
+    default_run_id,
+    ranks_in_range,
+    shown,
+)
 from .intervals import clip, length, merge, subtract
 from .jsonguard import JsonGuard
 
 ORIGIN = "kineto"
 
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP_RE = re.compile(rf"^ProfilerStep#(\d{{1,{MAX_DIGITS}}})$")
 _COMM_KERNEL_RE = re.compile(r"^[nr]ccl\w*Kernel", re.IGNORECASE)
 _COMM_CPU_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:")
 _COMM_RANGE_PREFIXES = ("gloo:", "mpi:", "ucc:")  # the transfer itself, on the backend's thread
@@ -268,11 +279,18 @@ def _metadata(trace: RankTrace, head: bytes, tail: bytes) -> None:
     )
     if m:
         trace.base_ns = int(m.group(1))
+        if trace.base_ns > MAX_EPOCH_NS:
+            raise PerfscopeError(
+                f"{trace.path}: baseTimeNanoseconds {shown(m.group(1))} is out of range (after the "
+                "year 2100); not a trace this tool reads"
+            )
     info = meta.get("distributedInfo")
     if isinstance(info, dict):
         rank, world = info.get("rank"), info.get("world_size")
         trace.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
         trace.world_size = world if isinstance(world, int) and not isinstance(world, bool) else None
+        if trace.world_size is not None:
+            ranks_in_range(trace.world_size, f"{trace.path}: distributedInfo.world_size")
         trace.backend = str(info.get("backend") or "")[:40]
     host = meta.get("host_name") or meta.get("hostname")
     trace.hostname = str(host)[:200] if host else ""
@@ -304,12 +322,33 @@ def _num(v: Any) -> float | None:
     return None
 
 
+def _correlation(t: RankTrace, v: Any) -> int:
+    """A correlation id (an int64 in Kineto), -1 for none; a number beyond int64 is refused."""
+    if (
+        not isinstance(v, (int, float))
+        or isinstance(v, bool)
+        or (isinstance(v, float) and not math.isfinite(v))
+    ):
+        return -1
+    if not 0 <= v < 1 << 63:
+        raise PerfscopeError(
+            f"{t.path}: a correlation id {shown(v)} is out of range (ids are 64-bit); "
+            "not a trace this tool reads"
+        )
+    return int(v)
+
+
 def _take(t: RankTrace, ev: dict[str, Any]) -> None:
     if ev.get("ph") != "X":
         return
     ts, dur = _num(ev.get("ts")), _num(ev.get("dur"))
     if ts is None or dur is None or dur < 0:
         return
+    if not (-MAX_TRACE_US <= ts <= MAX_TRACE_US and dur <= MAX_TRACE_US):
+        raise PerfscopeError(
+            f"{t.path}: an event's time is out of range (ts {shown(ts)} µs, dur {shown(dur)} µs); "
+            "not a trace this tool reads"
+        )
     cat = ev.get("cat")
     cat = cat.lower() if isinstance(cat, str) else None
     name = ev.get("name")
@@ -323,8 +362,7 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
     if cat in _GPU_CATS:
         if cat != "kernel":
             return  # memcpy/memset are neither compute nor communication (as in HTA)
-        corr = args.get("correlation")
-        corr = int(corr) if isinstance(corr, (int, float)) and not isinstance(corr, bool) else -1
+        corr = _correlation(t, args.get("correlation"))
         if _COMM_KERNEL_RE.match(name):
             raw_op = str(args.get("Collective name") or name)
             group = args.get("Group size")
@@ -336,9 +374,9 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
             t.k_corr.append(corr)
         return
     if cat in _LAUNCH_CATS:
-        corr = args.get("correlation")
-        if isinstance(corr, (int, float)) and not isinstance(corr, bool):
-            t.l_corr.append(int(corr))
+        corr = _correlation(t, args.get("correlation"))
+        if corr >= 0:
+            t.l_corr.append(corr)
             t.l_ts.append(ts)
         return
     if cat not in _CPU_CATS:

@@ -20,7 +20,16 @@ from pathlib import Path
 from ..collectors.run_metadata import cluster_from_env
 from ..errors import PerfscopeError
 from ..writer import StoreWriter
-from .common import ImportOptions, ImportResult, check_run_id, prepare_store
+from .common import (
+    MAX_DIGITS,
+    MAX_RANKS,
+    ImportOptions,
+    ImportResult,
+    check_run_id,
+    prepare_store,
+    ranks_in_range,
+    shown,
+)
 
 #: a line longer than this is not nccl-tests output
 MAX_LINE_BYTES = 64 << 10
@@ -134,13 +143,33 @@ def _op_from_columns(table: Table) -> str | None:
     return None
 
 
+def _count(path: Path, token: str, what: str) -> int:
+    """A count the header prints (`# nThread N`, `# Rank N`, `device N`), or a one-line refusal."""
+    if len(token) > MAX_DIGITS:
+        raise PerfscopeError(f"{path}: {what} {shown(token)} is not a count; not nccl-tests output")
+    return int(token)
+
+
+def _root(token: str) -> int | None:
+    """The root column: -1 (none) or a rank; `-` or N/A is none; anything else is refused."""
+    if token in ("N/A", "n/a", "-"):
+        return None
+    if not re.fullmatch(r"-?[0-9]{1,9}", token) or not -1 <= int(token) < MAX_RANKS:
+        raise _BadRoot(token)
+    return int(token)
+
+
+class _BadRoot(Exception):
+    """A result line whose root is no rank."""
+
+
 def _measurement(tokens: list[str], oop: int, ip: int, lead: dict[str, int]) -> Measurement:
     """One result line, by the positions of its header's columns (`ip` -1 without in-place ones)."""
 
     def at(i: int) -> float | None:
         return _num(tokens[i]) if 0 <= i < len(tokens) else None
 
-    root = at(lead["root"]) if "root" in lead else None
+    root = _root(tokens[lead["root"]]) if "root" in lead and lead["root"] < len(tokens) else None
     count = at(lead["count"]) if "count" in lead else None
     wrong_at = oop + 3
     size = int(tokens[lead["size"]])
@@ -151,7 +180,7 @@ def _measurement(tokens: list[str], oop: int, ip: int, lead: dict[str, int]) -> 
         count=int(count or 0),
         dtype=tokens[lead["type"]] if "type" in lead else "",
         redop=tokens[lead["redop"]] if "redop" in lead else "",
-        root=int(root) if root is not None else None,
+        root=root,
         oop_time_us=at(oop),
         oop_algbw_gb_per_s=at(oop + 1),
         oop_busbw_gb_per_s=at(oop + 2),
@@ -189,14 +218,20 @@ def parse(path: Path) -> list[Table]:
         if m:
             if cur.rows:
                 close()
-            cur.threads_x_gpus = int(m.group(1)) * int(m.group(2))
+            threads = _count(path, m.group(1), "# nThread")
+            gpus = _count(path, m.group(2), "nGpus")
+            cur.threads_x_gpus = ranks_in_range(threads * gpus, f"{path}: nThread x nGpus")
             saw_any = True
             continue
         m = _RANK_LINE.match(s)
         if m:
             if cur.rows:
                 close()
-            cur.ranks[int(m.group(1))] = (m.group(2), int(m.group(3)), m.group(4).strip())
+            rank = _count(path, m.group(1), "# Rank")
+            if rank >= MAX_RANKS:
+                raise PerfscopeError(f"{path}: # Rank {rank:,} is beyond any job; not nccl-tests output")
+            device = _count(path, m.group(3), "device")
+            cur.ranks[rank] = (m.group(2)[:200], device, m.group(4).strip()[:200])
             continue
         m = _AVG.match(s)
         if m:
@@ -217,6 +252,10 @@ def parse(path: Path) -> list[Table]:
             continue  # NCCL INFO lines, warnings, a line cut short
         try:
             cur.rows.append(_measurement(tokens, *cols))
+        except _BadRoot as exc:
+            raise PerfscopeError(
+                f"{path}: a root of {shown(exc.args[0])} is not a rank; not nccl-tests output"
+            ) from None
         except ValueError:
             continue  # a number no benchmark prints
     close()

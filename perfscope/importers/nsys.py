@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -32,7 +33,15 @@ from typing import Any
 from ..collectors.step_rows import CANONICAL
 from ..errors import PerfscopeError
 from ..schema import TABLES
-from .common import ImportOptions, ImportResult, RunImport, StepTimes, default_run_id
+from .common import (
+    MAX_EPOCH_NS,
+    ImportOptions,
+    ImportResult,
+    RunImport,
+    StepTimes,
+    default_run_id,
+    shown,
+)
 
 _SQLITE_MAGIC = b"SQLite format 3\0"
 _RANGE_TYPES = (59, 60, 70, 71)
@@ -85,7 +94,10 @@ def _opened(path: Path) -> Iterator[sqlite3.Connection]:
             raise PerfscopeError(
                 f"{path}: not an SQLite file; export the report with `nsys export --type sqlite`"
             )
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # the path quoted: '#' and '?' end a URI's path and '%' starts an escape (rank#0.sqlite
+        # opened "rank" and created it; rank%3F.sqlite could not be opened)
+        uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+        con = sqlite3.connect(uri, uri=True)
         try:
             con.execute("PRAGMA query_only = ON")
             yield con
@@ -97,6 +109,17 @@ def _opened(path: Path) -> Iterator[sqlite3.Connection]:
         raise PerfscopeError(f"{path}: unreadable SQLite ({exc}); truncated or corrupt export") from None
     except (TypeError, ValueError, OverflowError) as exc:
         raise PerfscopeError(f"{path}: a value of the wrong type in the export ({exc})") from None
+
+
+def _time(path: Path, v: Any) -> int:
+    """A time of the export (ns since the session, or the session's start since the epoch) that
+    stays inside int64 once added up, or a one-line refusal."""
+    t = int(v)
+    if not 0 <= t <= MAX_EPOCH_NS:
+        raise PerfscopeError(
+            f"{path}: a time of {shown(v)} ns is out of range; not an export this tool reads"
+        )
+    return t
 
 
 def _pid(global_id: int | None) -> int:
@@ -144,7 +167,7 @@ def parse(path: Path) -> Export:
             pid = _pid(gtid)
             domain = "perfscope" if (pid, dom or 0) in perfscope_domains else ""
             proc = procs.setdefault(pid, Process(pid))
-            proc.ranges.append(Range(str(name or ""), int(start), int(end), domain))
+            proc.ranges.append(Range(str(name or ""), _time(path, start), _time(path, end), domain))
         name_col = None
         if "CUPTI_ACTIVITY_KIND_KERNEL" in tables and strings:
             cols = {r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
@@ -156,7 +179,7 @@ def parse(path: Path) -> Export:
         model = _one(con, tables, "TARGET_INFO_GPU", "SELECT name FROM TARGET_INFO_GPU")
         return Export(
             path,
-            int(epoch) if epoch is not None else None,
+            _time(path, epoch) if epoch is not None else None,
             str(host or ""),
             str(model or ""),
             procs,
@@ -177,7 +200,7 @@ def kernels(ex: Export, pid: int) -> Iterator[tuple[int, int, str | None, int | 
             (pid,),
         ):
             m = _NCCL.match(str(kname or ""))
-            yield int(start), int(end), m.group(1).lower() if m else None, dev
+            yield _time(ex.path, start), _time(ex.path, end), m.group(1).lower() if m else None, dev
 
 
 def gpu_samples(ex: Export) -> Iterator[dict[str, Any]]:
@@ -206,6 +229,11 @@ def gpu_samples(ex: Export) -> Iterator[dict[str, Any]]:
                 row = {}
             row = row or {"ts": int(ts), "gpu_index": gpus[type_id]}
             row[col] = float(value)
+            if not 0 <= row[col] <= 1e6 or not 0 <= int(ts) <= MAX_EPOCH_NS:
+                raise PerfscopeError(
+                    f"{ex.path}: a GPU metric sample out of range (value {shown(value)} at "
+                    f"{shown(ts)} ns); not a metric Nsight Systems records"
+                )
         if row:
             yield row
 
