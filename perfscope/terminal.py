@@ -10,6 +10,8 @@ from typing import Any, TextIO
 
 import pyarrow as pa
 
+from .errors import one_line
+
 
 def use_colour(stream: TextIO | None = None) -> bool:
     stream = sys.stdout if stream is None else stream
@@ -24,6 +26,18 @@ def style(text: str, code: str, *, enabled: bool) -> str:
     return f"\033[{code}m{text}\033[0m" if enabled else text
 
 
+def printable(text: str, *, lines: bool = False) -> str:
+    """`text` safe to print: every character that is not printable (ESC and the other control
+    characters, bidirectional overrides, a lone surrogate) written as its escape, so a string from a
+    file (a backend, a host name, a tensor name) can neither move the cursor, recolour the terminal,
+    nor reorder what it shows. With `lines`, line breaks are kept (text already wrapped)."""
+    if text.isprintable():
+        return text
+    if lines:
+        return "\n".join(one_line(part) for part in text.split("\n"))
+    return one_line(text)
+
+
 def format_value(v: Any) -> str:
     if v is None:
         return ""
@@ -35,7 +49,7 @@ def format_value(v: Any) -> str:
         return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.1f}"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
-    return str(v)
+    return printable(str(v))
 
 
 #: the narrowest width output is fitted to (a smaller COLUMNS is taken as this)
@@ -76,7 +90,7 @@ def wrap(text: str, width: int | None, *, indent: str = "", hang: str | None = N
     import textwrap
 
     return textwrap.fill(
-        text,
+        printable(text),
         width=prose_width(width),
         initial_indent=indent,
         subsequent_indent=indent if hang is None else hang,
@@ -179,4 +193,4 @@ def format_table(
 
 
 def heading(text: str, *, colour: bool = False) -> str:
-    return style(text, "1;36", enabled=colour)
+    return style(printable(text, lines=True), "1;36", enabled=colour)

@@ -242,3 +242,43 @@ def stat_is_char_device(path: str) -> bool:
     import stat
 
     return stat.S_ISCHR(os.stat(path).st_mode)
+
+
+#: what a trace may carry in a string: a colour change, clear-screen, a bell, a right-to-left override
+HOSTILE_TEXT = "nc\x1b[31mcl\x1b[2J\x07\u202elx"
+
+
+def _imported_with_escapes(tmp_path: Path) -> Path:
+    """A store holding one Kineto trace whose distributedInfo.backend is HOSTILE_TEXT."""
+    from hostile.corpus import kineto
+
+    trace = tmp_path / "k.json"
+    trace.write_bytes(kineto(info={"backend": HOSTILE_TEXT, "rank": 0, "world_size": 1}))
+    store = tmp_path / "store"
+    proc = _process("import", "kineto", str(trace), "--store", str(store), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return store
+
+
+@pytest.mark.parametrize("verb", ["info", "analyze"])
+def test_strings_from_a_file_are_escaped_not_obeyed(tmp_path: Path, verb: str) -> None:
+    """issue 22: info and analyze printed distributedInfo.backend raw, ESC included. On a real
+    terminal (a pty) and through a pipe, every string from the store is shown escaped."""
+    import pexpect
+
+    store = _imported_with_escapes(tmp_path)
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    env.pop("FORCE_COLOR", None)
+    piped = subprocess.run(
+        [sys.executable, "-m", "perfscope", verb, str(store)], capture_output=True, timeout=120, env=env
+    )
+    assert piped.returncode == 0, piped.stderr.decode()
+    child = pexpect.spawn(
+        sys.executable, ["-m", "perfscope", verb, str(store)], env=env, timeout=120, dimensions=(50, 200)
+    )
+    on_tty = child.read()
+    child.close()
+    assert child.exitstatus == 0, on_tty
+    for out in (piped.stdout.decode(), on_tty.decode()):
+        assert "nc\\x1b[31mcl\\x1b[2J\\x07\\u202elx" in out, out
+        assert not any(c in out for c in "\x1b\x07\u202e"), out

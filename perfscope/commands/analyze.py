@@ -16,7 +16,16 @@ from ..analysis import DEFINITIONS, Selection, run_analysis
 from ..errors import PerfscopeError
 from ..explain import Finding, explain
 from ..store import Store, open_store
-from ..terminal import format_rows, heading, prose_width, style, terminal_width, use_colour, wrap
+from ..terminal import (
+    format_rows,
+    heading,
+    printable,
+    prose_width,
+    style,
+    terminal_width,
+    use_colour,
+    wrap,
+)
 from ..words import counted
 
 #: Bump only when a key is renamed or removed or changes meaning; adding keys keeps the version.
@@ -290,18 +299,22 @@ def _explained(f: Finding) -> str:
     return f"explains {f.explained_loss:.0%} of the lost time" if f.explained_loss is not None else ""
 
 
+class _Wrapper(textwrap.TextWrapper):
+    """Fills a paragraph of a finding, whose words quote names from the store (run ids, clusters,
+    backends, hosts): escaped, so a name from a trace cannot drive the terminal."""
+
+    def fill(self, text: str) -> str:
+        return super().fill(printable(text))
+
+
 def render_findings(findings: list[Finding], colour: bool, width: int | None) -> str:
     """Ranked root causes, each with its symptoms; the same cause on other groups one line each."""
     if not findings:
         return "No findings: nothing in the selected runs needs explaining."
     out = []
     lines = prose_width(width)
-    para = textwrap.TextWrapper(
-        width=lines, initial_indent="   ", subsequent_indent="   ", break_long_words=False
-    )
-    also = textwrap.TextWrapper(
-        width=lines, initial_indent="   - ", subsequent_indent="     ", break_long_words=False
-    )
+    para = _Wrapper(width=lines, initial_indent="   ", subsequent_indent="   ", break_long_words=False)
+    also = _Wrapper(width=lines, initial_indent="   - ", subsequent_indent="     ", break_long_words=False)
     for i, f in enumerate(findings, 1):
         tag = style(f"[{f.severity.upper()}]", SEVERITY_STYLE[f.severity], enabled=colour)
         explained = ", " + _explained(f) if f.explained_loss is not None else ""

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from ..schema import PARTITION_KEY
 from ..store import Block, Store, open_store, sql_text
-from ..terminal import format_table, heading, terminal_width, use_colour, wrap
+from ..terminal import format_table, heading, printable, terminal_width, use_colour, wrap
 from ..words import counted
 
 _RUNS_SQL = f"""
@@ -162,11 +162,12 @@ def run(args: argparse.Namespace) -> int:
         print(heading("runs", colour=colour))
         print(format_table(_runs_table(info["runs"]), colour=colour, width=width))
         if info["runs_without_metadata"]:
-            print(f"\nsteps without a runs row (rank 0 missing?): {', '.join(info['runs_without_metadata'])}")
+            missing = printable(", ".join(info["runs_without_metadata"]))
+            print(f"\nsteps without a runs row (rank 0 missing?): {missing}")
         if info["skipped"]:
             print(heading(f"\nskipped {counted(len(info['skipped']), 'file')}", colour=colour))
             for s in info["skipped"]:
-                print(f"  {s['path']}: {s['reason']}")
+                print(printable(f"  {s['path']}: {s['reason']}"))
         if info["doubtful"]:
             print(
                 heading(
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             for s in info["doubtful"]:
-                print(f"  {s['path']}: {s['reason']}")
+                print(printable(f"  {s['path']}: {s['reason']}"))
     return 0
 
 
