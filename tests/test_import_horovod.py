@@ -233,3 +233,18 @@ def test_two_files_are_refused(tmp_path, capsys):
     a, b = _put(tmp_path / "a.json", timeline()), _put(tmp_path / "b.json", timeline())
     assert main(["import", "horovod", str(a), str(b), "--store", str(tmp_path / "s")]) == 2
     assert "one file" in capsys.readouterr().err
+
+
+def test_rows_beyond_the_plausible_bound_are_refused_and_nothing_is_left(tmp_path, capsys, monkeypatch):
+    """A file may claim more rows than any trace holds (ranks x collectives): refused in one line at
+    the bound, with the run's partitions removed. The bound is lowered here to 2 steps' rows."""
+    from perfscope.importers import common
+
+    monkeypatch.setattr(common, "MAX_ROWS", 2 * 2)
+    path = tmp_path / "t.json"
+    path.write_text(timeline())
+    capsys.readouterr()
+    assert main(["import", "horovod", str(path), "--store", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "more than 4 comm rows" in err, err
+    assert not list((tmp_path / "s").glob("*/run_id=*"))

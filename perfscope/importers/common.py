@@ -36,6 +36,10 @@ MAX_EPOCH_NS = 4_102_444_800 * 10**9
 MAX_TRACE_US = 4.2e15
 #: digits of a step number, tick or count a file may spell (Python refuses int() past 4300)
 MAX_DIGITS = 18
+#: rows of one table one import may write: a step row per rank and step, a comm row per rank and
+#: collective. Most formats write a row per event of the file, but a Horovod timeline writes one per
+#: rank for each collective rank 0 saw; 2^31 rows is hours of writing and tens of GB, past any trace
+MAX_ROWS = 1 << 31
 
 
 def ranks_in_range(n: int, what: str) -> int:
@@ -207,6 +211,8 @@ class RunImport:
 
     def step(self, rank: int, step: int, t: StepTimes, *, clock: str) -> None:
         self.result.steps += 1
+        if self.result.steps > MAX_ROWS:
+            self._too_many("step")
         samples = t.samples if t.samples is not None else self.opts.batch_size
         self._writer.append(
             "steps",
@@ -227,6 +233,8 @@ class RunImport:
         depth: int = 0,
     ) -> None:
         self.result.spans += 1
+        if self.result.spans > MAX_ROWS:
+            self._too_many("span")
         self._writer.append("spans", (rank, step, name, parent, depth, start_ns, dur_ns, clock, None))
 
     def comm(
@@ -245,6 +253,8 @@ class RunImport:
     ) -> None:
         """One collective. `extra` holds further columns of `comm` by name."""
         self.result.comm += 1
+        if self.result.comm > MAX_ROWS:
+            self._too_many("comm")
         values = {"rank": rank, "step": step, "seq": seq, "op": op, "bucket": bucket, "bytes": nbytes,
                   "start_ns": start_ns, "dur_ns": dur_ns, "clock": clock, **(extra or {})}  # fmt: skip
         self._writer.append("comm", _row("comm", values))
@@ -252,6 +262,12 @@ class RunImport:
     def rows(self, table: str, rows: Iterable[Sequence[Any]]) -> None:
         """Rows of any other table in schema order (gpu_samples, events ...)."""
         self._writer.extend(table, rows)
+
+    def _too_many(self, table: str) -> None:
+        raise PerfscopeError(
+            f"these files would make more than {MAX_ROWS:,} {table} rows; no trace holds that many "
+            "(a damaged or forged file, or give --world-size if the ranks were counted wrong)"
+        )
 
     def warn(self, message: str) -> None:
         self.result.warnings.append(message)
