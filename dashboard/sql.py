@@ -6,13 +6,10 @@ a memory limit, and only the rows it draws are fetched; the whole result is a do
 
 from __future__ import annotations
 
-import io
-
-import pyarrow.csv as pacsv
 import streamlit as st
 
 from perfscope.errors import PerfscopeError
-from perfscope.output import printable_columns
+from perfscope.output import csv_text
 from perfscope.schema import TABLES
 from perfscope.user_sql import UserSql
 from perfscope.words import counted
@@ -60,6 +57,8 @@ def _run(ctx: Context, text: str) -> None:
     n = fetched.table.num_rows
     if fetched.complete:
         st.caption(counted(n, "row"))
+    elif fetched.bound:
+        st.caption(f"the first {n:,} rows are shown: {fetched.bound}, the most one query may hold here")
     else:
         st.caption(f"more than {SHOWN_ROWS:,} rows; the first {SHOWN_ROWS:,} are shown")
     st.dataframe(fetched.table, hide_index=True)
@@ -78,9 +77,7 @@ def _csv(session: UserSql, text: str) -> bytes:
         table = session.fetch(text, timeout_s=TIME_LIMIT_S, max_rows=DOWNLOAD_ROWS).table
     except PerfscopeError as exc:
         return f"perfscope: {exc.message}\n".encode()
-    buf = io.BytesIO()
-    pacsv.write_csv(printable_columns(table), buf)
-    return buf.getvalue()
+    return csv_text(table).encode()
 
 
 def _schema() -> None:

@@ -1101,7 +1101,13 @@ class Store:
         from .user_sql import UserSql
 
         with UserSql(self) as session:
-            return session.fetch(sql, timeout_s=timeout_s).table
+            fetched = session.fetch(sql, timeout_s=timeout_s)
+        if fetched.bound:
+            raise StoreError(
+                f"the result is larger than perfscope holds in memory ({fetched.bound}); narrow it "
+                "(WHERE, LIMIT, fewer columns) or stream it to a file with `perfscope sql -o`"
+            )
+        return fetched.table
 
     def close(self) -> None:
         self._con.close()
@@ -1117,7 +1123,7 @@ def _unreadable(path: Path) -> bool:
     """Whether DuckDB fails to read every row of the Parquet file at `path` on a connection of its own."""
     con = duckdb.connect(":memory:")
     try:
-        for _ in con.execute("SELECT * FROM read_parquet(?)", [str(path)]).to_arrow_reader(65536):
+        for _ in con.sql("SELECT * FROM read_parquet(?)", params=[str(path)]).to_arrow_reader(65536):
             pass
         return False
     except Exception:

@@ -130,3 +130,15 @@ def test_any_text_is_a_query_or_a_clear_refusal(sql: str) -> None:
         check_query(sql)
     except PerfscopeError as exc:
         assert exc.message and "Traceback" not in exc.message
+
+
+def test_what_a_query_brings_into_python_is_bounded_in_bytes_not_rows(store: Path) -> None:
+    """Arrow results live outside DuckDB's memory limit: 10,000 rows of 10,000 characters (100 MB)
+    stop at the byte bound, with the bound said, while narrow rows still come whole."""
+    with open_store(store) as s, UserSql(s) as session:
+        wide = session.fetch("SELECT repeat('x', 10000) AS s FROM range(10000)", max_bytes=2**20)
+        narrow = session.fetch("SELECT i FROM range(10000) t(i)", max_bytes=2**20)
+    assert not wide.complete and "1 MB" in wide.bound
+    assert 0 < wide.table.num_rows < 10000
+    assert wide.table.nbytes < 2**20 + 2048 * 10_100  # at most one batch past the bound
+    assert narrow.complete and narrow.table.num_rows == 10000 and narrow.bound == ""
