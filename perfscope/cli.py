@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("always", PerfscopeWarning)
         warnings.showwarning = _show_warning
         try:
-            return int(module.run(args))
+            code = int(module.run(args))
+            if argv is None and hasattr(module, "end_as_job"):  # the command line, not in-process
+                code = module.end_as_job(args, code)  # `run`: die of the job's signal, as timeout does
+            return code
         except PerfscopeError as exc:
             print(f"perfscope {args.verb}: error: {one_line(exc.message)}", file=sys.stderr)
             if exc.detail:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,11 @@ for step, (x, y) in enumerate(data):
 model.eval()
 with torch.no_grad():  # evaluation: not a training forward
     model(torch.randn(2, 32))
+# the end every script a test launches has: no rank tears its connections down while a peer still
+# uses them (barrier), and the process group is freed now, while the interpreter is whole: the DDP
+# reducer holds it, and a gloo group left to interpreter shutdown can abort a rank at exit
+dist.barrier()
+del model, opt
 dist.destroy_process_group()
 print(f"rank {rank} done", flush=True)
 """
@@ -268,6 +276,10 @@ if __name__ == "__main__":
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(Model(), DataLoader(data, batch_size=4))
+    if torch.distributed.is_initialized():  # end the process group here, not at interpreter exit
+        torch.distributed.barrier()
+        del trainer
+        torch.distributed.destroy_process_group()
 """
 
 
@@ -287,3 +299,194 @@ def test_lightning_script_without_callback(tmp_path: Path) -> None:
     # is still one update: 32 samples per rank, batches of 4, two batches per update
     assert [(r["rank"], r["n"], r["s"]) for r in steps] == [(0, 4, 8), (1, 4, 8)]
     assert all(r["f"] > 0 and r["b"] > 0 and r["c"] >= 4 for r in steps)
+
+
+# a job that records each signal it gets (pid and number, one line each) and ends with 100 + the
+# signal; with an argument it first starts a copy of itself (a worker: same process group), so a
+# signal to the job's whole group shows in both logs
+SIGNALLED_JOB = """
+import os, signal, subprocess, sys, time
+
+LOG = sys.argv[1]
+
+
+def record(sig, frame):
+    with open(LOG, "a") as f:
+        f.write(f"{os.getpid()} {sig}\\n")
+    time.sleep(0.5)  # a second delivery of the signal, if any, is recorded before the job ends
+    os._exit(100 + sig)
+
+
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, record)
+if len(sys.argv) > 2:
+    worker = subprocess.Popen([sys.executable, __file__, sys.argv[2]])
+    while not os.path.exists(sys.argv[2] + ".ready"):
+        time.sleep(0.05)
+with open(LOG + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(LOG + ".tmp", LOG + ".ready")  # whole when it appears
+time.sleep(TIMEOUT_S)
+"""
+
+
+def _wait_for(path: Path, timeout_s: float = TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def _start_recorded(tmp_path: Path, *job: str) -> subprocess.Popen[str]:
+    """`perfscope run` of a job in a process group of its own, as a shell with job control starts it
+    (in this session: a group whose parent is in another session is orphaned and ignores Ctrl-Z)."""
+    return subprocess.Popen(
+        [str(BIN / "perfscope"), "run", "--store", "S", "--poll-hz", "0", "--", sys.executable, *job],
+        cwd=tmp_path,
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0,
+    )
+
+
+def _signals(log: Path) -> list[int]:
+    return [int(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2]
+)
+def test_a_signal_to_perfscope_run_reaches_the_jobs_group_once(tmp_path: Path, sig: signal.Signals) -> None:
+    script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
+    log, worker_log = tmp_path / "job.log", tmp_path / "worker.log"
+    wrapper = _start_recorded(tmp_path, script.name, log.name, worker_log.name)
+    job_pid = int(_wait_for(tmp_path / "job.log.ready"))
+    sent = time.monotonic()
+    os.kill(wrapper.pid, sig)  # to perfscope run alone, as `kill` or a scheduler sends it
+    code = wrapper.wait(timeout=TIMEOUT_S)
+    waited = time.monotonic() - sent
+    assert code == 100 + sig, wrapper.stderr.read() if wrapper.stderr else ""  # the job's own status
+    assert _signals(log) == [sig]  # the job got it, once
+    assert _gone(job_pid)  # perfscope run waited for the job: nothing left orphaned
+    _wait_for(worker_log)
+    assert _signals(worker_log) == [sig]  # and so did the job's worker: the whole process group
+    assert waited < 20  # at once, not after perfscope run's own grace period (31 s before)
+
+
+def test_ctrl_c_to_the_whole_group_reaches_the_job_once(tmp_path: Path) -> None:
+    script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
+    log = tmp_path / "job.log"
+    wrapper = _start_recorded(tmp_path, script.name, log.name)
+    _wait_for(tmp_path / "job.log.ready")
+    os.killpg(wrapper.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the foreground group
+    assert wrapper.wait(timeout=TIMEOUT_S) == 100 + signal.SIGINT
+    assert _signals(log) == [signal.SIGINT]
+
+
+def test_a_signal_ignored_by_perfscope_run_stays_ignored(tmp_path: Path) -> None:
+    """`nohup perfscope run -- CMD`: a hang-up reaches neither perfscope run nor the job."""
+    script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
+    log = tmp_path / "job.log"
+    wrapper = subprocess.Popen(
+        ["nohup", str(BIN / "perfscope"), "run", "--store", "S", "--poll-hz", "0", "--",
+         sys.executable, script.name, log.name],
+        cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, process_group=0,
+    )  # fmt: skip
+    _wait_for(tmp_path / "job.log.ready")
+    os.kill(wrapper.pid, signal.SIGHUP)  # nohup execs perfscope: same pid
+    time.sleep(1.0)
+    assert wrapper.poll() is None and _signals(log) == []
+    os.kill(wrapper.pid, signal.SIGTERM)
+    assert wrapper.wait(timeout=TIMEOUT_S) == 100 + signal.SIGTERM
+    assert _signals(log) == [signal.SIGTERM]
+
+
+def test_perfscope_run_ends_by_the_signal_that_ended_the_job(tmp_path: Path) -> None:
+    """A job that a signal kills: perfscope run dies of the same signal (as `timeout` does), so its
+    parent sees what it would have seen of the job; a shell prints 143 either way."""
+    wrapper = _start_recorded(
+        tmp_path,
+        "-c",
+        "import os, time; open('r', 'w').write(str(os.getpid())); os.replace('r', 'ready'); time.sleep(600)",
+    )
+    job_pid = int(_wait_for(tmp_path / "ready"))
+    os.kill(wrapper.pid, signal.SIGTERM)
+    assert wrapper.wait(timeout=TIMEOUT_S) == -signal.SIGTERM
+    assert _gone(job_pid)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_ctrl_z_stops_the_job_with_perfscope_run_and_fg_resumes_both(tmp_path: Path) -> None:
+    script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
+    log = tmp_path / "job.log"
+    wrapper = _start_recorded(tmp_path, script.name, log.name)
+    job_pid = int(_wait_for(tmp_path / "job.log.ready"))
+    try:
+        os.killpg(wrapper.pid, signal.SIGTSTP)  # Ctrl-Z
+        assert _until(lambda: _state(job_pid) == "T" and _state(wrapper.pid) == "T")
+        os.killpg(wrapper.pid, signal.SIGCONT)  # fg
+        assert _until(lambda: _state(job_pid) != "T" and _state(wrapper.pid) != "T")
+    finally:
+        os.killpg(wrapper.pid, signal.SIGCONT)
+        os.kill(wrapper.pid, signal.SIGTERM)
+    assert wrapper.wait(timeout=TIMEOUT_S) == 100 + signal.SIGTERM
+    assert _signals(log) == [signal.SIGTERM]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--store", "st\udcff", "--store st\\xff is not valid UTF-8"),  # argv's b"st\xff", as Python reads it
+        ("--run-id", "\u00e9" * 150, "--run-id is 300 bytes long"),  # 150 characters, 300 bytes
+        ("--experiment", "exp\udcfe", "not valid UTF-8"),
+    ],
+)
+def test_names_the_store_cannot_hold_are_refused_before_the_job_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, needle: str
+) -> None:
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["run", flag, value, "--", "touch", "started"]) == 2
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no job ran, no store folder was made
+
+
+def test_a_command_that_cannot_be_run_exits_126_as_a_shell_does(tmp_path: Path) -> None:
+    (tmp_path / "not-executable").write_text("#!/bin/sh\necho ran\n")
+    (tmp_path / "a-folder").mkdir()
+    for target, needle in (("./not-executable", "not executable"), ("./a-folder", "is a folder")):
+        out = _launch([str(BIN / "perfscope"), "run", "--store", "S", "--", target], tmp_path)
+        shell = _launch(["sh", "-c", target], tmp_path)
+        assert out.returncode == shell.returncode == 126, (out.stderr, shell.stderr)
+        assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
+        assert "ran" not in out.stdout
+    missing = _launch([str(BIN / "perfscope"), "run", "--", "./no-such-file"], tmp_path)
+    assert missing.returncode == 127 and "command not found" in missing.stderr

@@ -4,23 +4,54 @@ Every Python process CMD starts (the script itself, or the workers of torchrun, 
 torch.distributed.run`, srun or mpirun, which inherit the environment) records its steps and phases
 into the store once it imports torch: an environment variable and an interpreter start-up hook
 (collectors/bootstrap/sitecustomize.py) hand over to perfscope.collectors.auto. CMD's exit status
-is perfscope run's; its output is left untouched (perfscope's notes go to stderr)."""
+is perfscope run's; its output is left untouched (perfscope's notes go to stderr).
+
+perfscope run is a transparent wrapper, as `timeout`, `torchrun` and `srun` are: CMD runs in a
+session and process group of its own, every catchable signal perfscope run gets (TERM, INT, HUP,
+QUIT, USR1, USR2; Ctrl-C on the terminal included) is passed on to that whole group once, Ctrl-Z
+stops the job with perfscope run and `fg` resumes both, and perfscope run waits for the job and
+ends as it ended: with its exit status, or killed by the same signal."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from ..errors import PerfscopeError
+from ..errors import PerfscopeError, one_line
 
 #: where a run is recorded when --store is not given
 DEFAULT_STORE = "perfscope-traces"
+
+#: the signals perfscope run passes on to the job's process group (every catchable one that asks a
+#: process to stop or to act: what a terminal, a scheduler or a user sends)
+FORWARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+#: a run id names folders (`run_id=<id>`, and '<id>-<8 hex digits>' when it is taken): with this many
+#: bytes at most, every such name stays under the 255 bytes a file name may have
+MAX_RUN_ID_BYTES = 200
+
+#: exit status when CMD exists but cannot be started (a shell's), and when it is not found
+CANNOT_START_EXIT = 126
+NOT_FOUND_EXIT = 127
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,11 +77,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
 
 
+def _utf8(flag: str, value: str) -> str:
+    """`value` when it is valid UTF-8 text; an undecodable argument (lone surrogates) is refused: every
+    row recorded under it would be dropped (Arrow, DuckDB and Parquet take only UTF-8)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = os.fsencode(value).decode("utf-8", "backslashreplace")  # the bytes as given (st\xff)
+        at = len(os.fsencode(value[: exc.start])) + 1
+        raise PerfscopeError(
+            f"{flag} {one_line(shown)} is not valid UTF-8 (byte {at}); perfscope records names and "
+            "paths as UTF-8 text: give a UTF-8 name"
+        ) from None
+    return value
+
+
+def _run_id(value: str) -> str:
+    size = len(_utf8("--run-id", value).encode("utf-8"))
+    if size > MAX_RUN_ID_BYTES:
+        raise PerfscopeError(
+            f"--run-id is {size} bytes long (in UTF-8); a run id names folders of the store and may have "
+            f"at most {MAX_RUN_ID_BYTES} bytes"
+        )
+    if not value.strip():
+        raise PerfscopeError("--run-id is empty; give a name or leave the flag out")
+    return value
+
+
 def profile_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keywords of perfscope.profile that the flags ask for."""
-    options: dict[str, Any] = {"experiment": args.experiment}
+    options: dict[str, Any] = {"experiment": _utf8("--experiment", args.experiment)}
     for tag in args.tag:
-        key, sep, value = tag.partition("=")
+        key, sep, value = _utf8("--tag", tag).partition("=")
         if not sep or not key.strip().isidentifier():
             raise PerfscopeError(f"--tag {tag!r}: expected KEY=VALUE with a name for KEY")
         options[key.strip()] = value
@@ -69,7 +127,7 @@ def profile_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_nvtx:
         options["nvtx"] = False
     if args.run_id is not None:
-        options["run_id"] = args.run_id
+        options["run_id"] = _run_id(args.run_id)
     return options
 
 
@@ -87,50 +145,176 @@ def environment(
     return env
 
 
+def _startable(program: str) -> None:
+    """Refuse, as a shell would, a command that is not there (127) or that cannot be run (126)."""
+    if os.sep in program:  # a path: run as it is, never looked up
+        if not os.path.lexists(program):
+            raise PerfscopeError(f"command not found: {program!r} (no such file)", exit_code=NOT_FOUND_EXIT)
+        if os.path.isdir(program):
+            raise PerfscopeError(f"cannot run {program!r}: it is a folder", exit_code=CANNOT_START_EXIT)
+        if not os.access(program, os.X_OK):
+            raise PerfscopeError(
+                f"cannot run {program!r}: it is not executable (chmod +x, or name its interpreter)",
+                exit_code=CANNOT_START_EXIT,
+            )
+        return
+    if shutil.which(program) is None:
+        raise PerfscopeError(f"command not found: {program!r}", exit_code=NOT_FOUND_EXIT)
+
+
 def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise PerfscopeError("no command to run: perfscope run [--store S] -- CMD ARGS...")
-    if shutil.which(command[0]) is None:
-        raise PerfscopeError(f"command not found: {command[0]!r}", exit_code=127)
+    _utf8("--store", args.store)
+    options = profile_options(args)  # every flag checked before anything is made or started
+    _startable(command[0])
     from ..collectors.profiler import DISABLE_ENV
     from ..objectstore import is_s3_url, parse_url
 
     if is_s3_url(args.store):  # each process uploads its own staging folder; checked before the job
         parse_url(args.store)
-        env = environment(args.store, profile_options(args))
-        return _wait(command, env, args.store, None)
+        return _wait(args, command, environment(args.store, options), args.store, None)
     store = Path(args.store).expanduser().resolve()
     if store.exists() and not store.is_dir():
         raise PerfscopeError(f"--store {args.store!r} is a file, not a store folder")
-    env = environment(store, profile_options(args))
+    env = environment(store, options)
     if env.get(DISABLE_ENV, "").strip() in ("", "0"):
         _writable(store, args.store)
-    return _wait(command, env, args.store, store)
+    return _wait(args, command, env, args.store, store)
 
 
-def _wait(command: list[str], env: dict[str, str], given: str, store: Path | None) -> int:
-    """Run the job to its end; its exit status, as a shell gives it."""
-    try:
-        child = subprocess.Popen(command, env=env)
-    except OSError as exc:
-        raise PerfscopeError(f"could not start {command[0]!r}: {exc.strerror or exc}", exit_code=126) from exc
-    try:
-        code = child.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: let the job shut down
+class _Forwarder:
+    """While the job runs: each forwarded signal perfscope run gets goes to the job's process group;
+    Ctrl-Z (SIGTSTP) stops the job, then perfscope run, and SIGCONT resumes both."""
+
+    def __init__(self) -> None:
+        self.pgid: int | None = None
+        self.pending: list[int] = []
+        self._old: dict[int, Any] = {}
+        self.active = threading.current_thread() is threading.main_thread()  # signal.signal's rule
+
+    def __enter__(self) -> _Forwarder:
+        if self.active:
+            for sig in FORWARDED_SIGNALS:
+                # one ignored stays ignored, for perfscope run and (inherited) for the job: nohup's
+                # SIGHUP, a background job's SIGINT and SIGQUIT in a non-interactive shell
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._forward)
+            if signal.getsignal(signal.SIGTSTP) != signal.SIG_IGN:
+                self._old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self._stop)
+            self._old[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._resume)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def started(self, pid: int) -> None:
+        self.pgid = pid  # the job leads its own session, so its process group id is its pid
+        while self.pending:
+            self._send(self.pending.pop(0))
+
+    def _send(self, sig: int) -> None:
+        if self.pgid is None:
+            self.pending.append(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):  # the whole group has already ended
+            os.killpg(self.pgid, sig)
+
+    def _forward(self, sig: int, frame: FrameType | None) -> None:
+        self._send(sig)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
+        self._send(signal.SIGSTOP)  # SIGTSTP may be caught by the job; a stop asked for is a stop
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here; `fg` or `bg` continues past this line
+        signal.signal(signal.SIGTSTP, self._stop)
+        # past it also when the stop was discarded (an orphaned process group: no shell to resume it)
+        self._send(signal.SIGCONT)
+
+    def _resume(self, sig: int, frame: FrameType | None) -> None:
+        self._send(signal.SIGCONT)
+
+
+def _wait(
+    args: argparse.Namespace, command: list[str], env: dict[str, str], given: str, store: Path | None
+) -> int:
+    """Run the job to its end; its exit status, as a shell gives it (128 + N when signal N killed it,
+    and then args.job_signal is N, so that the command line can end by the same signal)."""
+    with _Forwarder() as forwarder:
         try:
-            code = child.wait(timeout=30)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            child.kill()
+            # its own session, as torchrun starts its workers: a signal perfscope run gets reaches the
+            # job once (from perfscope run), never twice (from the terminal, then from perfscope run)
+            child = subprocess.Popen(command, env=env, start_new_session=forwarder.active)
+        except OSError as exc:
+            code = NOT_FOUND_EXIT if isinstance(exc, FileNotFoundError) else CANNOT_START_EXIT
+            raise PerfscopeError(
+                f"could not start {command[0]!r}: {exc.strerror or exc}", exit_code=code
+            ) from exc
+        if forwarder.active:
+            forwarder.started(child.pid)
+            code = _wait_awake(child)
+        else:
             code = child.wait()
-        code = code if code > 0 else 130
+    args.job_signal = -code if code < 0 else None
     if code < 0:  # killed by a signal: the shell's convention
         code = 128 - code
     if store is None or (store.is_dir() and any(store.iterdir())):
         where = store or given
         print(f"perfscope run: recorded into {where}; next: perfscope analyze {given}", file=sys.stderr)
+    return code
+
+
+def _wait_awake(child: subprocess.Popen[bytes]) -> int:
+    """Wait for the job while staying able to forward signals at once. A signal may be delivered to
+    any thread of this process (pyarrow's and jemalloc's among them), and a Python handler runs only
+    when the main thread runs bytecode: a main thread blocked in waitpid() would never see it. So
+    the main thread waits in select() on the job's pidfd and on the signal wake-up fd, which the
+    C-level handler writes on whatever thread the signal arrives."""
+    try:
+        pidfd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): poll, each poll runs the handlers
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return child.wait(timeout=0.05)
+    wake_r, wake_w = os.pipe()
+    try:
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        old = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            while child.poll() is None:
+                select.select([pidfd, wake_r], [], [])
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+        finally:
+            signal.set_wakeup_fd(old)
+    finally:
+        for fd in (pidfd, wake_r, wake_w):
+            os.close(fd)
+    return int(child.returncode)
+
+
+def end_as_job(args: argparse.Namespace, code: int) -> int:
+    """End this process as the job ended, as `timeout` does: killed by the same signal (so a shell
+    running a loop of jobs sees a Ctrl-C it must stop on), with no core file of perfscope's own; the
+    status when the signal does not end it. Only for the `perfscope` command, never in-process."""
+    sig = getattr(args, "job_signal", None)
+    if not sig or sig in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGCONT):
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if sig != signal.SIGKILL:  # the one signal whose disposition cannot be set (nor blocked)
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    except (OSError, ValueError):  # not a signal this process may send itself: the status says it
+        pass
     return code
 
 
