@@ -142,3 +142,26 @@ def test_what_a_query_brings_into_python_is_bounded_in_bytes_not_rows(store: Pat
     assert 0 < wide.table.num_rows < 10000
     assert wide.table.nbytes < 2**20 + 2048 * 10_100  # at most one batch past the bound
     assert narrow.complete and narrow.table.num_rows == 10000 and narrow.bound == ""
+
+
+@pytest.mark.parametrize(
+    ("sql", "bound"),
+    [
+        ("SELECT 1" + " UNION ALL SELECT 1" * 120_000, "characters"),
+        ("SELECT 1" + " UNION ALL SELECT 1" * 300, "SELECTs"),
+        ("SELECT " + "(" * 150 + "1" + ")" * 150, "parentheses deep"),
+        ("SELECT " + "1," * 12_000 + "1", "tokens"),
+    ],
+)
+def test_queries_too_large_to_plan_in_time_are_refused_before_duckdb_plans_them(
+    store: Path, sql: str, bound: str
+) -> None:
+    """DuckDB's planner ignores the time limit: 120,000 `UNION ALL SELECT 1` planned for 121 s and then
+    said it stopped at 30 s. Such text is measured first and refused at once, naming the bound."""
+    with open_store(store) as s, UserSql(s) as session:
+        with pytest.raises(PerfscopeError, match=bound) as err:
+            session.fetch(sql, timeout_s=30)
+        assert "\n" not in err.value.message
+        # the largest that is allowed still runs
+        ok = "SELECT 1" + " UNION ALL SELECT 1" * 199
+        assert session.fetch(ok, timeout_s=30).table.num_rows == 200
