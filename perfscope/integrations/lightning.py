@@ -6,14 +6,24 @@ A step is one optimizer update: with `accumulate_grad_batches=k` it spans k batc
 the batch's start to the backward (training_step and the loss), `backward` Lightning's backward
 call (DDP's wait for its last bucket included), `optimizer` from before the optimizer step to the
 batch's end. The DDP model is watched (its buckets recorded); every other torch.distributed call
-(FSDP's all-gathers and reduce-scatters) is recorded by the profile's own recorder."""
+(FSDP's all-gathers and reduce-scatters) is recorded by the profile's own recorder.
+
+What the module logs with `self.log` / `self.log_dict` is recorded on global rank 0 as the run's
+metrics, under the names Lightning gives them (`train_loss`, `train_acc_step`, `train_acc_epoch`,
+`val_loss` ...): step-level values at the end of every optimizer step (every step, whatever
+`log_every_n_steps`; under accumulation the last batch's value, as Lightning's loggers get it),
+epoch-level ones when Lightning has reduced them (the end of a training epoch, of a validation run;
+the sanity check's are not recorded)."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
+
+from perfscope.errors import warn_once
 
 from .common import PhaseCursor, export_run
 
@@ -36,6 +46,9 @@ class PerfscopeCallback(Callback):
         self.cursor = PhaseCursor(store, profile_options, who="lightning callback")
         self.export_to = export_to
         self.export_destination = export_destination
+        self.step_names: set[str] = set()  # metrics recorded at step ends
+        self.epoch_values: dict[str, float] = {}  # the last value recorded of every other metric
+        self.metrics_failed = False
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":  # the strategy has set up its process group: the ranks agree on one run
@@ -63,14 +76,62 @@ class PerfscopeCallback(Callback):
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.cursor.updated:
+            self.record_logged(trainer, "step")  # before the step ends: they are its metrics
             self.cursor.end_step()
         else:  # accumulating: the next batch is waited for inside the same step
             self.cursor.move("data")
 
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.record_logged(trainer, "late")
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.record_logged(trainer, "epoch")
+
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.cursor.move(None)  # validation is not the data wait of the next step
 
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self.record_logged(trainer, "epoch")
+
+    def record_logged(self, trainer: Any, level: str) -> None:
+        """Record on global rank 0 the scalars the module logged that Lightning produced at this
+        hook. `trainer.logged_metrics` keeps every value logged so far and makes anew (a new
+        tensor on each read) only those of the loop in progress at the level it is at (its step
+        values after a batch, its reduced values at an epoch's end), so what two reads give as
+        different objects is this hook's. `late`: epoch-level values logged after this callback's
+        hook (in the module's own on_train_epoch_end), found at the next epoch's start or the end."""
+        if self.metrics_failed or not self.cursor.live or not trainer.is_global_zero:
+            return
+        try:
+            before = dict(trainer.logged_metrics)
+            now = trainer.logged_metrics
+            if level == "late":
+                values = {
+                    k: v
+                    for k, v in now.items()
+                    if k not in self.step_names and _scalar(v) is not None
+                    and not _same(_scalar(v), self.epoch_values.get(k))
+                }  # fmt: skip
+            else:
+                values = {k: v for k, v in now.items() if v is not before.get(k) and _numel(v) == 1}
+            if level == "step":
+                self.step_names.update(values)
+            else:  # epoch boundaries: reading the values now costs nothing
+                values = {k: x for k, v in values.items() if (x := _scalar(v)) is not None}
+                self.epoch_values.update(values)
+            if values:
+                self.cursor.log(**values)
+        except Exception as exc:
+            self.metrics_failed = True
+            warn_once(
+                "perfscope-lightning-metrics",
+                "perfscope lightning callback: the module's logged values are no longer recorded "
+                f"({type(exc).__name__}: {exc}); steps and phases still are.",
+            )
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.record_logged(trainer, "late")
         prof = self.cursor.prof
         run_id, rank = (prof.run_id, prof.rank) if prof is not None else (None, -1)
         self.cursor.close()
@@ -85,3 +146,19 @@ class PerfscopeCallback(Callback):
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
             self.cursor.close()
+
+
+def _numel(value: Any) -> int:
+    """1 for a number or a one-element tensor (what can be a metric)."""
+    if isinstance(value, (int, float)):
+        return 1
+    numel = getattr(value, "numel", None)
+    return int(numel()) if callable(numel) else 0
+
+
+def _scalar(value: Any) -> float | None:
+    return float(value) if _numel(value) == 1 else None
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and (a == b or (math.isnan(a) and math.isnan(b)))
