@@ -16,7 +16,7 @@ import pytest
 
 import perfscope
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 240
@@ -234,6 +234,36 @@ for _ in range(STEPS):
 """,
 }
 
+#: loss and metric modules, a checkpointed block and gradient accumulation at once, on DEVICE: on
+#: CUDA the autograd engine (backward hooks, the recomputation) runs on a thread of its own
+ON_DEVICE = """
+from torch.utils.checkpoint import checkpoint
+
+
+class Accuracy(nn.Module):
+    def forward(self, logits, y):
+        return (logits.argmax(-1) == y).float().mean()
+
+
+block = nn.Sequential(nn.Linear(8, 64), nn.ReLU()).to(DEVICE)
+head = nn.Linear(64, 4).to(DEVICE)
+criterion, accuracy = nn.CrossEntropyLoss(), Accuracy()
+opt = torch.optim.AdamW([*block.parameters(), *head.parameters()], lr=1e-3)
+ACCUM = 2
+for _ in range(STEPS):
+    total = 0
+    for _ in range(ACCUM):
+        n = size()
+        x, y = torch.randn(n, 8, device=DEVICE), torch.randint(0, 4, (n,), device=DEVICE)
+        logits = head(checkpoint(block, x, use_reentrant=False))
+        (criterion(logits, y) / ACCUM).backward()
+        accuracy(logits, y)
+        total += n
+    opt.step()
+    opt.zero_grad()
+    counts.append(total)
+"""
+
 #: gradient accumulation under DDP: `no_sync` for all micro-batches but the last, a loss module
 DDP_NO_SYNC = """
 import torch.distributed as dist
@@ -260,6 +290,10 @@ for _ in range(STEPS):
     counts.append(total)
 dist.destroy_process_group()
 """
+
+
+def _cuda() -> bool:
+    return bool(torch.cuda.is_available())
 
 
 def _env() -> dict[str, str]:
@@ -335,6 +369,25 @@ def test_checkpoint_recomputation_is_backward(tmp_path: Path, reentrant: bool) -
     # the recomputation inside backward is backward's, never a forward of its own
     assert not [s for s in spans if s["name"] == "forward" and s["parent"] is not None], spans
     assert {s["name"]: s["n"] for s in spans if s["parent"] is None}["backward"] == STEPS
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU"),
+            ],
+        ),
+    ],
+)
+def test_modules_checkpoint_and_accumulation_on_a_device(tmp_path: Path, device: str) -> None:
+    own = _record(tmp_path, ON_DEVICE, [sys.executable], DEVICE=repr(device))
+    assert len(own[0]) == STEPS
+    assert _stored(tmp_path) == own
 
 
 def test_gradient_accumulation_with_ddp_no_sync(tmp_path: Path) -> None:
