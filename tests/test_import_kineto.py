@@ -700,3 +700,29 @@ def test_the_real_nccl_trace_still_imports(tmp_path: Path) -> None:
     with open_store(tmp_path / "store") as store:
         assert store.query("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 3}]
         assert store.query("SELECT world_size FROM runs").to_pylist() == [{"world_size": 2}]
+
+
+def test_gloo_traces_without_shapes_analyse_and_report(
+    gloo_traces: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.profiler without record_shapes writes no Input Dims: the collectives' bytes are unknown
+    (issue 22: `report` exited 70 on float(None) and three rules failed on such imports)."""
+    bare = []
+    for p in gloo_traces:
+        doc = json.loads(p.read_text())
+        for ev in doc["traceEvents"]:
+            for key in ("Input Dims", "Input type", "Input Strides", "Concrete Inputs", "In msg nelems"):
+                (ev.get("args") or {}).pop(key, None)
+        out = tmp_path / p.name
+        out.write_text(json.dumps(doc))
+        bare.append(out)
+    assert _import(tmp_path, *bare, extra=("--batch-size", "32")) == 0
+    store = tmp_path / "store"
+    with open_store(store) as st:
+        comm = st.query("SELECT count(*) AS n, count(bytes) AS sized FROM comm").to_pylist()[0]
+    assert comm["n"] > 0 and comm["sized"] == 0
+    capsys.readouterr()
+    assert main(["analyze", str(store)]) == 0
+    assert main(["report", str(store), "-o", str(tmp_path / "r.html")]) == 0
+    err = capsys.readouterr().err
+    assert "failed" not in err and "internal error" not in err, err

@@ -139,7 +139,7 @@ def default_run_id(origin: str, experiment: str, paths: Sequence[Path]) -> str:
     is refused instead of doubling the run."""
     h = hashlib.sha256()
     for p in sorted(paths, key=lambda q: q.name):
-        h.update(p.name.encode())
+        h.update(os.fsencode(p.name))  # bytes as the file system has them, UTF-8 or not
         h.update(str(p.stat().st_size).encode())
         with open(p, "rb") as f:
             h.update(f.read(1 << 16))

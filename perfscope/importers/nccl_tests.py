@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -308,7 +309,7 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     else:
         h = hashlib.sha256()
         for p in sorted(paths, key=lambda q: q.name):
-            h.update(p.name.encode() + p.read_bytes()[: 1 << 16])
+            h.update(os.fsencode(p.name) + p.read_bytes()[: 1 << 16])
         ref_id = f"nccl-tests-{h.hexdigest()[:10]}"
     check_run_id(ref_id)
     prepare_store(Path(opts.store), ref_id)
