@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +77,43 @@ def test_tensorboard_event_files(study: Path, tmp_path: Path) -> None:
     assert titles and all(t in text for t in titles)
 
 
-def test_mlflow_file_store(study: Path, tmp_path: Path) -> None:
+def _read_mlflow(uri: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The user's MLflow, in a process of its own: the experiments and runs it finds at `uri`."""
+    code = (
+        "import sys, mlflow; c = mlflow.MlflowClient(tracking_uri=sys.argv[1]); "
+        "e = c.get_experiment_by_name('trk'); "
+        "print(sorted(r.info.run_name for r in c.search_runs([e.experiment_id])))"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PERFSCOPE_"))}
+    return subprocess.run(
+        [sys.executable, "-c", code, uri], env={**clean, **env}, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_mlflow_file_store(
+    study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert main(["report", str(study), "--to", "mlflow", "-o", str(tmp_path / "mlruns")]) == 0
-    client = mlflow.MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    # perfscope's permission to write a folder store does not stay in the process (a training job's)
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+    uri = (tmp_path / "mlruns").as_uri()
+    err = capsys.readouterr().err.strip().splitlines()
+    notes = [line for line in err if not line.startswith("sent to ")]
+    plain = _read_mlflow(uri, {})
+    if plain.returncode != 0:  # an MLflow that refuses folder stores: the user is told, in one line
+        assert "MLFLOW_ALLOW_FILE_STORE" in plain.stderr
+        assert len(notes) == 1 and "MLFLOW_ALLOW_FILE_STORE=true" in notes[0] and uri in notes[0]
+    else:
+        assert notes == []
+    opened = _read_mlflow(uri, {"MLFLOW_ALLOW_FILE_STORE": "true"})
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    assert opened.stdout.strip() == "['n1', 'n4']"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("trk")
     assert exp is not None
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
@@ -93,6 +129,42 @@ def test_mlflow_file_store(study: Path, tmp_path: Path) -> None:
     local = client.download_artifacts(n4.info.run_id, "perfscope/findings.json", str(tmp_path))
     findings = json.loads(Path(local).read_text())
     assert findings and int(n4.data.tags["perfscope.findings"]) == len(findings)
+
+
+def test_mlflow_database_store_without_sqlalchemy_is_one_line(
+    study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mlflow-skinny has no SQLAlchemy: `-o sqlite:///...` (and MLflow's own default store) exited 70
+    from deep inside MLflow. It is one line naming what to install, exit 2, nothing written."""
+    mlflow = pytest.importorskip("mlflow")
+    for module in ("sqlalchemy", "alembic"):
+        monkeypatch.setitem(sys.modules, module, None)  # absent, as under mlflow-skinny alone
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "m.db"
+    dests = [["-o", f"sqlite:///{db}"]]
+    if mlflow.get_tracking_uri().startswith("sqlite:"):
+        dests.append([])  # no -o: MLflow's own default store (sqlite:///mlflow.db since MLflow 3)
+    for dest in dests:
+        assert main(["report", str(study), "--to", "mlflow", *dest]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "pip install sqlalchemy alembic" in err[0], err
+        assert "Traceback" not in err[0] and "internal error" not in err[0]
+    assert not db.exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_mlflow_database_store(study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With SQLAlchemy and alembic installed, the sqlite store MLflow reads by default is written,
+    and the user's MLflow opens it with no setting."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    pytest.importorskip("alembic")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["report", str(study), "--to", "mlflow", "-o", uri]) == 0
+    opened = _read_mlflow(uri, {})
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    assert opened.stdout.strip() == "['n1', 'n4']"
 
 
 def _wandb_records(path: Path) -> list[Any]:

@@ -7,11 +7,13 @@ writer only formats them for its library, imported when used (the `trackers` ext
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,8 @@ def export(store: Store, tracker: str, destination: str | None, sel: Selection |
     """Write every run of the selection to `tracker`; returns where each went."""
     if tracker not in TRACKERS:
         raise PerfscopeError(f"unknown tracker {tracker!r}: choose one of {', '.join(TRACKERS)}")
+    if tracker == "mlflow":  # before the analyses: a store MLflow cannot open here is one line now
+        _needs_database_packages(mlflow_uri(destination), destination)
     runs = payloads(store, sel)
     if not runs:
         raise PerfscopeError("no runs to export in this selection")
@@ -110,32 +114,114 @@ def _library(name: str, module: str) -> Any:
         ) from exc
 
 
-def to_mlflow(p: RunPayload, tracking_uri: str | None) -> str:
+#: MLflow stores kept in a database: MLflow opens them through SQLAlchemy, and alembic for its
+#: schema, which mlflow-skinny does not install.
+DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+DB_PACKAGES = ("sqlalchemy", "alembic")
+
+
+def mlflow_uri(destination: str | None) -> str:
+    """Where `--to mlflow` writes: `-o` (a tracking URI, or a folder: a file store), else the URI
+    the user's MLflow reads by default (MLFLOW_TRACKING_URI, else MLflow's own default store)."""
+    mlflow = _library("mlflow", "mlflow")
+    uri = destination or mlflow.get_tracking_uri()
+    if "://" not in uri and not uri.startswith("file:"):
+        uri = Path(uri).resolve().as_uri()
+    return str(uri)
+
+
+def _is_file_store(uri: str) -> bool:
+    return uri.startswith("file:")
+
+
+def _needs_database_packages(uri: str, destination: str | None) -> None:
+    """A database store without SQLAlchemy fails deep inside MLflow: refuse first, in one line."""
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme not in DB_SCHEMES:
+        return
+    missing = [m for m in DB_PACKAGES if not _importable(m)]
+    if missing:
+        where = uri if destination else f"{uri} (MLflow's default store)"
+        raise PerfscopeError(
+            f"--to mlflow writes to {where}, a database that MLflow opens with "
+            f"{' and '.join(missing)}, not installed (mlflow-skinny has neither): "
+            f"pip install {' '.join(missing)}; or give -o FOLDER to write an MLflow file store"
+        )
+
+
+def _importable(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def mlflow_note(destination: str | None) -> str | None:
+    """One line for the user when the MLflow they have cannot open what was written as it is: a
+    folder (file) store, which MLflow 3 opens only with MLFLOW_ALLOW_FILE_STORE=true."""
+    uri = mlflow_uri(destination)
+    if not _is_file_store(uri):
+        return None
+    from mlflow import environment_variables as env
+
+    allow = getattr(env, "MLFLOW_ALLOW_FILE_STORE", None)
+    if allow is None or allow.get():  # an MLflow that opens folders as they are, or already allowed
+        return None
+    return (
+        f"the MLflow installed here opens the folder store {uri} only with MLFLOW_ALLOW_FILE_STORE=true "
+        f"(MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}); "
+        "-o sqlite:///mlflow.db writes the database store it reads as it is"
+    )
+
+
+@contextlib.contextmanager
+def _allow_file_store(uri: str) -> Iterator[None]:
+    """MLflow 3 writes a folder store only with MLFLOW_ALLOW_FILE_STORE=true: set it while perfscope
+    writes, and put the environment back (a training job's included) afterwards."""
+    if not _is_file_store(uri):
+        yield
+        return
+    old = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+        else:
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = old
+
+
+def to_mlflow(p: RunPayload, destination: str | None) -> str:
     """An MLflow run named after the perfscope run, in the experiment of the same name."""
     mlflow = _library("mlflow", "mlflow")
     from mlflow.entities import Metric, Param, RunTag
 
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "mlruns"
-    if "://" not in uri and not uri.startswith("file:"):
-        uri = Path(uri).resolve().as_uri()
-    if uri.startswith("file:"):  # MLflow 3 asks file stores to opt in; a local folder is what we write
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(p.experiment)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(p.experiment)
-    run = client.create_run(exp_id, run_name=p.run_id, tags={"perfscope.run_id": p.run_id})
-    rid = run.info.run_id
-    metrics = [Metric(f"perfscope/{k}", v, 0, s) for s, m in p.steps for k, v in m.items()]
-    metrics += [Metric(f"perfscope/summary/{k}", v, 0, 0) for k, v in p.summary.items()]
-    params = [Param(k, v) for k, v in p.params.items()]
-    tags = [RunTag("perfscope.findings", str(len(p.findings)))]
-    for i in range(0, max(len(metrics), 1), 1000):  # MLflow's batch limit
-        client.log_batch(
-            rid, metrics=metrics[i : i + 1000], params=params if i == 0 else [], tags=tags if i == 0 else []
-        )
-    client.log_text(rid, json.dumps(p.findings, indent=2), "perfscope/findings.json")
-    client.log_text(rid, p.findings_markdown(), "perfscope/findings.md")
-    client.set_terminated(rid)
+    uri = mlflow_uri(destination)
+    _needs_database_packages(uri, destination)
+    with _allow_file_store(uri):
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(p.experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(p.experiment)
+        run = client.create_run(exp_id, run_name=p.run_id, tags={"perfscope.run_id": p.run_id})
+        rid = run.info.run_id
+        metrics = [Metric(f"perfscope/{k}", v, 0, s) for s, m in p.steps for k, v in m.items()]
+        metrics += [Metric(f"perfscope/summary/{k}", v, 0, 0) for k, v in p.summary.items()]
+        params = [Param(k, v) for k, v in p.params.items()]
+        tags = [RunTag("perfscope.findings", str(len(p.findings)))]
+        for i in range(0, max(len(metrics), 1), 1000):  # MLflow's batch limit
+            client.log_batch(
+                rid,
+                metrics=metrics[i : i + 1000],
+                params=params if i == 0 else [],
+                tags=tags if i == 0 else [],
+            )
+        client.log_text(rid, json.dumps(p.findings, indent=2), "perfscope/findings.json")
+        client.log_text(rid, p.findings_markdown(), "perfscope/findings.md")
+        client.set_terminated(rid)
     return f"mlflow {uri} run {rid}"
 
 
@@ -196,4 +282,7 @@ def export_command(args: Any) -> int:
     with open_store(args.store) as store:
         for where in export(store, args.to, args.output, sel):
             print(f"sent to {where}", file=sys.stderr)
+    note = mlflow_note(args.output) if args.to == "mlflow" else None
+    if note:
+        print(f"perfscope report: note: {note}", file=sys.stderr)
     return 0

@@ -109,11 +109,16 @@ def export_run(
         return
     try:
         from ..analysis import Selection
-        from ..exporters.trackers import export
+        from ..exporters.trackers import export, mlflow_note
         from ..store import open_store
 
         with open_store(store, warn=False) as st:
             export(st, tracker, destination, Selection(run_ids=(run_id,)))
+        note = mlflow_note(destination) if tracker == "mlflow" else None
+        if note:
+            warn_once(
+                f"perfscope-export-{tracker}-note", f"perfscope: the run was sent to {tracker}; {note}."
+            )
     except Exception as exc:
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         warn_once(f"perfscope-export-{tracker}", f"perfscope: the run was not sent to {tracker} ({message}).")
