@@ -56,7 +56,9 @@ DEFINITIONS: dict[str, str] = {
     "the target: the user's (--target loss=0.5, or profile(target='loss=0.5')), else the best value "
     "75% of the runs that did not diverge reached. A run diverged when a value is NaN/inf or its "
     "metric moves away from its best for the last third of the run. Runs whose tags differ (the "
-    "learning-rate rule, say) are variants, compared side by side, never pooled as repeats.",
+    "learning-rate rule, say) are variants, compared side by side, never pooled as repeats. Only "
+    "loss-like and accuracy-like metrics are judged (or one the user names): grad_norm, learning_rate, "
+    "epoch, *_runtime, *_per_second and such bookkeeping are not.",
     "data-quality": "Data quality: missing ranks, phases or baselines, too few steps or points, high "
     "variance, superlinear speedup, throttling.",
     "placement": "Placement: ranks per host against the host's logical CPUs and GPUs.",
