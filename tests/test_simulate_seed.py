@@ -40,8 +40,10 @@ per_step AS (
     FROM steady GROUP BY run_id, step
 ),
 per_run AS (
-    -- throughput = samples over the steady window / its elapsed time (DESIGN): mean, not median, step
-    SELECT run_id, avg(t_ns) AS step_ns, median(samples) AS samples_per_step,
+    -- throughput = samples over the steady window / its elapsed time (DESIGN): the window's wall
+    -- clock (latest end - earliest start on any rank) per step, never the median or mean of maxima
+    SELECT run_id, (max(last_ns) - min(first_ns)) / (max(step) - min(step) + 1) AS step_ns,
+           median(samples) AS samples_per_step,
            avg(sync_ns / t_ns) AS sync_share, avg(data_ns / t_ns) AS data_share,
            median(sync_ns) AS sync_ns, min(first_ns) AS lo_ns, max(last_ns) AS hi_ns
     FROM per_step GROUP BY run_id
