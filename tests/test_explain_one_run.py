@@ -20,6 +20,7 @@ from perfscope import open_store
 from perfscope.analysis import run_analysis
 from perfscope.cli import main
 from perfscope.explain.rules_patterns import COMM_WAIT_SHARE
+from perfscope.explain.words import pct
 
 pytest.importorskip("torch")
 from collect_helpers import run_ranks
@@ -249,7 +250,7 @@ def test_ddp_with_big_gradients_says_its_wait_first(
     n = first["numbers"]
     assert n["comm_share"] == pytest.approx(share, abs=SHARE_TOL)
     assert n["wait_op"] == "allreduce" and n["wait_peer"] is None and n["roles"] == "worker"
-    assert "allreduce across all 2 ranks" in first["title"] and f"{n['comm_share']:.0%}" in first["title"]
+    assert "allreduce across all 2 ranks" in first["title"] and pct(n["comm_share"]) in first["title"]
     assert first["explained_loss"] == pytest.approx(n["comm_share"])
     # one world size cannot say how the job scales: the finding says what to record next
     assert n["measure_world_sizes"] == "1,4" and "N=1 and N=4" in first["recommendation"]
@@ -314,7 +315,7 @@ def test_a_parameter_server_with_steps_on_the_server_gets_push_and_pull_first(
     assert n["comm_share"] == pytest.approx(worker["share"], abs=SHARE_TOL)
     assert n["push_ns"] == pytest.approx(worker["push"], rel=0.05)
     assert n["pull_ns"] == pytest.approx(worker["pull"], rel=0.05)
-    assert 0 < n["server_busy_share"] < 1 and f"{n['server_busy_share']:.0%}" in first["text"]
+    assert 0 < n["server_busy_share"] < 1 and pct(n["server_busy_share"]) in first["text"]
     assert "server (rank 0)" in first["text"] and "N=3 and N=5" in first["recommendation"]
     assert not _all_rules(out["findings"]) & {"straggler", "communication-share", "pipeline-bubble"}
 

@@ -399,3 +399,19 @@ def test_ordinals_are_words():
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th", "112th",
     ]  # fmt: skip
+
+
+def test_one_run_waiting_on_communication_says_so_and_what_to_record_next(tmp_path, healthy):
+    heavy = {**DEFAULT_PHASES, "sync_exposed": 90 * MS}  # most of the step
+    make_run(tmp_path, "alone", experiment="alone", world_size=8, phases=heavy, scaling_mode="weak")
+    for n in (1, 8):  # the same wait in a series: the scaling rules speak for it, not this rule
+        make_run(
+            tmp_path, f"series-{n}", experiment="series", world_size=n, phases=heavy, scaling_mode="weak"
+        )
+    found = _rule(_findings(tmp_path), "communication-share")
+    assert [f.evidence.run_ids for f in found] == [("alone",)]
+    (f,) = found
+    step = sum(v for v in heavy.values() if v)
+    assert f.numbers["comm_share"] == pytest.approx(90 * MS / step, rel=0.01)
+    assert f.numbers["measure_world_sizes"] == "1,4,16" and "N=1, N=4 and N=16" in f.recommendation
+    assert not _rule(healthy, "communication-share")

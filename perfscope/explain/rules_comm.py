@@ -152,7 +152,8 @@ def communication_share(ctx: Context) -> list[Finding]:
             else "Overlap the transfers with compute (isend/irecv started early and waited for late), send "
             "fewer or smaller tensors, or give each rank more work per transfer."
         )
-        nxt = measure_next(ctx, run_id, [1, 2 * n], f"the same batch per {hw.unit}")
+        sizes = sorted({1, n // 2, 2 * n} - {0, n})  # N=1 and N=4 beside N=2; N=1, 4, 16 beside 8
+        nxt = measure_next(ctx, run_id, sizes, f"the same batch per {hw.unit}")
         out.append(
             make_finding(
                 ctx,
@@ -177,7 +178,7 @@ def communication_share(ctx: Context) -> list[Finding]:
                     "least_waiting_rank": least["rank"],
                     "least_waiting_share": shares[least["rank"]],
                     "roles": ",".join(roles),
-                    "measure_world_sizes": f"1,{2 * n}" if nxt else None,
+                    "measure_world_sizes": ",".join(map(str, sizes)) if nxt else None,
                 },
             )
         )
