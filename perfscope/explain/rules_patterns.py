@@ -137,7 +137,8 @@ def pipeline_bubble(ctx: Context) -> list[Finding]:
             text += (
                 f"The stages compute about the same ({pct(balance)} of the slowest at least), so the wait "
                 f"comes from the schedule: with {counted(m, 'micro-batch')} each stage idles while the "
-                f"others work on it. This wait is the pipeline bubble, not gradient synchronisation; "
+                f"{'other works' if p == 2 else 'others work'} on it. This wait is the pipeline bubble, "
+                "not gradient synchronisation; "
                 f"{more_m} micro-batches bring the ideal bubble to {pct((p - 1) / (more_m + p - 1))}."
             )
             title = (
