@@ -184,7 +184,10 @@ class SampleCounter:
             if p.requires_grad:
                 kind = _TRAINABLE
         with contextlib.suppress(TypeError):
-            self._kinds.setdefault(module, {})[key] = kind
+            kinds = self._kinds.setdefault(module, {})
+            if len(kinds) >= _MAX_OPTIMIZERS:  # optimizers made anew: keep the newest
+                kinds.clear()
+            kinds[key] = kind
         return kind
 
 
@@ -455,9 +458,6 @@ class AutoRecorder:
         """The outermost optimizer step ended: the step ends, the wait for the next batch begins."""
         assert self.prof is not None
         try:
-            if self.in_backward:  # the engine's callback never came (a failed backward)
-                self.in_backward = False
-                self._exit("backward")
             samples = self.samples.take(self.stepping)
             self.stepping = None
             # `--batch-size` given: the user's count is stored (the profile's default)
