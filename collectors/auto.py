@@ -330,7 +330,9 @@ class AutoRecorder:
                     return
             if id(module) not in self.watched and training:
                 self.watched.add(id(module))
-                if ddp.is_ddp(module) or prof._facts is None:
+                # the model's facts (parameters, device: CUDA timing) come from a module that has
+                # parameters, never from a parameter-less one called first (a preprocessing module)
+                if ddp.is_ddp(module) or prof._facts is None or not prof._facts.param_count:
                     prof.watch(module)
             if self.in_data:
                 self.in_data = False

@@ -264,6 +264,28 @@ for _ in range(STEPS):
     counts.append(total)
 """
 
+#: a parameter-less preprocessing module called on the batch before the model
+PREPROCESS = """
+class Standardize(nn.Module):
+    def forward(self, x):
+        return (x - x.mean(0)) / (x.std(0) + 1e-5)
+
+
+prep = Standardize()
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+print(f"PARAMS {sum(p.numel() for p in model.parameters())}", flush=True)
+criterion = nn.CrossEntropyLoss()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(STEPS):
+    n = size()
+    x, y = torch.randn(n, 8), torch.randint(0, 4, (n,))
+    loss = criterion(model(prep(x)), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    counts.append(n)
+"""
+
 #: gradient accumulation under DDP: `no_sync` for all micro-batches but the last, a loss module
 DDP_NO_SYNC = """
 import torch.distributed as dist
@@ -322,6 +344,7 @@ def _record(
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    (tmp_path / "stdout.txt").write_text(out.stdout)
     assert "Traceback" not in out.stderr and "recording stopped" not in out.stderr, out.stderr[-3000:]
     own = {}
     for line in out.stdout.splitlines():
@@ -395,6 +418,18 @@ def test_gradient_accumulation_with_ddp_no_sync(tmp_path: Path) -> None:
     own = _record(tmp_path, DDP_NO_SYNC, torchrun)
     assert sorted(own) == [0, 1] and own[0] != own[1]  # each rank draws its own sizes
     assert _stored(tmp_path) == own
+
+
+def test_model_facts_from_the_model_not_a_preprocessing_module(tmp_path: Path) -> None:
+    own = _record(tmp_path, PREPROCESS, [sys.executable])
+    assert _stored(tmp_path) == own
+    with perfscope.open_store(tmp_path / "S") as store:
+        run = store.query("SELECT param_count, model FROM runs").to_pylist()
+    params = [
+        line for line in (tmp_path / "stdout.txt").read_text().splitlines() if line.startswith("PARAMS ")
+    ]
+    # the script's own count of its model's parameters, not the preprocessing module's none
+    assert run == [{"param_count": int(params[0].split()[1]), "model": "Sequential"}]
 
 
 def test_batch_size_given_is_stored(tmp_path: Path) -> None:
