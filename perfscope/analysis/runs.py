@@ -30,7 +30,8 @@ RUN_SUMMARY_COLUMNS = (
     "slow_step_share, slow_step_ratio, step_period, "
     + ", ".join(f"{p}_ns" for p in BREAKDOWN_PHASES)
     + ", c.comm_total_mean AS comm_total_ns, c.comm_count_mean AS comm_count, samples_per_step, "
-    "throughput_samples_per_s, dataset_samples, epoch_s"
+    "throughput_samples_per_s, dataset_samples, epoch_s, "
+    "steady_elapsed_ns / 1e9 AS elapsed_s, elapsed_source"
 )
 
 
