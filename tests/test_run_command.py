@@ -3,6 +3,7 @@ gloo, a single process with gradient accumulation), read back from the store the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -338,6 +339,16 @@ def _wait_for(path: Path, timeout_s: float = TIMEOUT_S) -> str:
     return path.read_text()
 
 
+@pytest.fixture
+def reap(tmp_path: Path) -> Iterator[None]:
+    """After the test, a failed one included: no job it started is left running (a job's ready file
+    holds its pid)."""
+    yield
+    for ready in tmp_path.glob("*ready"):
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(ready.read_text()), signal.SIGKILL)
+
+
 def _start_recorded(tmp_path: Path, *job: str) -> subprocess.Popen[str]:
     """`perfscope run` of a job in a process group of its own, as a shell with job control starts it
     (in this session: a group whose parent is in another session is orphaned and ignores Ctrl-Z)."""
@@ -366,7 +377,9 @@ def _gone(pid: int) -> bool:
 @pytest.mark.parametrize(
     "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2]
 )
-def test_a_signal_to_perfscope_run_reaches_the_jobs_group_once(tmp_path: Path, sig: signal.Signals) -> None:
+def test_a_signal_to_perfscope_run_reaches_the_jobs_group_once(
+    tmp_path: Path, reap: None, sig: signal.Signals
+) -> None:
     script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
     log, worker_log = tmp_path / "job.log", tmp_path / "worker.log"
     wrapper = _start_recorded(tmp_path, script.name, log.name, worker_log.name)
@@ -383,7 +396,7 @@ def test_a_signal_to_perfscope_run_reaches_the_jobs_group_once(tmp_path: Path, s
     assert waited < 20  # at once, not after perfscope run's own grace period (31 s before)
 
 
-def test_ctrl_c_to_the_whole_group_reaches_the_job_once(tmp_path: Path) -> None:
+def test_ctrl_c_to_the_whole_group_reaches_the_job_once(tmp_path: Path, reap: None) -> None:
     script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
     log = tmp_path / "job.log"
     wrapper = _start_recorded(tmp_path, script.name, log.name)
@@ -393,7 +406,7 @@ def test_ctrl_c_to_the_whole_group_reaches_the_job_once(tmp_path: Path) -> None:
     assert _signals(log) == [signal.SIGINT]
 
 
-def test_a_signal_ignored_by_perfscope_run_stays_ignored(tmp_path: Path) -> None:
+def test_a_signal_ignored_by_perfscope_run_stays_ignored(tmp_path: Path, reap: None) -> None:
     """`nohup perfscope run -- CMD`: a hang-up reaches neither perfscope run nor the job."""
     script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
     log = tmp_path / "job.log"
@@ -412,7 +425,7 @@ def test_a_signal_ignored_by_perfscope_run_stays_ignored(tmp_path: Path) -> None
     assert _signals(log) == [signal.SIGTERM]
 
 
-def test_perfscope_run_ends_by_the_signal_that_ended_the_job(tmp_path: Path) -> None:
+def test_perfscope_run_ends_by_the_signal_that_ended_the_job(tmp_path: Path, reap: None) -> None:
     """A job that a signal kills: perfscope run dies of the same signal (as `timeout` does), so its
     parent sees what it would have seen of the job; a shell prints 143 either way."""
     wrapper = _start_recorded(
@@ -440,7 +453,7 @@ def _until(predicate: Callable[[], bool], timeout_s: float = 60) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
-def test_ctrl_z_stops_the_job_with_perfscope_run_and_fg_resumes_both(tmp_path: Path) -> None:
+def test_ctrl_z_stops_the_job_with_perfscope_run_and_fg_resumes_both(tmp_path: Path, reap: None) -> None:
     script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
     log = tmp_path / "job.log"
     wrapper = _start_recorded(tmp_path, script.name, log.name)
