@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -42,6 +43,8 @@ AUTO_ENV = "PERFSCOPE_AUTO"
 BOOTSTRAP_DIR = Path(__file__).with_name("bootstrap")
 #: output tensors given a backward hook per outermost forward (the loss's path goes through one)
 _MAX_HOOKED_OUTPUTS = 8
+#: how deep in nested containers an output's tensors are looked for
+_MAX_OUTPUT_DEPTH = 3
 #: bounds of what a step's sample count holds (a script that never steps an optimizer ends no step)
 _MAX_FORWARDS = 64
 _MAX_MICRO_BATCHES = 4096
@@ -88,17 +91,33 @@ def _samples(inputs: Any) -> int | None:
 
 
 def _outputs_needing_grad(output: Any) -> list[Any]:
-    """The tensors of a forward's output that autograd will reach: a tensor, or those in a tuple,
-    list or dict (Hugging Face's ModelOutput is a dict), at the first level."""
-    if hasattr(output, "grad_fn"):
-        items = [output]
-    elif isinstance(output, dict):
-        items = list(output.values())
-    elif isinstance(output, (tuple, list)):
-        items = list(output)
+    """The tensors of a forward's output that autograd will reach: a tensor, or those in tuples,
+    lists, dicts (Hugging Face's ModelOutput is one) and dataclasses, nested up to three levels.
+    A backward reaching one ends the micro-batch (see SampleCounter) and starts the backward phase."""
+    found: list[Any] = []
+    _collect_grad_tensors(output, found, 0)
+    return found
+
+
+def _collect_grad_tensors(value: Any, found: list[Any], depth: int) -> None:
+    if hasattr(value, "grad_fn"):
+        if getattr(value, "requires_grad", False):
+            found.append(value)
+        return
+    if depth >= _MAX_OUTPUT_DEPTH:
+        return
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (tuple, list)):
+        items = list(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
     else:
-        return []
-    return [t for t in items[:_MAX_HOOKED_OUTPUTS] if getattr(t, "requires_grad", False)]
+        return
+    for item in items[:_MAX_HOOKED_OUTPUTS]:
+        if len(found) >= _MAX_HOOKED_OUTPUTS:
+            return
+        _collect_grad_tensors(item, found, depth + 1)
 
 
 class SampleCounter:

@@ -264,6 +264,43 @@ for _ in range(STEPS):
     counts.append(total)
 """
 
+#: a model returning its tensors nested in a dataclass, a functional loss, gradient accumulation: the
+#: backward that ends each micro-batch is found through the nested output
+NESTED_OUTPUT = """
+import dataclasses
+
+
+@dataclasses.dataclass
+class Out:
+    heads: dict
+    note: str = "nested"
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.cls = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return Out(heads={"cls": (self.cls(self.body(x).relu()),)})
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ACCUM = 3
+for _ in range(STEPS):
+    total = 0
+    for _ in range(ACCUM):
+        n = size()
+        x, y = torch.randn(n, 8), torch.randint(0, 4, (n,))
+        (F.cross_entropy(model(x).heads["cls"][0], y) / ACCUM).backward()
+        total += n
+    opt.step()
+    opt.zero_grad()
+    counts.append(total)
+"""
+
 #: a parameter-less preprocessing module called on the batch before the model
 PREPROCESS = """
 class Standardize(nn.Module):
@@ -418,6 +455,16 @@ def test_gradient_accumulation_with_ddp_no_sync(tmp_path: Path) -> None:
     own = _record(tmp_path, DDP_NO_SYNC, torchrun)
     assert sorted(own) == [0, 1] and own[0] != own[1]  # each rank draws its own sizes
     assert _stored(tmp_path) == own
+
+
+def test_accumulation_with_a_nested_output(tmp_path: Path) -> None:
+    own = _record(tmp_path, NESTED_OUTPUT, [sys.executable])
+    assert _stored(tmp_path) == own
+    with perfscope.open_store(tmp_path / "S") as store:
+        bwd = store.query(
+            "SELECT step, count(*) AS n FROM spans WHERE name = 'backward' GROUP BY step ORDER BY step"
+        ).to_pylist()
+    assert [b["n"] for b in bwd] == [3] * STEPS  # each micro-batch's backward is seen
 
 
 def test_model_facts_from_the_model_not_a_preprocessing_module(tmp_path: Path) -> None:
