@@ -738,3 +738,24 @@ def test_gloo_traces_without_shapes_analyse_and_report(
     assert main(["report", str(store), "-o", str(tmp_path / "r.html")]) == 0
     err = capsys.readouterr().err
     assert "failed" not in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"In msg nelems": 1e300, "dtype": "float"},
+        {"In msg nelems": float("inf"), "dtype": "float"},
+        {"In msg nelems": float("nan"), "dtype": "float"},
+        {"In msg nelems": -4, "dtype": "float"},
+        {"Input Dims": [[1 << 40, 1 << 40]], "Input type": ["float"]},
+        {"Input Dims": [[float("inf")]], "Input type": ["float"]},
+        {"Input Dims": [[-1, 8]], "Input type": ["float"]},
+    ],
+    ids=["1e300", "inf", "nan", "negative", "dims-2^80", "dims-inf", "dims-negative"],
+)
+def test_damaged_message_sizes_leave_bytes_unknown(args: dict[str, Any]) -> None:
+    """int(inf) raised OverflowError (exit 70), 1e300 elements overflowed the bytes column."""
+    from perfscope.importers.kineto import _nbytes
+
+    assert _nbytes(args) is None
+    assert _nbytes({"In msg nelems": 1024, "dtype": "float"}) == 4096  # a sound one still counts

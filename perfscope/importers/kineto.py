@@ -98,20 +98,42 @@ def op_name(raw: str) -> str:
 
 
 def _nbytes(args: dict[str, Any]) -> int | None:
-    """Payload bytes of a collective from the args Kineto records, None where it does not say."""
+    """Payload bytes of a collective from the args Kineto records, None where it does not say (or
+    says something no tensor is: a negative, non-finite or beyond-2^62 count is a damaged shape)."""
     dtype = str(args.get("dtype") or "").lower()
-    nelems = args.get("In msg nelems")
-    if isinstance(nelems, (int, float)) and dtype in _DTYPE_BYTES:
-        return int(nelems) * _DTYPE_BYTES[dtype]
+    nelems = _whole(args.get("In msg nelems"))
+    if nelems is not None and dtype in _DTYPE_BYTES:
+        return _bounded(nelems * _DTYPE_BYTES[dtype])
     dims, types = args.get("Input Dims"), args.get("Input type")
     if isinstance(dims, list) and isinstance(types, list) and dims and types:
         total = 0
         for d, t in zip(dims, types, strict=False):
             size = _DTYPE_BYTES.get(str(t).lower())
-            if size and isinstance(d, list) and all(isinstance(x, (int, float)) for x in d):
-                total += math.prod(int(x) for x in d) * size
+            if size and isinstance(d, list):
+                whole = [_whole(x) for x in d]
+                if any(w is None for w in whole):
+                    return None
+                total += math.prod(cast(list[int], whole)) * size
+                if _bounded(total) is None:
+                    return None
         return total or None
     return None
+
+
+_MAX_BYTES = 1 << 62
+
+
+def _whole(v: Any) -> int | None:
+    """A count from a trace: a finite non-negative number below 2^62, else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return int(v) if 0 <= v < _MAX_BYTES else None
+
+
+def _bounded(n: int) -> int | None:
+    return n if 0 <= n < _MAX_BYTES else None
 
 
 class _Tail:

@@ -200,6 +200,10 @@ def kernels(ex: Export, pid: int) -> Iterator[tuple[int, int, str | None, int | 
             (pid,),
         ):
             m = _NCCL.match(str(kname or ""))
+            if dev is not None and not 0 <= int(dev) < 1 << 16:
+                raise PerfscopeError(
+                    f"{ex.path}: a kernel on device {shown(dev)}; not an export this tool reads"
+                )
             yield _time(ex.path, start), _time(ex.path, end), m.group(1).lower() if m else None, dev
 
 

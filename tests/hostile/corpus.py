@@ -113,7 +113,7 @@ def nccl(*, nthread: str = "1", rank: str = "0", device: str = "0", root: str = 
 # ---- nsys ----------------------------------------------------------------------------------------------
 
 
-def nsys_export(*, metric: str = "90", epoch: str = str(BASE_NS)) -> bytes:
+def nsys_export(*, metric: str = "90", epoch: str = str(BASE_NS), device: str = "0") -> bytes:
     """A minimal Nsight Systems export with one NVTX step range and one GPU metric: one that imports."""
     import sqlite3
     import tempfile
@@ -135,6 +135,10 @@ def nsys_export(*, metric: str = "90", epoch: str = str(BASE_NS)) -> bytes:
             "CREATE TABLE GPU_METRICS (timestamp INT, typeId INT NOT NULL, metricId INT NOT NULL,"
             " value INT NOT NULL);"
             f"INSERT INTO GPU_METRICS VALUES (10, 4, 1, {metric});"
+            "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT NOT NULL, end INT NOT NULL,"
+            " deviceId INT NOT NULL, globalPid INT, shortName INT NOT NULL);"
+            "INSERT INTO StringIds VALUES (1, 'volta_sgemm');"
+            f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (10, 50, {device}, 16777216, 1);"
         )
         con.commit()
         con.close()
@@ -245,6 +249,14 @@ CASES: list[Case] = [
         b"n.sqlite",
         lambda: nsys_export(metric="1e999"),
         "GPU metric",
+        ("--rank", "0", "--world-size", "1"),
+    ),
+    Case(
+        "nsys-device-2^40",
+        "nsys",
+        b"n.sqlite",
+        lambda: nsys_export(device=str(1 << 40)),
+        "device",
         ("--rank", "0", "--world-size", "1"),
     ),
     Case(
