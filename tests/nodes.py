@@ -1,0 +1,138 @@
+"""Several "nodes" on one machine, for multi-node tests: each node is a network namespace of its
+own with its own hostname (a UTS namespace per process tree) and, if asked, its own monotonic clock (a
+time namespace), and the nodes are joined by veth links to a bridge whose rate `tc ... tbf` shapes.
+Only addresses inside namespaces made here are used; nothing leaves the machine, and every namespace
+is deleted on exit (its links go with it), whatever the test did.
+
+Needs root, `ip`, `tc` and `unshare`: `unavailable()` says why not, for a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _run(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
+
+
+def unavailable() -> str:
+    """Why namespaced nodes cannot be made here, or ''."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"needs `{tool}` (Debian's iproute2 / util-linux)"
+    probe = f"psprobe{os.getpid() % 100000}"
+    try:
+        _run("ip", "netns", "add", probe)
+        _run("ip", "netns", "del", probe)
+    except (subprocess.SubprocessError, OSError) as exc:
+        return f"cannot make a network namespace here ({type(exc).__name__})"
+    return ""
+
+
+@dataclass(frozen=True)
+class Node:
+    netns: str
+    hostname: str
+    address: str
+    #: the node's side of its link (GLOO_SOCKET_IFNAME)
+    ifname: str
+    #: seconds its monotonic (and boot-time) clock runs ahead of the machine's
+    monotonic_offset_s: int = 0
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        """`args` run on this node: in its network namespace, under its hostname and clock."""
+        clock = ["-T", f"--monotonic={self.monotonic_offset_s}", f"--boottime={self.monotonic_offset_s}"]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.netns,
+            "unshare",
+            "-u",
+            *(clock if self.monotonic_offset_s else []),
+            "--fork",
+            "sh",
+            "-c",
+            f'hostname {self.hostname} && exec "$@"',
+            "sh",
+            *args,
+        ]
+
+    def popen(self, args: Sequence[str], *, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+        env = {**env, "GLOO_SOCKET_IFNAME": self.ifname}
+        return subprocess.Popen(
+            self.command(args),
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+
+class Nodes:
+    """`with Nodes(2, rate="100mbit", offsets=(0, 3600)) as nodes:` ... nodes[0].popen(...)"""
+
+    def __init__(self, n: int = 2, *, rate: str | None = "100mbit", offsets: Sequence[int] = ()) -> None:
+        tag = os.getpid() % 100000
+        self._hub = f"ps{tag}hub"
+        self._subnet = f"10.231.{tag % 250}"
+        self.nodes = [
+            Node(
+                netns=f"ps{tag}n{i}",
+                hostname=f"node{chr(ord('a') + i)}",
+                address=f"{self._subnet}.{i + 1}",
+                ifname=f"ps{tag}e{i}",
+                monotonic_offset_s=offsets[i] if i < len(offsets) else 0,
+            )
+            for i in range(n)
+        ]
+        self._rate = rate
+
+    def __enter__(self) -> list[Node]:
+        try:
+            # `ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hosts: every node resolves the
+            # others' hostnames (torchrun's rendezvous resolves its own)
+            hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
+            for node in self.nodes:
+                folder = Path("/etc/netns") / node.netns
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "hosts").write_text(hosts)
+            _run("ip", "netns", "add", self._hub)
+            _run("ip", "-n", self._hub, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", self._hub, "link", "set", "br0", "up")
+            for i, node in enumerate(self.nodes):
+                _run("ip", "netns", "add", node.netns)
+                peer = f"ps{os.getpid() % 100000}h{i}"
+                _run("ip", "link", "add", node.ifname, "type", "veth", "peer", "name", peer)
+                _run("ip", "link", "set", node.ifname, "netns", node.netns)
+                _run("ip", "link", "set", peer, "netns", self._hub)
+                _run("ip", "-n", self._hub, "link", "set", peer, "master", "br0")
+                _run("ip", "-n", self._hub, "link", "set", peer, "up")
+                _run("ip", "-n", node.netns, "addr", "add", f"{node.address}/24", "dev", node.ifname)
+                _run("ip", "-n", node.netns, "link", "set", node.ifname, "up")
+                _run("ip", "-n", node.netns, "link", "set", "lo", "up")
+                if self._rate:
+                    # what leaves each node is shaped: the link carries `rate` each way
+                    _run(
+                        "ip", "netns", "exec", node.netns, "tc", "qdisc", "add", "dev", node.ifname,
+                        "root", "tbf", "rate", self._rate, "burst", "64kb", "latency", "400ms",
+                    )  # fmt: skip
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.nodes
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in [n.netns for n in self.nodes] + [self._hub]:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
