@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SAMPLE_STAMP := $(VENV)/.installed-sample
 
 comma := ,
-.PHONY: lock setup lint typecheck pytest test sample dashboard schema bench clean
+.PHONY: lock setup lint typecheck pytest test sample dashboard schema bench clean gpu-check
 
 LOCK := requirements-lock.txt
 SAMPLE_LOCK := requirements-sample-lock.txt
@@ -88,3 +88,8 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# the check for the first GPU: at most 5 minutes on one GPU (a CUDA build of torch in .venv), a verdict
+# per check on the terminal, the JSON summary in artifacts/gpu-check.json; no GPU: every check skipped
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py --json artifacts/gpu-check.json
