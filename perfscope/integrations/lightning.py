@@ -13,7 +13,8 @@ metrics, under the names Lightning gives them (`train_loss`, `train_acc_step`, `
 `val_loss` ...): step-level values at the end of every optimizer step (every step, whatever
 `log_every_n_steps`; under accumulation the last batch's value, as Lightning's loggers get it),
 epoch-level ones when Lightning has reduced them (the end of a training epoch, of a validation run;
-the sanity check's are not recorded)."""
+the sanity check's are not recorded). On a GPU, reading a step's logged tensors at its end waits
+for its kernels, as `prof.log` with tensors does: `record_logged=False` leaves them out."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class PerfscopeCallback(Callback):
     """Record training into the store folder `store`; keywords are those of `perfscope.profile`
     (experiment, batch_size, run metadata, poll_hz ...). `export_to` ('mlflow', 'wandb' or
     'tensorboard', with `export_destination` as for `perfscope report --to ... -o`) sends the run's
-    phase times, scaling summary and findings to that tracker when training ends."""
+    phase times, scaling summary and findings to that tracker when training ends. What the module
+    logs (`self.log`) is recorded as the run's metrics unless `record_logged=False`."""
 
     def __init__(
         self,
@@ -40,6 +42,7 @@ class PerfscopeCallback(Callback):
         *,
         export_to: str | None = None,
         export_destination: str | None = None,
+        record_logged: bool = True,
         **profile_options: Any,
     ) -> None:
         super().__init__()
@@ -48,7 +51,7 @@ class PerfscopeCallback(Callback):
         self.export_destination = export_destination
         self.step_names: set[str] = set()  # metrics recorded at step ends
         self.epoch_values: dict[str, float] = {}  # the last value recorded of every other metric
-        self.metrics_failed = False
+        self.logged_on = record_logged  # off after a failure too
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":  # the strategy has set up its process group: the ranks agree on one run
@@ -101,7 +104,7 @@ class PerfscopeCallback(Callback):
         values after a batch, its reduced values at an epoch's end), so what two reads give as
         different objects is this hook's. `late`: epoch-level values logged after this callback's
         hook (in the module's own on_train_epoch_end), found at the next epoch's start or the end."""
-        if self.metrics_failed or not self.cursor.live or not trainer.is_global_zero:
+        if not self.logged_on or not self.cursor.live or not trainer.is_global_zero:
             return
         try:
             before = dict(trainer.logged_metrics)
@@ -123,7 +126,7 @@ class PerfscopeCallback(Callback):
             if values:
                 self.cursor.log(**values)
         except Exception as exc:
-            self.metrics_failed = True
+            self.logged_on = False
             warn_once(
                 "perfscope-lightning-metrics",
                 "perfscope lightning callback: the module's logged values are no longer recorded "
