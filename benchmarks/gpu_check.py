@@ -21,6 +21,9 @@ stdout (and in FILE):
 Without a CUDA GPU it says "no CUDA GPU: every check skipped", prints the JSON and exits 0. It exits 1
 when a check fails, or when a GPU is there but torch cannot use it (a CPU build of torch: the lock
 installs one; install a CUDA build of torch into the environment first).
+
+Written before perfscope had a GPU to run on (from torch's, NVML's and Nsight Systems' documented
+interfaces): its first run on a GPU is also the check's own first run.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 # The training job: run in a fresh process (its own CUDA context), writes what only it can see
 # (host timings, torch.cuda.memory_reserved) to OUT/job.json.
 JOB = """
-import json, os, sys, time
+import json, sys, time
 from pathlib import Path
 
 import torch
@@ -81,7 +84,7 @@ torch.cuda.set_device(0)
 torch.manual_seed(0)
 result = {}
 
-# GPU-bound steps of ~10 ms: the host runs ahead, so stream time between events is kernel time
+# GPU-bound steps of ~12 ms: the host runs ahead, so stream time between events is kernel time
 dist.init_process_group("nccl", rank=0, world_size=1)
 model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]).cuda()
 ddp = DDP(model, device_ids=[0], bucket_cap_mb=25)
