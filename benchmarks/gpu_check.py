@@ -445,7 +445,7 @@ def nvtx_nsys(work: Path, budget: Budget, env: dict[str, str]) -> dict[str, Any]
         return check(name, FAIL, "the nvtx package is not installed: perfscope emits no NVTX ranges")
     report = work / "nvtx"
     prof = run_cmd(
-        [nsys, "profile", "-t", "cuda,nvtx", "--force-overwrite", "true", "-o", str(report),
+        [nsys, "profile", "-t", "cuda,nvtx", "--force-overwrite=true", "-o", str(report),
          sys.executable, str(work / "job.py"), str(work), "nvtx"],
         budget, 120, env=env,
     )  # fmt: skip
@@ -454,7 +454,7 @@ def nvtx_nsys(work: Path, budget: Budget, env: dict[str, str]) -> dict[str, Any]
         return check(name, FAIL, f"nsys profile failed (exit {prof.returncode}): {tail(prof.stderr)}")
     export = report.with_suffix(".sqlite")
     exp = run_cmd(
-        [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(export), str(rep)],
+        [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={export}", str(rep)],
         budget,
         90,
     )
