@@ -4,11 +4,13 @@ gloo, a single process with gradient accumulation), read back from the store the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -403,6 +405,27 @@ def test_ctrl_c_to_the_whole_group_reaches_the_job_once(tmp_path: Path, reap: No
     _wait_for(tmp_path / "job.log.ready")
     os.killpg(wrapper.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the foreground group
     assert wrapper.wait(timeout=TIMEOUT_S) == 100 + signal.SIGINT
+    assert _signals(log) == [signal.SIGINT]
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_job_once(tmp_path: Path, reap: None) -> None:
+    """A real terminal (a pseudo-terminal whose session perfscope run leads): Ctrl-C typed on it."""
+    script = _script(tmp_path, "job.py", SIGNALLED_JOB, TIMEOUT_S=TIMEOUT_S)
+    log = tmp_path / "job.log"
+    master, slave = os.openpty()
+    try:
+        wrapper = subprocess.Popen(
+            [str(BIN / "perfscope"), "run", "--store", "S", "--poll-hz", "0", "--",
+             sys.executable, script.name, log.name],
+            cwd=tmp_path, env=_env(), stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the terminal is the session's
+        )  # fmt: skip
+        os.close(slave)
+        _wait_for(tmp_path / "job.log.ready")
+        os.write(master, b"\x03")  # Ctrl-C: the terminal signals its foreground process group
+        assert wrapper.wait(timeout=TIMEOUT_S) == 100 + signal.SIGINT
+    finally:
+        os.close(master)
     assert _signals(log) == [signal.SIGINT]
 
 
