@@ -162,9 +162,9 @@ def test_logged_trainer_divergence_is_judged_on_the_loss(
     _train(store, tmp_path / "b", "too-hot", learning_rate=1.0, lr_scheduler_type="constant")
     with perfscope.open_store(store) as st:
         logged = st.query(
-            "SELECT r.experiment, m.name, arg_min(m.value, m.step) AS first, "
-            "arg_max(m.value, m.step) AS last, count(*) AS n FROM metrics m JOIN runs r USING (run_id) "
-            "GROUP BY ALL"
+            "SELECT r.experiment, m.name, arg_min(m.value, m.step) AS first, count(*) AS n, "
+            "avg(m.value) FILTER (WHERE m.step >= 20) AS tail "  # the mean of the last third
+            "FROM metrics m JOIN runs r USING (run_id) GROUP BY ALL"
         ).to_pylist()
         curves = {(r["experiment"], r["name"]): r for r in logged}
         # what the Trainer logged is recorded, bookkeeping included
@@ -172,14 +172,14 @@ def test_logged_trainer_divergence_is_judged_on_the_loss(
             n for _, n in curves
         }
         ok_loss, ok_norm = curves[("healthy", "loss")], curves[("healthy", "grad_norm")]
-        assert ok_loss["n"] >= 30 and ok_loss["last"] < 0.8 * ok_loss["first"]
-        assert ok_norm["last"] < ok_norm["first"]  # the grad norm falls
+        assert ok_loss["n"] >= 30 and ok_loss["tail"] < 0.8 * ok_loss["first"]
+        assert ok_norm["tail"] < ok_norm["first"]  # the grad norm falls
         hot = curves[("too-hot", "loss")]
-        assert hot["last"] > 2 * hot["first"]  # the loss really grows
+        assert hot["tail"] > 2 * hot["first"]  # the loss really grows (clipped gradients: no NaN)
         ttm = run_analysis("time_to_metric", st, Selection()).to_pylist()
         findings = [f for f in explain(st, Selection()) if f.rule == "diverged"]
     assert {r["metric"] for r in ttm} <= {"loss", "train_loss"}
     diverged = {(r["experiment"], r["metric"]) for r in ttm if r["diverged"]}
     assert diverged == {("too-hot", "loss")}
     (f,) = findings
-    assert "too-hot" in f.title and "loss moving away from its best" in f.text
+    assert "too-hot" in f.title and "(loss " in f.text and "grad_norm" not in f.text
