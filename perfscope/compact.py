@@ -73,7 +73,7 @@ def _migrated(t: pa.Table, table: str, name: str, version: int) -> pa.ChunkedArr
 
     with duckdb.connect(":memory:") as con:
         con.register("segment", t)
-        values = con.execute(f"SELECT {col.migrated} AS v FROM segment").to_arrow_table()
+        values = con.sql(f"SELECT {col.migrated} AS v FROM segment").to_arrow_table()
     return values.column("v").cast(col.type)
 
 

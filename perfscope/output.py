@@ -254,7 +254,7 @@ def printable_columns(table: pa.Table, *, nested: bool = False) -> pa.Table:
             column = pa.table({"v": table.column(i)})  # one column: any name, duplicates included
             try:
                 con.register("perfscope_column", column)
-                text = con.execute("SELECT CAST(v AS VARCHAR) AS v FROM perfscope_column").to_arrow_table()
+                text = con.sql("SELECT CAST(v AS VARCHAR) AS v FROM perfscope_column").to_arrow_table()
             except duckdb.Error as exc:
                 raise PerfscopeError(
                     f"column {field.name!r} of type {field.type} cannot be written as text ({exc}); "
@@ -267,8 +267,35 @@ def printable_columns(table: pa.Table, *, nested: bool = False) -> pa.Table:
     return table
 
 
+#: what makes a CSV field need quotes (csv.QUOTE_MINIMAL, as DuckDB and psql write CSV)
+_CSV_SPECIAL = (",", '"', "\n", "\r")
+
+
+def _csv_field(value: str | None) -> str:
+    """One field: NULL empty, an empty string "" (so the two stay apart), quotes only where needed."""
+    if value is None:
+        return ""
+    if value == "" or any(c in value for c in _CSV_SPECIAL):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
+def csv_text(table: pa.Table, *, header: bool = True) -> str:
+    """`table` as CSV the way DuckDB's COPY, psql and Python's csv module write it: a field is quoted
+    only when it holds a comma, a quote or a line break (quotes doubled); a value reads as Arrow's CSV
+    writer writes it (pyarrow's writer quotes every string, which shell pipelines do not expect)."""
+    import pyarrow.compute as pc
+
+    table = printable_columns(table)
+    columns = [pc.cast(c, pa.string()).to_pylist() for c in table.columns]
+    lines = [",".join(_csv_field(n) for n in table.column_names)] if header else []
+    lines += [",".join(_csv_field(v) for v in row) for row in zip(*columns, strict=True)]
+    return "".join(line + "\n" for line in lines)
+
+
 __all__ = [
     "check_output_file",
+    "csv_text",
     "is_store_folder",
     "open_output",
     "output_folder",

@@ -191,7 +191,7 @@ def write_rollups(
                 "sources": sources,
             }
             try:
-                tables = {k: con.execute(q).to_arrow_table().cast(_schema(k)) for k, q in queries.items()}
+                tables = {k: con.sql(q).to_arrow_table().cast(_schema(k)) for k, q in queries.items()}
             except duckdb.Error:  # a sum past 64 bits, a hostile value: no rollup for this run
                 continue
         try:

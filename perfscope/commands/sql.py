@@ -7,7 +7,6 @@ memory nor the terminal; `--timeout` and `--memory-limit` bound the query itself
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -16,11 +15,10 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..errors import PerfscopeError
-from ..output import check_output_file, open_output, printable_columns
+from ..output import check_output_file, csv_text, open_output, printable_columns
 from ..schema import TABLES
 from ..store import open_store
 from ..terminal import format_table, terminal_width, use_colour
@@ -120,15 +118,10 @@ def _parquet(rows: Rows, f: BinaryIO) -> int:
 def _csv(rows: Rows, emit: Emit) -> int:
     n = 0
     for batch in rows:
-        buf = io.BytesIO()
-        options = pacsv.WriteOptions(include_header=n == 0)
-        pacsv.write_csv(printable_columns(pa.Table.from_batches([batch])), buf, write_options=options)
-        emit(buf.getvalue().decode())
+        emit(csv_text(pa.Table.from_batches([batch]), header=n == 0))
         n += batch.num_rows or 0
     if n == 0:  # the header alone
-        buf = io.BytesIO()
-        pacsv.write_csv(printable_columns(rows.schema.empty_table()), buf)
-        emit(buf.getvalue().decode())
+        emit(csv_text(rows.schema.empty_table()))
     return n
 
 
