@@ -20,6 +20,7 @@ from .widgets import (
     for_unit,
     no_runs,
     pct,
+    relabel,
     show_table,
     simulated_notice,
 )
@@ -72,7 +73,7 @@ def render(ctx: Context) -> None:
     simulated_notice(summary)
 
     st.header("Scaling at a glance", anchor="glance")
-    _glance(ctx.table("scaling"), device_unit_of(summary))
+    _glance(ctx.table("scaling"), device_unit_of(summary), ctx.group_labels())
 
     st.header("Findings", anchor="findings")
     st.caption("Ranked by the share of lost efficiency each explains, then severity and confidence.")
@@ -139,7 +140,7 @@ def _finding(ctx: Context, rank: int, f: Any) -> None:
             facts.append(f"explains {pct(f.explained_loss)} of the group's lost time")
         facts.append(f"rule: {f.rule} ({f.category})")
         if f.group_id:
-            facts.append(f"group: {f.group_id}")
+            facts.append(f"group: {ctx.group_labels().get(f.group_id, f.group_id)}")
         st.caption(" · ".join(facts))
         evidence_runs = list(f.evidence.run_ids)
         shown = ", ".join(evidence_runs[:4]) + (
@@ -159,7 +160,7 @@ def _finding(ctx: Context, rank: int, f: Any) -> None:
         definition_note(*f.evidence.analyses, popover=True)
 
 
-def _glance(scaling: pa.Table, unit: str) -> None:
+def _glance(scaling: pa.Table, unit: str, labels: dict[str, str]) -> None:
     """Each scaling group at its largest world size: the seed study's headline numbers."""
     vals = rows(scaling)
     keep = multi_point_groups([r for r in vals if not r.get("mixed")])
@@ -172,7 +173,7 @@ def _glance(scaling: pa.Table, unit: str) -> None:
         st.caption("No scaling group has runs at two or more world sizes in this selection.")
         return
     table = pa.Table.from_pylist([last[g] for g in sorted(last)])
-    show_table(table, for_unit(GLANCE_COLUMNS, unit))
+    show_table(relabel(table, "group_id", labels), for_unit(GLANCE_COLUMNS, unit))
     definition_note("scaling")
 
 
@@ -191,7 +192,7 @@ def _quality(ctx: Context) -> None:
         )
     quality = ctx.table("quality")
     if quality.num_rows:
-        show_table(quality, QUALITY_COLUMNS)
+        show_table(relabel(quality, "group_id", ctx.group_labels()), QUALITY_COLUMNS)
         definition_note("quality")
     elif not skipped:
         st.success("No data-quality problem found in this selection.")

@@ -21,7 +21,7 @@ from perfscope.charts.timeline import (
     step_series_chart,
 )
 from perfscope.report.model import format_value
-from perfscope.words import counted
+from perfscope.words import counted, joined, known
 
 from . import links
 from .state import Context
@@ -145,11 +145,24 @@ def _headline(run: dict[str, Any]) -> None:
     )
     cols[5].metric("Steady steps", f"{run['steady_steps']} / {run['steps_total']}", help="warm-up dropped")
     st.caption(
-        f"{counted(run['world_size'], 'rank')} on {_nodes(run)} · {run['cluster']} · "
-        f"{run['backend']} · "
-        f"{run.get('device_model') or 'unknown device'} · batch {run['batch_size_per_rank']} per rank, "
-        f"{run['global_batch_size']} global · experiment {run['experiment']}"
+        joined(
+            (
+                f"{counted(run['world_size'], 'rank')} on {_nodes(run)}",
+                run["cluster"],
+                run["backend"],
+                run.get("device_model") or "unknown device",
+                _batch_words(run),
+                f"experiment {run['experiment']}" if known(run["experiment"]) else None,
+            )
+        )
     )
+
+
+def _batch_words(run: dict[str, Any]) -> str:
+    """The run's batch in words: what was recorded of it, or that nothing was."""
+    per_rank, total = run["batch_size_per_rank"], run["global_batch_size"]
+    parts = [f"{per_rank} per rank" if known(per_rank) else "", f"{total} global" if known(total) else ""]
+    return f"batch {joined(parts, ', ')}" if any(parts) else "batch size not recorded"
 
 
 #: Step buckets sent to the browser for the wait heat map, which bins them into at most 120 columns

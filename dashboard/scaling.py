@@ -165,10 +165,11 @@ def _mixed(scaling: pa.Table) -> None:
         for r in rows(scaling, ("group_id", "mixed", "mode_note"))
         if r["mixed"]
     }
+    labels = group_label_map(g for g, _ in notes)
     for group_id, note in sorted(notes):
         st.warning(
-            f"**{group_id}** mixes strong and weak scaling ({note or 'batch sizes disagree'}); its runs are "
-            "not compared with each other.",
+            f"**{labels.get(group_id, group_id)}** mixes strong and weak scaling "
+            f"({note or 'batch sizes disagree'}); its runs are not compared with each other.",
             icon=":material/rule:",
         )
 

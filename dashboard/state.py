@@ -16,6 +16,7 @@ import pyarrow as pa
 import streamlit as st
 
 from perfscope.analysis import ANALYSES, Selection, run_analysis
+from perfscope.charts.rows import group_labels, rows
 from perfscope.errors import PerfscopeError
 from perfscope.store import Store, open_store
 from perfscope.user_sql import UserSql
@@ -141,6 +142,11 @@ class Context:
             "explain", lambda: _findings(str(self.path), self.token, selection_key(self.sel))
         )
         return result if isinstance(result, list) else None
+
+    def group_labels(self) -> dict[str, str]:
+        """group_id -> the group's name in the charts and the report (never the raw id)."""
+        scaling = rows(self.table("scaling"), ("group_id", "world_size", "mixed"))
+        return group_labels((r["group_id"] for r in scaling if r["group_id"]), scaling)
 
     def _guard(self, name: str, compute: Callable[[], Any]) -> Any:
         try:

@@ -171,6 +171,8 @@ def show_table(table: pa.Table, columns: Mapping[str, Col], *, height: int | str
     for c in present:
         spec = columns[c]
         col = table.column(c)
+        if pa.types.is_string(col.type):  # an empty name (no cluster) reads as a missing value
+            col = pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)
         if spec.scale != 1.0:
             col = pc.multiply(col.cast(pa.float64()), spec.scale)
         out[spec.title] = col

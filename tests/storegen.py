@@ -70,7 +70,7 @@ class RunSpec:
     backend: str = "nccl"
     model: str = "mlp"
     device_model: str = "NVIDIA H100"
-    batch_size_per_rank: int = 32
+    batch_size_per_rank: int | None = 32  # None: not recorded (zero-code recording of an unknown batch)
     global_batch_size: int | None = None
     scaling_mode: str = ""
     gpus_per_node: int = 8  # GPUs of a node; ranks fill a node before the next (sequential placement)
@@ -121,7 +121,8 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
     local = min(n, spec.gpus_per_node)
     nodes = _nodes(spec)
     present = spec.ranks_present if spec.ranks_present is not None else set(range(n))
-    gbs = spec.global_batch_size or spec.batch_size_per_rank * n
+    per_rank = spec.batch_size_per_rank
+    gbs = spec.global_batch_size or (per_rank * n if per_rank is not None else None)  # None: unrecorded
     w = StoreWriter(root, run_id, writer_id=f"gen-{run_id}")
     end_ns = spec.start_ns
     steps_rows, comm_rows = [], []

@@ -12,6 +12,7 @@ from storegen import MS, Comm, Gpu, Host, make_run
 from streamlit.testing.v1 import AppTest
 
 from perfscope.analysis import Selection, run_analysis
+from perfscope.charts.rows import group_labels
 from perfscope.dashboard.links import PLACES, Place
 from perfscope.explain import explain
 from perfscope.report.model import format_value
@@ -138,7 +139,9 @@ def test_overview_numbers_and_findings_equal_the_analyses(seed: Path) -> None:
     for r in scaling:
         if r["group_id"] not in largest or r["world_size"] > largest[r["group_id"]]["world_size"]:
             largest[r["group_id"]] = r
-    groups = column(at, "scaling group")
+    # groups by the names the charts give them, never their raw ids ('exp/-/gloo/...')
+    named = {v: k for k, v in group_labels(largest, scaling).items()}
+    groups = [named[g] for g in column(at, "scaling group")]
     shown = dict(zip(groups, column(at, "per-GPU speedup S(N)/N"), strict=True))
     assert groups and set(groups) <= set(largest)
     for g, v in shown.items():
@@ -190,8 +193,10 @@ def test_selection_in_the_sidebar_changes_the_numbers(seed: Path) -> None:
     clean(at)
     with open_store(seed) as store:
         gpu2 = run_analysis("run_summary", store, Selection(clusters=("gpu2",)))
+        scaling = run_analysis("scaling", store, Selection(clusters=("gpu2",))).to_pylist()
     assert int(metric(at, "Runs")) == gpu2.num_rows < everything
-    assert all("/gpu2/" in g for g in column(at, "scaling group"))
+    named = {v: k for k, v in group_labels((r["group_id"] for r in scaling), scaling).items()}
+    assert all("/gpu2/" in named[g] for g in column(at, "scaling group"))
     at.sidebar.radio(key="sel_source").set_value("measured").run()
     assert any("No runs match" in i.value for i in clean(at).info)
 

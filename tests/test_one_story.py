@@ -3,9 +3,19 @@ draw what the analyses measured, and no placeholder (None, -, an empty field) re
 
 from __future__ import annotations
 
+import ast
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import pyarrow as pa
 import pytest
 from storegen import DEFAULT_PHASES, MS, Comm, make_run
 from test_charts import _datasets
@@ -13,9 +23,11 @@ from test_dashboard_app import clean, open_page
 
 from perfscope.analysis import Selection, run_analysis
 from perfscope.charts import CHARTS
+from perfscope.charts.rows import group_label_map
+from perfscope.cli import main
 from perfscope.explain import explain
 from perfscope.report import collect
-from perfscope.report.model import Ref, Section, TableBlock
+from perfscope.report.model import ChartBlock, Ref, Section, TableBlock
 from perfscope.store import open_store
 
 
@@ -137,3 +149,172 @@ def test_dashboard_stragglers_tab_says_the_finding(tmp_path: Path) -> None:
         found = [f for top in explain(store, Selection()) for f in top.flatten() if f.rule == "straggler"]
     assert [w.value for w in at.warning] == [f"**{found[0].title}.** {found[0].text}"]
     assert not any("No straggler finding" in c.value for c in at.caption)
+
+
+# ---- 3: an unknown value is left out or said in words, never printed as None, '-' or a gap ----------
+
+#: what a placeholder looks like in running text, a table cell aside ('–' is a table's empty cell)
+PLACEHOLDERS = (
+    re.compile(r"\bNone\b"),
+    re.compile(r"(^|·)\s*-\s*(·|$)", re.M),  # a '-' field between separators
+    re.compile(r"·\s*·|·\s*$|^\s*·", re.M),  # an empty field between separators
+    re.compile(r"\b(weak|strong|single):[bg]-"),  # a group's unknown batch
+    re.compile(r"/-/"),  # a raw group id with an unknown field
+    re.compile(r"\*\*–\*\*"),  # a number in a sentence that has no value
+    re.compile(r"\bb(None|-)\b"),
+)
+
+
+def _unknowns(root: Path) -> None:
+    """Zero-code recording as it often is: no cluster, no batch size, experiment 'default'."""
+    for n in (1, 2):
+        _plain_ddp(
+            root,
+            f"nobatch-n{n}",
+            world_size=n,
+            cluster="",
+            batch_size_per_rank=None,
+            comm=Comm([2**24], lambda nb: 2 * MS) if n > 1 else None,
+        )
+
+
+def _placeholders(text: str) -> list[str]:
+    return [m.group(0) for p in PLACEHOLDERS for line in text.splitlines() for m in p.finditer(line)]
+
+
+def test_report_prints_no_placeholder(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _unknowns(store)
+    out = tmp_path / "r.md"
+    assert main(["report", str(store), "-o", str(out), "--format", "md"]) == 0
+    text = out.read_text()
+    # running text, table cells and headings; a table's empty cell is '–', never 'None' or '-'
+    assert not _placeholders(text), sorted(set(_placeholders(text)))
+    assert "default · gloo · Sequential · weak" in text  # the group, by its known parts
+    assert "speedup is unknown" in text  # no samples: said in words, not as a dash
+    with open_store(store) as s:
+        quality = run_analysis("quality", s, Selection()).column("message").to_pylist()
+    assert quality and not _placeholders("\n".join(quality))
+
+
+def test_two_groups_apart_by_an_unknown_value_say_it_in_words() -> None:
+    labels = group_label_map(["e/-/gloo/m/weak:b-", "e/c1/gloo/m/weak:b32"])
+    assert labels == {
+        "e/-/gloo/m/weak:b-": "no cluster · weak, no batch size",
+        "e/c1/gloo/m/weak:b32": "c1 · weak:b32",
+    }
+    assert group_label_map(["default/-/gloo/Sequential/single:b-"]) == {
+        "default/-/gloo/Sequential/single:b-": "default · gloo · Sequential · single"
+    }
+
+
+def test_dashboard_run_caption_prints_no_placeholder(tmp_path: Path) -> None:
+    _unknowns(tmp_path)
+    at = clean(open_page(tmp_path, "run", run="nobatch-n2"))
+    captions = [c.value for c in at.caption]
+    line = next(c for c in captions if c.startswith("2 ranks on 1 node"))
+    assert line == "2 ranks on 1 node · gloo · cpu · batch size not recorded · experiment default"
+    overview = clean(open_page(tmp_path, "overview"))
+    # the tables' text cells (a missing value is drawn as the table's empty-cell mark) and captions
+    cells = [v for df in overview.dataframe for v in df.value.to_numpy().ravel() if isinstance(v, str)]
+    assert cells and "" not in cells
+    shown = "\n".join(cells + [c.value for c in overview.caption])
+    assert not _placeholders(shown), sorted(set(_placeholders(shown)))
+    assert "default · gloo · Sequential · weak" in cells  # the glance table names the group
+
+
+# ---- 7: `perfscope sql --format csv` quotes a field only where it must -------------------------------
+
+CSV_QUERY = (
+    "SELECT run_id, experiment, cluster, 'a,b' AS comma, 'say \"hi\"' AS quote, "
+    "'two' || chr(10) || 'lines' AS lines, NULL AS nothing, world_size FROM runs ORDER BY run_id"
+)
+
+
+def test_sql_csv_quotes_like_duckdb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    _unknowns(store)  # cluster '' (an empty string, not NULL)
+    assert main(["sql", str(store), CSV_QUERY, "--format", "csv"]) == 0
+    got = capsys.readouterr().out
+    # DuckDB's own CSV of the same rows is the reference (psql and Python's csv quote the same way)
+    with open_store(store) as s:
+        rows = s.query(CSV_QUERY).to_pylist()
+    ref = tmp_path / "duck.csv"
+    con = duckdb.connect()
+    con.register("t", pa.Table.from_pylist(rows))
+    con.execute(f"COPY (SELECT * FROM t) TO '{ref}' (FORMAT csv, HEADER)")
+    con.close()
+    assert got == ref.read_text()
+    assert got.splitlines()[0] == "run_id,experiment,cluster,comma,quote,lines,nothing,world_size"
+    assert got.splitlines()[1].startswith('nobatch-n1,default,"","a,b","say ""hi""","two')
+    assert next(csv.DictReader(io.StringIO(got)))["lines"] == "two\nlines"
+
+
+# ---- 8: no DuckDB "extra copy" warning on the user's console or in a recorded job's stderr ------------
+
+#: Arrow output of a DB-API result (con.execute(...)); DuckDB 2 warns "Arrow output on a DB-API result
+#: makes an extra copy of the rows" for each, where a relation's (con.sql(...)) does not
+DBAPI_ARROW = {"to_arrow_table", "to_arrow_reader", "fetch_arrow_table", "fetch_record_batch", "arrow"}
+SOURCES = [
+    p
+    for top in ("perfscope", "collectors", "dashboard")
+    for p in sorted((Path(__file__).resolve().parent.parent / top).rglob("*.py"))
+]
+
+
+def test_no_arrow_output_of_a_dbapi_result() -> None:
+    found = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in DBAPI_ARROW
+                and isinstance(node.func.value, ast.Call)
+                and isinstance(node.func.value.func, ast.Attribute)
+                and node.func.value.func.attr == "execute"
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert SOURCES and not found
+
+
+def test_cli_stderr_is_clean(tmp_path: Path) -> None:
+    """`perfscope sql`, `report --tables csv` and `compact` with every warning an error: nothing on
+    stderr (with DuckDB 2 the DB-API Arrow calls printed a warning there)."""
+    store = tmp_path / "store"
+    _unknowns(store)
+    cli = [sys.executable, "-W", "error", "-m", "perfscope"]
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    for args in (
+        ["sql", str(store), "SELECT run_id, started_ns, 'x' AS s FROM runs", "--format", "csv"],
+        ["sql", str(store), "SELECT * FROM steps LIMIT 3", "--format", "json"],
+        ["compact", str(store)],
+    ):
+        done = subprocess.run([*cli, *args], capture_output=True, text=True, env=env, timeout=240)
+        assert done.returncode == 0 and done.stderr == "", (args, done.stderr)
+
+
+# ---- 5: "Communication by op" shows the run the findings are about, and says so ------------------------
+
+
+def test_communication_section_shows_the_findings_run(tmp_path: Path) -> None:
+    _plain_ddp(tmp_path, "a-calm-n2", experiment="a", phases={**DEFAULT_PHASES, "sync_exposed": 1 * MS})
+    # experiment b: rank 3 of 4 computes 12 ms more and enters every collective last
+    _plain_ddp(
+        tmp_path,
+        "b-slow-n4",
+        experiment="b",
+        world_size=4,
+        phases={**DEFAULT_PHASES, "sync_exposed": 1 * MS},
+        phase_fn=lambda rank, step: {"forward": (22 if rank == 3 else 10) * MS},
+        comm=Comm([2**24], lambda nb: 2 * MS),
+    )
+    section, got = _section(tmp_path, "communication")
+    first = got.report.findings[0]
+    assert "b-slow-n4" in first.run_ids and "a-calm-n2" not in first.run_ids
+    figures = [b for b in section.blocks if isinstance(b, ChartBlock)]
+    assert [f.name for f in figures] == ["comm_ops", "comm_roles"]
+    for f in figures:
+        assert f"run b-slow-n4, the run finding {first.rank} is about (N = 4)" in f.caption
+        spec = json.dumps(f.chart.to_dict())
+        assert "b-slow-n4" in spec and "a-calm-n2" not in spec

@@ -26,8 +26,14 @@ FIGURES_JS = """() => [...document.querySelectorAll('figure.chart')].map(f => {
   const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
   const marks = svg ? svg.querySelectorAll('g[class*="role-mark"] > *').length : 0;
   const texts = svg ? [...svg.querySelectorAll('text')].map(t => t.textContent) : [];
+  // text the browser draws (in its own font) outside the chart's box is cut off: 'llreduce in sync'
+  const clipped = svg ? [...svg.querySelectorAll('text')].filter(t => {
+    const r = t.getBoundingClientRect();
+    return r.width > 0 && (r.left < box.left - 0.5 || r.right > box.right + 0.5);
+  }).map(t => t.textContent) : [];
   return {name: f.dataset.chart, svg: !!svg, width: box.width, height: box.height, marks,
-          empty: texts.filter(t => t.startsWith('no ') || t.startsWith('fewer than')).length};
+          empty: texts.filter(t => t.startsWith('no ') || t.startsWith('fewer than')).length,
+          clipped, truncated: texts.filter(t => t.includes('\u2026'))};
 })"""
 
 SECTIONS = ("overview", "speedup", "lost-time", "sync", "stragglers", "prediction", "findings")
@@ -104,6 +110,7 @@ def test_every_chart_renders_offline(name: str, reports: dict[str, Path]) -> Non
         # a line chart draws one path per series; a DDP-only store's op chart has one bar (allreduce)
         assert f["marks"] >= (1 if f["name"] == "comm_ops" else 3), f
         assert f["empty"] == 0, f
+        assert f["clipped"] == [] and f["truncated"] == [], f  # every label whole, in the browser's font
     assert {f["name"] for f in figures} >= {"speedup", "efficiency", "busbw", "wait_heatmap", "metric_curves"}
 
 

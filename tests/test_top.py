@@ -93,3 +93,20 @@ def test_piped_output_gets_one_frame(tmp_path: Path) -> None:
     make_run(tmp_path / "S", "job", world_size=2, steps=5)
     out = subprocess.run([PERFSCOPE, "top", str(tmp_path / "S")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.count("run job") == 1 and "\x1b[H" not in out.stdout
+
+
+def test_once_says_which_run_it_picked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "S"
+    make_run(store, "older", world_size=2, steps=12)
+    make_run(store, "newer", world_size=2, steps=12, start_ns=1_800_000_000_000_000_000)
+    assert main(["top", str(store), "--once", "--no-findings"]) == 0
+    screen = capsys.readouterr().out
+    assert "run newer" in screen and "run older" not in screen
+    assert "the run that wrote a step last, of 2 runs in the store; --run RUN_ID shows another" in screen
+    assert main(["top", str(store), "--once", "--no-findings", "--run", "older"]) == 0
+    screen = capsys.readouterr().out
+    assert "run older" in screen and "wrote a step last" not in screen  # asked for: nothing to say
+    make_run(tmp_path / "one", "only", world_size=1, steps=12, experiment="")
+    assert main(["top", str(tmp_path / "one"), "--once", "--no-findings"]) == 0
+    screen = capsys.readouterr().out
+    assert "the only run in the store" in screen and "experiment" not in screen.splitlines()[1]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..store import Store
+from ..words import joined, known
 from .cache import memo, temp_table
 from .selection import Selection, sql_literal
 from .steady import runs_table
@@ -33,6 +35,50 @@ class Membership:
 
 def _label(v: object) -> str:
     return "-" if v in (None, "") else str(v)
+
+
+def common_tokens(keys: Sequence[Sequence[str]]) -> set[int]:
+    """Positions where every key has the same token."""
+    if not keys:
+        return set()
+    width = min(len(k) for k in keys)
+    return {i for i in range(width) if len({k[i] for k in keys}) == 1}
+
+
+#: a group id's fields before its 'mode:batch' (assign_groups), as an unknown one reads in words
+_GROUP_FIELDS = ("no experiment", "no cluster", "no backend", "no model")
+
+
+def _group_part(i: int, token: str, differs: bool) -> str:
+    """One field of a group id as a label shows it: an unknown value ('-', 'b-') is left out, or said
+    in words where it is what tells the group from another."""
+    if ":" in token and i >= len(_GROUP_FIELDS):  # 'weak:b75', 'strong:g600', 'single:b-'
+        mode, _, batch = token.partition(":")
+        if known(batch[1:]):
+            return token
+        return f"{mode}, no batch size" if differs else mode
+    if known(token):
+        return token
+    return _GROUP_FIELDS[i] if differs and i < len(_GROUP_FIELDS) else ""
+
+
+def group_label_map(group_ids: Iterable[str], sep: str = " · ") -> dict[str, str]:
+    """group_id ('experiment/cluster/backend/model/mode:batch') -> the parts that tell groups apart
+    (every known part when nothing does), joined by `sep`; an unknown part never shows as '-'."""
+    ids = sorted({g for g in group_ids if g})
+    keys = [g.split("/") for g in ids]
+    same = common_tokens(keys) if len(keys) > 1 else set()
+    out = {}
+    for g, k in zip(ids, keys, strict=True):
+        shown = [i for i in range(len(k)) if i not in same] or list(range(len(k)))
+        apart = len(keys) > 1 and bool(set(range(len(k))) - same)
+        out[g] = joined((_group_part(i, k[i], apart and i not in same) for i in shown), sep) or g
+    return out
+
+
+def group_name(group_id: str) -> str:
+    """A group's full name in words, for a sentence about it alone: every known part of its id."""
+    return group_label_map([group_id]).get(group_id, group_id)
 
 
 def assign_groups(rows: list[dict[str, object]]) -> list[Membership]:

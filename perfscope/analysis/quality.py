@@ -9,8 +9,9 @@ import pyarrow as pa
 
 from ..rollups import rank_sums_sql
 from ..store import Store
-from ..words import ordinal
+from ..words import joined, ordinal
 from .fitting import MIN_POINTS
+from .groups import group_name
 from .registry import analysis, run_analysis
 from .scaling import scaling_table
 from .selection import Selection, sql_literal
@@ -255,7 +256,8 @@ def _group_checks(stats: list[dict[str, Any]], scaling: list[dict[str, Any]]) ->
                 _row(
                     "mixed_scaling_mode",
                     "warning",
-                    f"group {gid}: {first['mode_note']}; its runs are not compared as one scaling series.",
+                    f"group {group_name(gid)}: {first['mode_note']}; its runs are not compared as one "
+                    "scaling series.",
                     group_id=gid,
                 )
             )
@@ -265,8 +267,8 @@ def _group_checks(stats: list[dict[str, Any]], scaling: list[dict[str, Any]]) ->
                 _row(
                     "mixed_sources",
                     "warning",
-                    f"group {gid} mixes measured and simulated runs; speedups across them compare "
-                    "a model with a measurement.",
+                    f"group {group_name(gid)} mixes measured and simulated runs; speedups across "
+                    "them compare a model with a measurement.",
                     group_id=gid,
                 )
             )
@@ -289,7 +291,8 @@ def _group_checks(stats: list[dict[str, Any]], scaling: list[dict[str, Any]]) ->
                 _row(
                     "too_few_points",
                     "info",
-                    f"group {gid} has {len(sizes)} world sizes ({', '.join(map(str, sizes))}); "
+                    f"group {group_name(gid)} has {len(sizes)} world sizes "
+                    f"({', '.join(map(str, sizes))}); "
                     f"scaling models need {MIN_POINTS}-5 to be trusted for predictions.",
                     group_id=gid,
                     value=len(sizes),
@@ -311,11 +314,12 @@ def _group_checks(stats: list[dict[str, Any]], scaling: list[dict[str, Any]]) ->
                 )
     for fam, modes in fam_modes.items():
         if len(modes) > 1:
+            where = joined(fam[1:3], ", ")  # cluster and backend, the unknown ones left out
             out.append(
                 _row(
                     "mixed_scaling_mode",
                     "info",
-                    f"experiment {fam[0]} ({fam[1]}, {fam[2]}) holds both weak and strong scaling "
+                    f"experiment {fam[0]}{f' ({where})' if where else ''} holds both weak and strong scaling "
                     "series; they are compared separately.",
                     value=None,
                 )
@@ -344,7 +348,7 @@ def _throttling(util: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> li
                 _row(
                     "throttling",
                     "warning",
-                    f"group {gid}: at N={hi['world_size']} the GPUs were clock-throttled in "
+                    f"group {group_name(gid)}: at N={hi['world_size']} the GPUs were clock-throttled in "
                     f"{share_hi:.0%} of samples (vs {share_lo:.0%} at N={lo['world_size']}) and ran at "
                     f"{clock_drop:.0%} of the SM clock; part of the lost efficiency is power or "
                     "thermal, not scaling.",

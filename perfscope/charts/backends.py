@@ -6,7 +6,8 @@ from __future__ import annotations
 import altair as alt
 import pyarrow as pa
 
-from .rows import data, rows, series_labels, sources, world_size_ticks
+from ..words import known
+from .rows import Row, data, rows, series_labels, sources, world_size_ticks
 from .style import (
     PANEL_HEIGHT,
     PANEL_WIDTH,
@@ -36,21 +37,21 @@ _COLUMNS = (
 PLACES = ("inside one node", "across nodes")
 
 
+def _panel_key(r: Row) -> tuple[str, ...]:
+    """What names a panel: experiment, cluster, model, per-rank batch; an unknown one is left out."""
+    batch = f"b{r['batch_size_per_rank']}" if known(r["batch_size_per_rank"]) else ""
+    return (*(str(v) if known(v) else "" for v in (r["experiment"], r["cluster"], r["model"])), batch)
+
+
 def backend_compare_chart(backend_compare: pa.Table | None) -> ChartLike:
     """Step time of each backend over the best one at the same N (1.0 = the winner), per cluster."""
-    title = "Backends compared: step time relative to the best backend"
+    title = "Step time relative to the best backend"  # narrow panels: a title that fits over them
     values = [r for r in rows(backend_compare, _COLUMNS) if r["ratio_to_best"] is not None]
     if len({r["backend"] for r in values}) < 2:
         return no_data(title, "fewer than two backends at the same world size in this selection")
-    keys = {
-        (r["experiment"] or "", r["cluster"] or "", r["model"] or "", f"b{r['batch_size_per_rank']}")
-        for r in values
-    }
-    panels = series_labels(keys)
+    panels = series_labels({_panel_key(r) for r in values})
     for r in values:
-        r["panel"] = panels[
-            (r["experiment"] or "", r["cluster"] or "", r["model"] or "", f"b{r['batch_size_per_rank']}")
-        ]
+        r["panel"] = panels[_panel_key(r)]
         r["place"] = PLACES[0] if (r["nodes"] or 1) <= 1 else PLACES[1]
         r["step_ms"] = (r["step_ns"] or 0) / 1e6
         r["sync_ms"] = (r["sync_exposed_ns"] or 0) / 1e6

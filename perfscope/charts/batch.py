@@ -9,6 +9,7 @@ from typing import Any
 import altair as alt
 import pyarrow as pa
 
+from ..words import known
 from .rows import Row, data, rows, series_labels, sources
 from .style import (
     PANEL_HEIGHT,
@@ -131,7 +132,10 @@ def metric_curve_chart(metric_curves: pa.Table | None, time_to_metric: pa.Table 
     if not values:
         return no_data(title, "no user metrics recorded in this selection")
     for r in values:
-        r["batch"] = f"{r['global_batch_size']} (N={r['world_size']})"
+        gbs = r["global_batch_size"]
+        r["batch"] = (
+            f"{gbs} (N={r['world_size']})" if known(gbs) else f"batch size unknown (N={r['world_size']})"
+        )
     batches = sorted({(r["global_batch_size"] or 0, r["world_size"] or 0, r["batch"]) for r in values})
     metrics = sorted({r["metric"] for r in values})
     layers_by_metric = []

@@ -12,6 +12,8 @@ import altair as alt
 import pyarrow as pa
 from altair.utils.schemapi import debug_mode
 
+from ..analysis.groups import common_tokens, group_label_map
+
 Row = dict[str, Any]
 
 
@@ -46,18 +48,10 @@ def sources(values: Iterable[Row]) -> set[str]:
     return {str(r.get("source") or "measured") for r in values}
 
 
-def _common_tokens(keys: Sequence[Sequence[str]]) -> set[int]:
-    """Positions where every key has the same token."""
-    if not keys:
-        return set()
-    width = min(len(k) for k in keys)
-    return {i for i in range(width) if len({k[i] for k in keys}) == 1}
-
-
 def series_labels(keys: Iterable[Sequence[str]], *, sep: str = " · ") -> dict[tuple[str, ...], str]:
     """Short labels for series keys: the parts that differ between them (all parts if they never do)."""
     uniq = sorted({tuple(str(p) for p in k) for k in keys})
-    same = _common_tokens(uniq) if len(uniq) > 1 else set()
+    same = common_tokens(uniq) if len(uniq) > 1 else set()
     labels = {}
     for k in uniq:
         parts = [p for i, p in enumerate(k) if i not in same and p]
@@ -65,11 +59,12 @@ def series_labels(keys: Iterable[Sequence[str]], *, sep: str = " · ") -> dict[t
     return labels
 
 
-def group_label_map(group_ids: Iterable[str]) -> dict[str, str]:
-    """group_id ('experiment/cluster/backend/model/mode:batch') -> the parts that tell groups apart."""
-    ids = sorted({g for g in group_ids if g})
-    labels = series_labels([g.split("/") for g in ids], sep=" · ")
-    return {g: labels[tuple(g.split("/"))] for g in ids}
+def group_labels(group_ids: Iterable[str], scaling: Iterable[Row]) -> dict[str, str]:
+    """The name of every group in `group_ids`; groups with a curve in the scaling rows get the short
+    names the charts give them (charts label only those). The report and the dashboard use these."""
+    labels = group_label_map(group_ids)
+    labels.update(group_label_map(multi_point_groups([r for r in scaling if not r.get("mixed")])))
+    return labels
 
 
 def run_label_map(run_ids: Iterable[str]) -> dict[str, str]:

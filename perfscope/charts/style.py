@@ -49,6 +49,8 @@ SERIES_SCHEME: Final = "tableau10"
 IDEAL_COLOUR = "#555555"
 THRESHOLD_COLOUR = "#B22222"
 
+#: px of blank on either side of a chart (see _theme_config): room for a browser's wider font
+TEXT_SLACK = 40
 WIDTH = 460
 HEIGHT = 280
 PANEL_WIDTH = 220
@@ -128,9 +130,10 @@ def source_note(sources: set[str], *, marks: str = "points") -> str:
 def _theme_config() -> dict[str, Any]:
     return {
         "font": FONT,
-        # slack on the right: a browser without Helvetica/Arial draws the SVG's text in a wider font
-        # than vl-convert measured with, and legends sit at the right edge
-        "padding": {"left": 5, "top": 5, "right": 30, "bottom": 5},
+        # slack on both sides: vl-convert lays text out with Arial's widths, and a browser without
+        # Helvetica or Arial (Linux: DejaVu Sans, about 13% wider) draws it wider; y-axis labels grow
+        # leftwards from the axis and legends sit at the right edge, so either side would cut letters
+        "padding": {"left": TEXT_SLACK, "top": 5, "right": TEXT_SLACK, "bottom": 5},
         "view": {"stroke": None},
         "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#e6e6e6"},
         "legend": {"labelFontSize": 11, "titleFontSize": 12, "labelLimit": 260},

@@ -16,6 +16,7 @@ from ..errors import PerfscopeError, StoreError
 from ..explain import explain
 from ..store import Store, open_store
 from ..terminal import format_rows, heading, style, terminal_width, use_colour, wrap
+from ..words import joined, known
 
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
 #: a rank is named slowest when its compute exceeds the fastest rank's by more than this factor
@@ -23,8 +24,11 @@ SLOWEST_MARGIN = 1.05
 #: ANSI: cursor home and clear the screen below it, so a frame overwrites the previous one
 CLEAR = "\x1b[H\x1b[J"
 
+#: the run that wrote a step last, and how many runs have steps (so the screen can say it chose)
 _LATEST_RUN_SQL = """
-SELECT run_id FROM steps GROUP BY run_id ORDER BY max(start_ns + step_ns) DESC, run_id LIMIT 1
+SELECT run_id, count(*) OVER () AS runs
+FROM (SELECT run_id, max(start_ns + step_ns) AS last_end FROM steps GROUP BY run_id)
+ORDER BY last_end DESC, run_id LIMIT 1
 """
 
 # The last `window` steps of each rank: the 'current' step time is their median; the shares are of
@@ -57,6 +61,8 @@ class Frame:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     slowest_rank: int | None = None
     findings: list[tuple[str, str]] = field(default_factory=list)  # (severity, title)
+    #: runs with steps in the store when top chose the run itself (no --run), else None
+    chosen_of: int | None = None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,6 +90,7 @@ def frame(store: Store, *, run_id: str | None, window: int, findings: bool = Tru
         if not latest:
             return f
         run_id = str(latest[0]["run_id"])
+        f.chosen_of = int(latest[0]["runs"])
     f.run_id = run_id
     meta = store.query("SELECT experiment, world_size FROM runs WHERE run_id = ?", [run_id]).to_pylist()
     if meta:
@@ -110,9 +117,22 @@ def render(f: Frame, *, colour: bool, width: int | None = None) -> str:
     if f.run_id is None:
         lines.append("no steps recorded yet; waiting for the job to write its first segment ...")
         return "\n".join(lines)
-    lines.append(
-        wrap(f"run {f.run_id}  experiment {f.experiment or '?'}  world size {f.world_size or '?'}", width)
-    )
+    about = [
+        f"run {f.run_id}",
+        f"experiment {f.experiment}" if known(f.experiment) else None,
+        f"world size {f.world_size}" if known(f.world_size) else None,
+    ]
+    lines.append(wrap(joined(about, "  "), width))
+    if f.chosen_of is not None:  # say which run was picked, and how to see another
+        lines.append(
+            wrap(
+                "the only run in the store"
+                if f.chosen_of == 1
+                else f"the run that wrote a step last, of {f.chosen_of} runs in the store; "
+                "--run RUN_ID shows another",
+                width,
+            )
+        )
     lines.append("")
     header = [
         "rank",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..analysis.groups import group_label_map
 from .finding import SEVERITIES, Evidence, Finding, rank_findings
 
 #: Rules that are one cause seen several ways, root cause first: exposed sync (communication-bound)
@@ -140,12 +141,9 @@ def where(f: Finding) -> str:
 
 
 def short_labels(places: list[str]) -> dict[str, str]:
-    """'exp/cluster/backend/model/mode:b' ids -> the '/'-parts that tell them apart."""
-    parts = [p.split("/") for p in places]
-    if len({len(p) for p in parts}) != 1:
-        return {p: p for p in places}
-    differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
-    return {p: "/".join(q[i] for i in differ) or p for p, q in zip(places, parts, strict=True)}
+    """'exp/cluster/backend/model/mode:b' ids -> the '/'-parts that tell them apart (an unknown part
+    in words, as the report and the dashboard name it, never '-')."""
+    return group_label_map(places, sep="/")
 
 
 def _advice_by_place(found: list[Finding], labels: dict[str, str]) -> str:

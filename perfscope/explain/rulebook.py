@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..analysis.fitting import MIN_POINTS
+from ..analysis.groups import group_name
 from ..words import counted
 from .confidence import (
     FACT_RULES,
@@ -69,6 +70,8 @@ def make_finding(
     numbers: dict[str, Number] | None = None,
     group_id: str | None = None,
 ) -> Finding:
+    if group_id:  # a group by its name in words, never its raw id ('default/-/gloo/Sequential/weak:b-')
+        title, text = (t.replace(group_id, group_name(group_id)) for t in (title, text))
     source = ctx.source_of(run_ids)
     if source != "measured":
         # Simulated runs are always marked, wherever they appear.

@@ -28,7 +28,7 @@ from .. import __version__
 from ..analysis import ANALYSES, DEFINITIONS, Selection, run_analysis
 from ..errors import PerfscopeError
 from ..explain import explain
-from ..output import check_output_file, output_folder, write_output
+from ..output import check_output_file, csv_text, output_folder, write_output
 from ..store import Store
 from .model import Finding, Report
 from .sections import ANALYSES_USED, build_sections, context
@@ -232,9 +232,7 @@ def export_tables(
         path = folder / f"{name}.{table_format}"
         buf = io.BytesIO()
         if table_format == "csv":
-            import pyarrow.csv as pacsv
-
-            pacsv.write_csv(table, buf)
+            buf.write(csv_text(table).encode())  # quoted only where needed, as DuckDB and psql write CSV
         else:
             import pyarrow.parquet as pq
 

@@ -187,8 +187,8 @@ def _bytes(v: float) -> str:
 
 def format_value(column: str, value: Any) -> str:
     """A value as the report prints it; the unit follows from the column name (docs/analysis.md)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return "–"  # a cell nobody recorded (an empty cluster name too): the same dash as a NULL
     if isinstance(value, bool):
         return "yes" if value else "no"
     if not isinstance(value, (int, float)):

@@ -12,10 +12,10 @@ import pyarrow as pa
 
 from ..analysis.selection import SOURCES
 from ..charts import CHARTS
-from ..charts.rows import group_label_map, multi_point_groups, natural_key, rows
+from ..charts.rows import group_labels, natural_key, rows
 from ..explain.finding import Finding as ExplainFinding
 from ..explain.rules_compute import LOW_LOAD_BALANCE, STRAGGLER_WAIT_SHARE
-from ..words import counted, plural
+from ..words import counted, joined, known, plural
 from .model import (
     ChartBlock,
     Column,
@@ -159,7 +159,9 @@ def _span(values: list[int]) -> str:
 
 
 def _joined(items: Iterable[Any]) -> str:
-    return ", ".join(str(i) for i in sorted(set(items), key=lambda v: natural_key(str(v))))
+    """The distinct known values, in natural order; an unknown one (None, '', '-') is left out."""
+    names: list[str] = sorted({str(i) for i in items if known(i)}, key=natural_key)
+    return joined(names, ", ")
 
 
 # ---- sections -----------------------------------------------------------------------------------
@@ -172,14 +174,24 @@ def overview(ctx: Context) -> Section:
     sim = sum(1 for r in runs if r["source"] == "simulated")
     s.blocks.append(
         [
-            f"{counted(len(runs), 'run')} of {_joined(r['experiment'] for r in runs)}"
+            counted(len(runs), "run")
+            + (f" of {names}" if (names := _joined(r["experiment"] for r in runs)) else "")
             + (f"; {sim} of them simulated (not measured)." if sim else ", all measured.")
         ]
     )
     last = _largest(scaling)
-    if last:
-        best = max(last, key=lambda r: r["per_gpu_speedup"] or 0)
-        worst = min(last, key=lambda r: r["per_gpu_speedup"] or 0)
+    speedups = [r for r in last if r["per_gpu_speedup"] is not None]
+    if last and not speedups:
+        s.blocks.append(
+            [
+                f"Per-{ctx.unit} speedup is unknown: throughput needs the samples of each step, and these "
+                "runs recorded none (give the batch size: profile(batch_size=...) or perfscope run "
+                "--batch-size)."
+            ]
+        )
+    if speedups:
+        best = max(speedups, key=lambda r: r["per_gpu_speedup"])
+        worst = min(speedups, key=lambda r: r["per_gpu_speedup"])
         if best is worst:
             s.blocks.append(
                 [
@@ -198,6 +210,7 @@ def overview(ctx: Context) -> Section:
                     f" ({best['group']}, N = {best['world_size']}).",
                 ]
             )
+    if last:
         s.blocks.append(
             _table(
                 "scaling",
@@ -261,7 +274,7 @@ def setup(ctx: Context) -> Section:
                 if ctx.unit == "rank" or str(device).lower() != "cpu"
                 else None,
                 "world_sizes": _joined(r["world_size"] for r in rs),
-                "batch_sizes_per_rank": _joined(r["batch_size_per_rank"] for r in rs),
+                "batch_sizes_per_rank": _joined(r["batch_size_per_rank"] for r in rs) or None,
                 "runs": len(rs),
                 "source": _joined(r["source"] for r in rs),
             }
@@ -483,6 +496,12 @@ def lost_time(ctx: Context) -> Section:
     return s
 
 
+def _where(fit: dict[str, Any]) -> str:
+    """' (cluster · backend)' of a fit, the unknown parts left out."""
+    where = joined((fit["cluster"], fit["backend"]))
+    return f" ({where})" if where else ""
+
+
 def sync(ctx: Context) -> Section:
     s = Section("sync", "Gradient synchronisation", definitions=("busbw", "alpha-beta"))
     values = _with_group(ctx, ctx.rows("sync"))
@@ -510,14 +529,14 @@ def sync(ctx: Context) -> Section:
         para: list[Any] = [f"{where} the fitted allreduce bandwidth 1/β is "]
         if lo is hi:
             para += [Num(lo["bandwidth_gb_per_s"], "allreduce_fit", "bandwidth_gb_per_s", lo["fit_key"])]
-            para += [f" ({lo['cluster']} · {lo['backend']}), latency α "]
+            para += [f"{_where(lo)}, latency α "]
             para += [Num(lo["alpha_s"], "allreduce_fit", "alpha_s", lo["fit_key"]), "."]
         else:
             para += [
                 Num(lo["bandwidth_gb_per_s"], "allreduce_fit", "bandwidth_gb_per_s", lo["fit_key"]),
-                f" ({lo['cluster']} · {lo['backend']}) to ",
+                f"{_where(lo)} to ",
                 Num(hi["bandwidth_gb_per_s"], "allreduce_fit", "bandwidth_gb_per_s", hi["fit_key"]),
-                f" ({hi['cluster']} · {hi['backend']}).",
+                f"{_where(hi)}.",
             ]
         s.blocks.append(para)
     s.blocks.append(
@@ -763,8 +782,7 @@ def communication(ctx: Context) -> Section | None:
     s = Section(
         "communication", "Communication by op and role", definitions=("comm-patterns", "pipeline", "pserver")
     )
-    waits = sorted(ops, key=lambda r: -(r["exposed_ns_per_step"] or 0))
-    run_id = waits[0]["run_id"]
+    run_id, why = _story_run(ctx, {r["run_id"] for r in ops})
     s.blocks.append(
         [
             "Every torch.distributed call made inside the profile is recorded: its total time (issue to "
@@ -773,9 +791,39 @@ def communication(ctx: Context) -> Section | None:
             "worker's push and pull wait on a parameter server."
         ]
     )
-    s.blocks.append(ctx.chart("comm_ops", run_id=run_id))
-    s.blocks.append(ctx.chart("comm_roles", run_id=run_id))
+    caption = f"run {run_id}, {why}"
+    s.blocks.append(ctx.chart("comm_ops", caption, run_id=run_id))
+    s.blocks.append(ctx.chart("comm_roles", caption, run_id=run_id))
     return s
+
+
+def _story_run(ctx: Context, candidates: set[str]) -> tuple[str, str]:
+    """Which of `candidates` a one-run figure shows, and why in words: the run the highest-ranked
+    finding names (its largest world size), else the largest world size of the group the findings
+    are about, else of all candidates."""
+    sizes = {r["run_id"]: r["world_size"] or 0 for r in ctx.rows("run_summary", ("run_id", "world_size"))}
+    groups = {r["run_id"]: r["group_id"] for r in ctx.rows("scaling", ("run_id", "group_id"))}
+
+    def largest(runs: Iterable[str]) -> str | None:
+        return max(sorted(runs), key=lambda r: sizes.get(r, 0), default=None)
+
+    def at(run: str) -> str:
+        return f" (N = {sizes[run]})" if sizes.get(run) else ""
+
+    for f in ctx.findings:
+        named = largest(r for r in f.run_ids if r in candidates)
+        if named is not None:
+            return named, f"the run finding {f.rank} is about{at(named)}"
+    for f in ctx.findings:
+        in_group = largest(r for r in candidates if f.group_id and groups.get(r) == f.group_id)
+        if in_group is not None:
+            return (
+                in_group,
+                f"the largest world size of {ctx.label(f.group_id)}, which finding {f.rank} is about",
+            )
+    chosen = largest(candidates)
+    assert chosen is not None
+    return chosen, f"the largest world size among the runs with communication{at(chosen)}"
 
 
 def batch(ctx: Context) -> Section | None:
@@ -1010,10 +1058,7 @@ def context(tables: Tables, findings: list[Finding], found: Iterable[ExplainFind
     group_ids = set()
     for name in ("scaling", "sync", "utilisation", "pop", "scaling_model", "scaling_prediction"):
         group_ids |= {r["group_id"] for r in rows(tables.get(name), ["group_id"]) if r["group_id"]}
-    labels = group_label_map(group_ids)
-    # the groups with a curve get the short names the charts give them (charts label only those)
-    curves = [r for r in rows(tables.get("scaling"), ["group_id", "world_size", "mixed"]) if not r["mixed"]]
-    labels.update(group_label_map(multi_point_groups(curves)))
+    labels = group_labels(group_ids, rows(tables.get("scaling"), ["group_id", "world_size", "mixed"]))
     unit = device_unit(r["device_model"] for r in rows(tables.get("run_summary"), ["device_model"]))
     fired = [(rank, f) for rank, top in enumerate(found, start=1) for f in top.flatten()]
     return Context(tables, findings, labels, unit, fired)
