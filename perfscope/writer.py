@@ -120,6 +120,9 @@ _NUMPY_DTYPES = {
 }
 
 
+_BOOL = pa.bool_()
+
+
 def _validity(values: list[Any]) -> Any:
     """The validity bitmap of `values` (a None is a NULL)."""
     mask = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
@@ -148,6 +151,13 @@ def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
         except (TypeError, ValueError, OverflowError):
             return pa.array(values, type=typ)
         return pa.Array.from_buffers(typ, n, [_validity(values), pa.py_buffer(arr)])
+    if typ == _BOOL and all(v.__class__ is bool or v is None for v in values):
+        # comm.is_async: through pa.array, a run's first comm rows imported pandas on the writer's
+        # thread (0.4 s of CPU holding the GIL; 3 s and more on a loaded machine: rows that late
+        # were lost to a SIGKILL)
+        bits = np.packbits(np.fromiter((v is True for v in values), dtype=bool, count=n), bitorder="little")
+        valid = _validity(values) if None in values else None
+        return pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(bits)])
     if typ == pa.string():
         first = values[0] if n else None
         if type(first) is str and values.count(first) == n:  # one value throughout: a clock kind, a host

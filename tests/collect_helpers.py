@@ -179,6 +179,7 @@ def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) 
     except RuntimeError as exc:  # a peer died: the collective fails, our side must finish cleanly
         out["error"] = type(exc).__name__
     out["grad_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    if out["error"] is None:
-        dist.destroy_process_group()
+    # a peer's death included: a process group left to the interpreter's exit can abort it
+    # ("terminate called without an active exception") with gloo's threads still running
+    dist.destroy_process_group()
     return out

@@ -62,3 +62,31 @@ def test_sigkill_loses_at_most_one_roll_interval(tmp_path: Path) -> None:
     assert result.live_sealed and not list(tmp_path.rglob("*.arrows"))
     with open_store(tmp_path) as store:
         assert store.query("SELECT step FROM steps ORDER BY step").column("step").to_pylist() == steps
+
+
+FIRST_ROWS = textwrap.dedent(
+    """
+    import sys
+    from perfscope.writer import StoreWriter
+    comm = (0, 1, 0, "send", None, 8, 1, 2, "host", 1, 2, 2, None, "forward")
+    with StoreWriter(sys.argv[1], "first", roll_interval_s=60) as w:
+        for seq, is_async in enumerate((False, True, None)):
+            w.append("comm", comm[:2] + (seq,) + comm[3:12] + (is_async,) + comm[13:])
+        w.flush()
+        print("pandas" in sys.modules, flush=True)
+    """
+)
+
+
+def test_a_runs_first_rows_are_written_without_importing_pandas(tmp_path: Path) -> None:
+    """The writer's thread builds a run's first rows, comm's booleans included, from buffers:
+    pa.array imports pandas, 0.4 s of CPU holding the GIL, and 3 s and more of a loaded 2-core
+    machine's time, during which the rows of every step waited and a SIGKILL lost them."""
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_ROWS, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"], "pandas was imported to write the first rows"
+    with open_store(tmp_path) as store:
+        got = store.query("SELECT seq, is_async FROM comm ORDER BY seq").to_pylist()
+    assert got == [{"seq": 0, "is_async": False}, {"seq": 1, "is_async": True}, {"seq": 2, "is_async": None}]
