@@ -17,6 +17,7 @@ from perfscope.charts.compare import (
     scaling_compare_chart,
 )
 from perfscope.charts.rows import group_label_map, rows
+from perfscope.words import known
 
 from .state import Context
 from .widgets import chart, definition_note, no_runs
@@ -95,6 +96,11 @@ def _default_pair(runs: list[dict[str, Any]]) -> tuple[int, int]:
     return best or (0, min(1, len(runs) - 1))
 
 
+def _said(value: Any) -> str:
+    """A setting's value in words: one nobody recorded says so, never 'None'."""
+    return str(value) if known(value) else "not recorded"
+
+
 def _runs(ctx: Context, summary: pa.Table) -> None:
     runs = rows(summary)
     ids = [r["run_id"] for r in runs]
@@ -110,7 +116,7 @@ def _runs(ctx: Context, summary: pa.Table) -> None:
                 for k, v in r.items():
                     merged[r["run_id"]].setdefault(k, v)
     ra, rb = merged[a], merged[b]
-    differs = [f"{k}: {ra.get(k)} → {rb.get(k)}" for k in SETTINGS if ra.get(k) != rb.get(k)]
+    differs = [f"{k}: {_said(ra.get(k))} → {_said(rb.get(k))}" for k in SETTINGS if ra.get(k) != rb.get(k)]
     if a == b:
         st.info("Pick two different runs.", icon=":material/compare_arrows:")
     elif differs:

@@ -318,3 +318,15 @@ def test_communication_section_shows_the_findings_run(tmp_path: Path) -> None:
         assert f"run b-slow-n4, the run finding {first.rank} is about (N = 4)" in f.caption
         spec = json.dumps(f.chart.to_dict())
         assert "b-slow-n4" in spec and "a-calm-n2" not in spec
+
+
+def test_dashboard_compare_says_an_unrecorded_setting_in_words(tmp_path: Path) -> None:
+    _unknowns(tmp_path)
+    _plain_ddp(tmp_path, "batch32-n2", cluster="", batch_size_per_rank=32)
+    at = clean(open_page(tmp_path, "compare"))
+    at.selectbox(key="compare_a").set_value("nobatch-n2")
+    at.selectbox(key="compare_b").set_value("batch32-n2")
+    at = clean(at.run())
+    said = [m.value for m in at.markdown if m.value.startswith("**A and B differ in**")]
+    assert said and "`batch_size_per_rank: not recorded → 32`" in said[0]
+    assert not _placeholders(said[0])
