@@ -124,13 +124,15 @@ def test_bucket_durations_exclude_queueing_and_match_the_jobs_own_timing(tmp_pat
         assert len(inner) == len(outer) == len(rows) == steps[(rank, step)]["comm_count"], (rank, step)
         total = steps[(rank, step)]["comm_total_ns"]
         assert total == sum(r["dur_ns"] for r in rows)
-        # (a) buckets on one group run one after another: together they fit inside the step
-        assert total <= steps[(rank, step)]["step_ns"]
-        # (b) first bucket ready to last bucket done, between the job's inner and outer spans
+        # (a) first bucket ready to last bucket done, between the job's inner and outer spans
         span = max(r["start_ns"] + r["dur_ns"] for r in rows) - min(r["start_ns"] for r in rows)
         inner_span = max(d for _, d in inner) - min(t for t, _ in inner)
         outer_span = max(d for _, d in outer) - min(t for t, _ in outer)
         assert inner_span <= span <= outer_span, (rank, step, inner_span, span, outer_span)
+        # (b) buckets on one group run one after another: together they fit in that span. (Not
+        # always in the step: DDP's reducer wakes from a bucket's future before the future runs
+        # its callbacks, so under load the last done is noted after the step ended.)
+        assert total <= span, (rank, step, total, span, steps[(rank, step)]["step_ns"])
         # (c) each bucket's transfer, the definition applied to the job's readings: the shortest
         # it can be (ready and the previous done late, done early) to the longest
         for k, row in enumerate(rows):
