@@ -35,7 +35,11 @@ class Model(L.LightningModule):
         x, y = batch
         loss = nn.functional.cross_entropy(self.net(x), y)
         self.log("train_loss", loss)
+        self.log("mean_loss", loss, on_step=False, on_epoch=True, sync_dist=True)  # reduced over ranks
         return loss
+
+    def on_train_epoch_end(self):
+        self.all_gather(torch.ones(1))  # a collective of the module's own, on every rank
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -91,6 +95,10 @@ def test_lightning_ddp_two_ranks_with_accumulation(tmp_path: Path) -> None:
         assert {f["n"] for f in fwd if f["step"] < 4} == {2}  # two micro-batches in every step
         logged = store.query("SELECT rank, step FROM metrics WHERE name = 'train_loss'").to_pylist()
         assert sorted((r["rank"], r["step"]) for r in logged) == [(0, 0), (0, 1), (0, 2), (0, 3)]  # rank 0's
+        # the epoch value reduced over both ranks (sync_dist) is read once every rank has reduced it:
+        # reading it first on rank 0 alone would pair its collective with the module's all_gather
+        (mean,) = store.query("SELECT rank, value FROM metrics WHERE name = 'mean_loss'").to_pylist()
+        assert mean["rank"] == 0 and 0 < mean["value"] < 5
     assert main(["analyze", str(tmp_path / "S")]) == 0
     # rank 0 sent the run to TensorBoard once every rank had finished: both ranks' steps are in it
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

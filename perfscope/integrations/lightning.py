@@ -12,13 +12,13 @@ What the module logs with `self.log` / `self.log_dict` is recorded on global ran
 metrics, under the names Lightning gives them (`train_loss`, `train_acc_step`, `train_acc_epoch`,
 `val_loss` ...): step-level values at the end of every optimizer step (every step, whatever
 `log_every_n_steps`; under accumulation the last batch's value, as Lightning's loggers get it),
-epoch-level ones when Lightning has reduced them (the end of a training epoch, of a validation run;
-the sanity check's are not recorded). On a GPU, reading a step's logged tensors at its end waits
+epoch-level ones once Lightning has reduced them on every rank (a training epoch's at the next
+epoch's start or the end of training, a validation run's at its end; the sanity check's are not
+recorded). On a GPU, reading a step's logged tensors at its end waits
 for its kernels, as `prof.log` with tensors does: `record_logged=False` leaves them out."""
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -50,7 +50,7 @@ class PerfscopeCallback(Callback):
         self.export_to = export_to
         self.export_destination = export_destination
         self.step_names: set[str] = set()  # metrics recorded at step ends
-        self.epoch_values: dict[str, float] = {}  # the last value recorded of every other metric
+        self.seen: dict[str, Any] = {}  # trainer.logged_metrics at the last look
         self.logged_on = record_logged  # off after a failure too
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -85,10 +85,7 @@ class PerfscopeCallback(Callback):
             self.cursor.move("data")
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self.record_logged(trainer, "late")
-
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self.record_logged(trainer, "epoch")
+        self.record_logged(trainer, "epoch")  # the last epoch's reduced values
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.cursor.move(None)  # validation is not the data wait of the next step
@@ -98,31 +95,31 @@ class PerfscopeCallback(Callback):
             self.record_logged(trainer, "epoch")
 
     def record_logged(self, trainer: Any, level: str) -> None:
-        """Record on global rank 0 the scalars the module logged that Lightning produced at this
-        hook. `trainer.logged_metrics` keeps every value logged so far and makes anew (a new
-        tensor on each read) only those of the loop in progress at the level it is at (its step
-        values after a batch, its reduced values at an epoch's end), so what two reads give as
-        different objects is this hook's. `late`: epoch-level values logged after this callback's
-        hook (in the module's own on_train_epoch_end), found at the next epoch's start or the end."""
+        """Record on global rank 0 the scalars the module logged that are new since the last look.
+
+        `trainer.logged_metrics` holds every value logged so far. After a batch it makes the
+        batch's step values anew (a new tensor on each read), so what two reads give as different
+        objects is this step's (`step`). Epoch values (a training epoch's reduced ones, those logged
+        in the module's epoch-end hooks, a validation run's means) are put in by Lightning at the
+        epoch's end: what is not the object seen at the last look is new (`epoch`). They are read
+        at the next epoch's start, at the end of a validation run and of training, once Lightning
+        has reduced them on every rank: reading them first on rank 0 alone would run its sync_dist
+        collective out of order with the other ranks'."""
         if not self.logged_on or not self.cursor.live or not trainer.is_global_zero:
             return
         try:
             before = dict(trainer.logged_metrics)
             now = trainer.logged_metrics
-            if level == "late":
+            if level == "step":
+                values = {k: v for k, v in now.items() if v is not before.get(k) and _numel(v) == 1}
+                self.step_names.update(values)
+            else:
                 values = {
                     k: v
                     for k, v in now.items()
-                    if k not in self.step_names and _scalar(v) is not None
-                    and not _same(_scalar(v), self.epoch_values.get(k))
+                    if k not in self.step_names and v is not self.seen.get(k) and _numel(v) == 1
                 }  # fmt: skip
-            else:
-                values = {k: v for k, v in now.items() if v is not before.get(k) and _numel(v) == 1}
-            if level == "step":
-                self.step_names.update(values)
-            else:  # epoch boundaries: reading the values now costs nothing
-                values = {k: x for k, v in values.items() if (x := _scalar(v)) is not None}
-                self.epoch_values.update(values)
+            self.seen = dict(now)
             if values:
                 self.cursor.log(**values)
         except Exception as exc:
@@ -134,7 +131,7 @@ class PerfscopeCallback(Callback):
             )
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.record_logged(trainer, "late")
+        self.record_logged(trainer, "epoch")
         prof = self.cursor.prof
         run_id, rank = (prof.run_id, prof.rank) if prof is not None else (None, -1)
         self.cursor.close()
@@ -157,11 +154,3 @@ def _numel(value: Any) -> int:
         return 1
     numel = getattr(value, "numel", None)
     return int(numel()) if callable(numel) else 0
-
-
-def _scalar(value: Any) -> float | None:
-    return float(value) if _numel(value) == 1 else None
-
-
-def _same(a: float | None, b: float | None) -> bool:
-    return a is not None and b is not None and (a == b or (math.isnan(a) and math.isnan(b)))
