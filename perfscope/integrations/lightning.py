@@ -104,8 +104,9 @@ class PerfscopeCallback(Callback):
         epoch's end: what is not the object seen at the last look is new (`epoch`). They are read
         at the next epoch's start, at the end of a validation run and of training, once Lightning
         has reduced them on every rank: reading them first on rank 0 alone would run its sync_dist
-        collective out of order with the other ranks'."""
-        if not self.logged_on or not self.cursor.live or not trainer.is_global_zero:
+        collective out of order with the other ranks'. So every rank reads (what Lightning computes
+        on a read, it computes on all of them alike) and rank 0 records."""
+        if not self.logged_on or self.cursor.prof is None:  # alike on every rank
             return
         try:
             before = dict(trainer.logged_metrics)
@@ -120,7 +121,7 @@ class PerfscopeCallback(Callback):
                     if k not in self.step_names and v is not self.seen.get(k) and _numel(v) == 1
                 }  # fmt: skip
             self.seen = dict(now)
-            if values:
+            if values and trainer.is_global_zero and self.cursor.live:
                 self.cursor.log(**values)
         except Exception as exc:
             self.logged_on = False
