@@ -184,7 +184,7 @@ def test_a_huge_result_streams_to_the_file(demo: Path, tmp_path: Path) -> None:
         == 0
     )
     lines = out.read_text().splitlines()
-    assert lines[0] == '"i"' and len(lines) == 300001 and lines[-1] == "299999"
+    assert lines[0] == "i" and len(lines) == 300001 and lines[-1] == "299999"
     out = tmp_path / "big.parquet"
     assert (
         main(
