@@ -16,7 +16,10 @@ import pyarrow as pa
 #: Version 2: every torch.distributed call is recorded (`comm` gains peer, group_size, exposed_ns,
 #: is_async, phase; `ranks` gains role), and a step's phase columns no longer hold the exposed
 #: communication recorded inside them (`comm.exposed_ns` by `comm.phase` holds it).
-SCHEMA_VERSION = 2
+#: Version 3: the parallel layout: `runs` gains dp/pp/tp/cp sizes, `ranks` each rank's coordinates
+#: (dp_rank, pp_stage, tp_rank, cp_rank), `comm` the process group a call ran on (group_ranks) and the
+#: framework's name for it (name). Older stores read them as NULL.
+SCHEMA_VERSION = 3
 #: Oldest version this reader can migrate: columns added since read as their `migrated` value.
 MIN_READABLE_VERSION = 1
 
@@ -141,8 +144,12 @@ RUNS = Table(
             s,
             "",
             "where a measured run came from: NULL for perfscope's collector, else the imported "
-            "format ('kineto', 'nsys', 'horovod', 'nccl-tests')",
+            "format ('kineto', 'nsys', 'horovod', 'nccl-tests', 'op-table')",
         ),
+        _c("dp_size", i32, "", "data-parallel degree; NULL when the layout is unknown", since=3),
+        _c("pp_size", i32, "", "pipeline stages; NULL when the layout is unknown", since=3),
+        _c("tp_size", i32, "", "tensor-parallel degree; NULL when the layout is unknown", since=3),
+        _c("cp_size", i32, "", "context-parallel degree; NULL when the layout is unknown", since=3),
     ),
 )
 
@@ -203,6 +210,10 @@ RANKS = Table(
             "logical CPUs the rank's process may run on (its CPU affinity); NULL where the OS does not say",
             since=2,
         ),
+        _c("dp_rank", i32, "", "data-parallel rank; NULL when the layout is unknown", since=3),
+        _c("pp_stage", i32, "", "pipeline stage, from 0; NULL when the layout is unknown", since=3),
+        _c("tp_rank", i32, "", "tensor-parallel rank; NULL when the layout is unknown", since=3),
+        _c("cp_rank", i32, "", "context-parallel rank; NULL when the layout is unknown", since=3),
     ),
 )
 
@@ -325,6 +336,22 @@ COMM = Table(
             "optimizer; 'other' outside them): its exposed time left that phase's steps column for "
             "sync_exposed_ns. NULL for DDP buckets and Horovod",
             since=2,
+        ),
+        _c(
+            "group_ranks",
+            s,
+            "",
+            "the process group the call ran on: its members' global ranks, ascending, comma-separated "
+            "(a point-to-point transfer: both sides); NULL when not recorded (match by group_size then)",
+            since=3,
+        ),
+        _c(
+            "name",
+            s,
+            "",
+            "the framework's name for the call (Megatron-LM's 'grads-reduce-scatter', 'forward-send' "
+            "...); NULL when only the torch.distributed function is known",
+            since=3,
         ),
     ),
 )

@@ -35,6 +35,7 @@ from . import (  # noqa: F401  isort: skip
     contention,
     comm_patterns,
     rank_timeline,
+    what_if,
 )
 
 __all__ = [

@@ -23,6 +23,10 @@ IMPORTERS: dict[str, tuple[str, str]] = {
         "nccl_tests",
         "nccl-tests output (all_reduce_perf ...): a cluster's reference bus bandwidth",
     ),
+    "op-table": (
+        "op_table",
+        "a 3D-parallel job's op table (the straggler study's columns, Parquet or CSV); --meta or --dp/--pp",
+    ),
 }
 
 

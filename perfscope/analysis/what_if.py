@@ -1,0 +1,429 @@
+"""What-if analysis of 3D-parallel runs: what each step would take without each slow worker, stage or
+op type (DESIGN.md, "Parallel layout and what-if"; the method of the public straggler study).
+
+For every run whose ranks have coordinates (ranks.dp_rank, pp_stage) and op-level rows (spans of
+depth 1 and comm rows), each step's dependency graph is built from what was recorded:
+
+- each rank's ops in recorded order: an op waits for the latest op of its rank that ended before it
+  started (ops that overlap, a compute and a transfer on another stream, run side by side), plus the
+  launch gap recorded between the two;
+- a point-to-point send and its recv (the k-th send from a to b with the k-th recv on b from a), the
+  transfers one rank launched together (same start: Megatron-LM's batched send/recv), and the members
+  of a collective (the k-th call of the same name on the same process group, comm.group_ranks) make
+  one sync group: none ends before its last member enters; each member then takes its own recorded
+  transfer time (its end − the last member's entry).
+
+Replaying the graph with the recorded times gives the recorded step (the replay error is reported).
+The ideal step replays every op with the typical (median) time and launch gap of the same op (same
+name, same position in the step) at its data-parallel peers and pipeline stages in that step: what a
+balanced job without a slow worker would do. Attribution replays the ideal with one worker's (dp rank
+at a stage, all its tensor and context ranks), one stage's or one op type's ops as recorded.
+Everything is vectorised: the graph is replayed level by level, linear in the number of ops.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..store import Store
+from .registry import DEFINITIONS, analysis
+from .selection import Selection
+from .steady import runs_table
+
+DEFINITIONS.setdefault(
+    "what-if",
+    "What-if: each step's dependency graph (each rank's ops in recorded order; a recv cannot end before "
+    "its send starts; a collective ends on every member no earlier than its last member enters) "
+    "replayed with recorded times (replay error = mean |replayed − recorded| / recorded step time) and "
+    "with ideal ones (each op's time = the median of the same op at its data-parallel peers and "
+    "pipeline stages in the same step). Slowdown S = mean actual / mean ideal step time; S_x = the "
+    "same with only x's ops (a worker, a stage, an op type) as recorded; a share of the excess is "
+    "(S_x − 1)/(S − 1). Cause: slow-worker (one worker's share ≥ 1/2 in most steps, its dp peers' "
+    "not), stage-imbalance (one stage's share ≥ 1/2, every other's ≤ 0.1, its compute longer at every "
+    "dp rank), data-imbalance (compute of the same op varies across dp ranks with no fixed slowest), "
+    "or none (S < 1.03).",
+)
+
+#: slowdown under which a run has no straggler worth naming (the study's decomposition threshold)
+NONE_BELOW = 1.03
+#: a share of the excess that "explains most of it"
+MAJOR_SHARE = 0.5
+#: a stage's share that counts as small beside the imbalanced one
+MINOR_SHARE = 0.1
+#: compute of one op differs across dp ranks beyond noise (median relative spread)
+DATA_SPREAD = 0.05
+#: a dp rank slowest in more than this share of (step, stage) cells is a fixed worker
+FIXED_SLOWEST = 0.6
+#: a stage's compute is longer than the median stage's by this much to count as longer
+LONGER = 0.02
+
+
+@dataclass
+class Graph:
+    n: int
+    step_code: np.ndarray  # step index per op (0..steps-1)
+    step_start: np.ndarray  # per step: earliest recorded start (ns, float)
+    recorded_step: np.ndarray  # per step: recorded step time (ns)
+    pred: np.ndarray  # per op: previous op on its rank, or -1
+    levels: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (ops, node starts in ops, node of op)
+    x: np.ndarray  # recorded time per op (duration, or transfer after the last member's entry)
+    gap: np.ndarray  # recorded launch gap per op
+
+
+def _codes(*cols: np.ndarray) -> np.ndarray:
+    """One int code per distinct row of the columns."""
+    keys = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+    return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Connected components of ops linked by edges (a, b): a label per op (vectorised union-find)."""
+    lab = np.arange(n)
+    if len(a) == 0:
+        return lab
+    while True:
+        m = np.minimum(lab[a], lab[b])
+        before = lab.copy()
+        np.minimum.at(lab, a, m)
+        np.minimum.at(lab, b, m)
+        lab = lab[lab]
+        if np.array_equal(lab, before):
+            return lab
+
+
+def _group_edges(code: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges linking every valid op to the first op of the same code."""
+    idx = np.flatnonzero(valid)
+    if len(idx) == 0:
+        return idx, idx
+    c = code[idx]
+    first: dict[int, int] = {}
+    uniq, first_pos = np.unique(c, return_index=True)
+    first = dict(zip(uniq.tolist(), idx[first_pos].tolist(), strict=True))
+    reps = np.array([first[v] for v in c.tolist()], dtype=np.int64)
+    return idx, reps
+
+
+def _medians(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per element: the median of `values` over its group."""
+    order = np.lexsort((values, group))
+    g, v = group[order], values[order]
+    counts = np.bincount(g)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    med = (v[starts + (counts - 1) // 2] + v[starts + counts // 2]) / 2.0
+    return med[group]
+
+
+def build(cols: dict[str, np.ndarray]) -> Graph | None:
+    """The dependency graph of one run's ops (sorted by step, rank, start), or None when cyclic."""
+    n = len(cols["rank"])
+    step, rank = cols["step"], cols["rank"]
+    start, dur = cols["start_ns"].astype(np.float64), cols["dur_ns"].astype(np.float64)
+    end = start + dur
+    steps, step_code = np.unique(step, return_inverse=True)
+    step_start = np.full(len(steps), np.inf)
+    np.minimum.at(step_start, step_code, start)
+    step_end = np.zeros(len(steps))
+    np.maximum.at(step_end, step_code, end)
+
+    # previous op on the rank: the latest end at or before this op's start, among ops before it
+    pred = np.full(n, -1, dtype=np.int64)
+    lane = _codes(step_code, rank)
+    bounds = np.flatnonzero(np.diff(lane)) + 1
+    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [n]]), strict=True):
+        ends = end[lo:hi]
+        by_end = np.argsort(ends, kind="stable")
+        pos = np.searchsorted(ends[by_end], start[lo:hi], side="right") - 1
+        for k in range(hi - lo):  # ties (zero-length ops at this very start) step back to earlier ops
+            p = pos[k]
+            while p >= 0 and by_end[p] >= k:
+                p -= 1
+            if p >= 0:
+                pred[lo + k] = lo + by_end[p]
+    base = np.where(pred >= 0, end[np.maximum(pred, 0)], step_start[step_code])
+    gap = np.maximum(start - base, 0.0)
+
+    # sync groups: p2p pairs, batched transfers, collectives
+    peer, is_send, grp, name, nth, pnth = (cols[k] for k in ("peer", "is_send", "grp", "name", "nth", "pnth"))
+    p2p = peer >= 0
+    src = np.where(is_send, rank, peer)
+    dst = np.where(is_send, peer, rank)
+    a1, b1 = _group_edges(_codes(step_code, src, dst, pnth), p2p)
+    a2, b2 = _group_edges(_codes(step_code, rank, start.astype(np.int64)), p2p)
+    coll = (grp >= 0) & ~p2p
+    a3, b3 = _group_edges(_codes(step_code, grp, name, nth), coll)
+    comp = _components(n, np.concatenate([a1, a2, a3]), np.concatenate([b1, b2, b3]))
+    enter_max = np.full(n, -np.inf)
+    np.maximum.at(enter_max, comp, start)
+    x = np.maximum(end - enter_max[comp], 0.0)
+
+    # topological levels of the groups (Kahn), then ops grouped by level and group
+    nodes, node = np.unique(comp, return_inverse=True)
+    n_nodes = len(nodes)
+    has = pred >= 0
+    e_from, e_to = node[pred[has]], node[has]
+    keep = e_from != e_to
+    e_from, e_to = e_from[keep], e_to[keep]
+    order = np.argsort(e_from, kind="stable")
+    e_from, e_to = e_from[order], e_to[order]
+    out_start = np.searchsorted(e_from, np.arange(n_nodes + 1))
+    indeg = np.bincount(e_to, minlength=n_nodes)
+    level = np.zeros(n_nodes, dtype=np.int64)
+    queue = deque(np.flatnonzero(indeg == 0).tolist())
+    seen = 0
+    e_to_l = e_to.tolist()
+    out_l = out_start.tolist()
+    indeg_l = indeg.tolist()
+    level_l = level.tolist()
+    while queue:
+        u = queue.popleft()
+        seen += 1
+        for j in range(out_l[u], out_l[u + 1]):
+            v = e_to_l[j]
+            if level_l[u] + 1 > level_l[v]:
+                level_l[v] = level_l[u] + 1
+            indeg_l[v] -= 1
+            if indeg_l[v] == 0:
+                queue.append(v)
+    if seen != n_nodes:
+        return None
+    op_level = np.asarray(level_l, dtype=np.int64)[node]
+    by = np.lexsort((node, op_level))
+    lv_bounds = np.flatnonzero(np.diff(op_level[by])) + 1
+    levels = []
+    for ops in np.split(by, lv_bounds):
+        nd = node[ops]
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(nd)) + 1])
+        levels.append((ops, starts, np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(ops))))))
+    return Graph(n, step_code, step_start, step_end - step_start, pred, levels, x, gap)
+
+
+def replay(g: Graph, x: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """Step times (ns) of the graph replayed with op times `x` and launch gaps `gap`."""
+    end = np.zeros(g.n)
+    base_step = g.step_start[g.step_code]
+    for ops, starts, which in g.levels:
+        p = g.pred[ops]
+        enter = np.where(p >= 0, end[np.maximum(p, 0)], base_step[ops]) + gap[ops]
+        node_enter = np.maximum.reduceat(enter, starts)
+        end[ops] = node_enter[which] + x[ops]
+    last = np.zeros(len(g.step_start))
+    np.maximum.at(last, g.step_code, end)
+    return last - g.step_start
+
+
+def _ratio(t: np.ndarray, ideal: np.ndarray) -> float:
+    return float(t.mean() / ideal.mean()) if ideal.mean() > 0 else float("nan")
+
+
+def _share(s_x: float, s: float) -> float:
+    return (s_x - 1.0) / (s - 1.0) if s > 1.0 else 0.0
+
+
+def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """The what-if row of one run (see the module doc), or None when it cannot be replayed."""
+    g = build(cols)
+    if g is None:
+        return None
+    peers = _codes(g.step_code, cols["name"], cols["nth"])
+    x_ideal, gap_ideal = _medians(peers, g.x), _medians(peers, g.gap)
+    t_rec = g.recorded_step
+    t_act = replay(g, g.x, g.gap)
+    t_ideal = replay(g, x_ideal, gap_ideal)
+    s = _ratio(t_act, t_ideal)
+    dp, stage, rank, name = cols["dp_rank"], cols["pp_stage"], cols["rank"], cols["name"]
+
+    def mixed(mask: np.ndarray) -> np.ndarray:
+        return replay(g, np.where(mask, g.x, x_ideal), np.where(mask, g.gap, gap_ideal))
+
+    by_worker, worker_steps = [], {}
+    for d, st in sorted(set(zip(dp.tolist(), stage.tolist(), strict=True))):
+        mask = (dp == d) & (stage == st)
+        t = mixed(mask)
+        worker_steps[(d, st)] = t
+        by_worker.append(
+            {
+                "dp_rank": d,
+                "stage": st,
+                "ranks": sorted(set(rank[mask].tolist())),
+                "slowdown": _ratio(t, t_ideal),
+            }
+        )
+    by_stage = [
+        {"stage": st, "slowdown": _ratio(mixed(stage == st), t_ideal)} for st in sorted(set(stage.tolist()))
+    ]
+    names = cols["names"]
+    by_op = [
+        {"op_type": names[c], "slowdown": _ratio(mixed(name == c), t_ideal)}
+        for c in sorted(set(name.tolist()))
+    ]
+    for lst in (by_worker, by_stage, by_op):
+        lst.sort(key=lambda r: -r["slowdown"])
+
+    causes = _causes(cols, g, s, t_act, t_ideal, worker_steps, by_stage)
+    return {
+        "steps": len(t_rec),
+        "replay_error": float(np.mean(np.abs(t_act - t_rec) / np.maximum(t_rec, 1.0))),
+        "actual_step_ns": float(t_rec.mean()),
+        "ideal_step_ns": float(t_ideal.mean()),
+        "slowdown": s,
+        "by_worker": by_worker,
+        "by_stage": by_stage,
+        "by_op_type": by_op,
+        "cause": causes[0] if causes else "none",
+        "second_cause": causes[1] if len(causes) > 1 else None,
+    }
+
+
+def _causes(
+    cols: dict[str, np.ndarray],
+    g: Graph,
+    s: float,
+    t_act: np.ndarray,
+    t_ideal: np.ndarray,
+    worker_steps: dict[tuple[int, int], np.ndarray],
+    by_stage: list[dict[str, Any]],
+) -> list[str]:
+    if not s >= NONE_BELOW:
+        return []
+    out: list[str] = []
+    dp, stage = cols["dp_rank"], cols["pp_stage"]
+    compute = cols["compute"]
+    n_dp = int(dp.max()) + 1
+    n_st = int(stage.max()) + 1
+    # compute per (step, dp rank, stage): the recorded durations of the rank's own ops
+    work = np.zeros((len(g.step_start), n_dp, n_st))
+    np.add.at(
+        work, (g.step_code[compute], dp[compute], stage[compute]), cols["dur_ns"][compute].astype(np.float64)
+    )
+
+    # stage imbalance: one stage explains most, the others little, and is longer at every dp rank
+    shares = {r["stage"]: _share(r["slowdown"], s) for r in by_stage}
+    top = by_stage[0]["stage"]
+    if (
+        n_st > 1
+        and shares[top] >= MAJOR_SHARE
+        and all(v <= MINOR_SHARE for k, v in shares.items() if k != top)
+    ):
+        others = np.delete(work, top, axis=2)
+        longer = work[:, :, top] > np.median(others, axis=2) * (1 + LONGER)
+        if longer.mean() >= 0.9:
+            out.append("stage-imbalance")
+
+    # slow worker: the same worker explains most of the excess in most steps, its dp peers do not
+    excess = t_act / t_ideal - 1.0
+    real = excess > 0.01
+    if real.any():
+        keys = list(worker_steps)
+        step_shares = np.stack([(worker_steps[k] / t_ideal - 1.0)[real] / excess[real] for k in keys])
+        best = np.argmax(step_shares, axis=0)
+        top_w = int(np.bincount(best, minlength=len(keys)).argmax())
+        d, st = keys[top_w]
+        peers = [i for i, k in enumerate(keys) if k[1] == st and k != (d, st)]
+        top_major = (step_shares[top_w] >= MAJOR_SHARE).mean() > 0.5 and (best == top_w).mean() > 0.5
+        peer_share = max((float(np.median(step_shares[i])) for i in peers), default=0.0)
+        if top_major and peer_share < MAJOR_SHARE * float(np.median(step_shares[top_w])):
+            out.append("slow-worker")
+
+    # data imbalance: the same op varies across dp ranks, and the slowest dp rank keeps changing
+    if n_dp > 1:
+        peers = _codes(g.step_code, cols["name"], cols["nth"], stage)
+        d = cols["dur_ns"].astype(np.float64)
+        med = _medians(peers[compute], d[compute])
+        spread = np.abs(d[compute] - med) / np.maximum(med, 1.0)
+        slowest = np.argmax(work, axis=1).reshape(-1)
+        fixed = np.bincount(slowest, minlength=n_dp).max() / max(len(slowest), 1)
+        if np.median(spread) > DATA_SPREAD and fixed < FIXED_SLOWEST:
+            out.append("data-imbalance")
+    return out
+
+
+def _run_ops(store: Store, sel: Selection) -> pa.Table:
+    runs = runs_table(store, sel)
+    return store.query(
+        f"""
+        WITH k AS (SELECT run_id, rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
+                   FROM ranks WHERE dp_rank IS NOT NULL AND pp_stage IS NOT NULL GROUP BY run_id, rank),
+        laid AS (SELECT run_id FROM k WHERE run_id IN (SELECT run_id FROM {runs})
+                 GROUP BY run_id HAVING count(*) > 1),
+        ops AS (
+            SELECT run_id, rank, step, name, start_ns, dur_ns, -1 AS peer, NULL AS grp, false AS is_send,
+                   true AS compute
+            FROM spans WHERE depth = 1 AND run_id IN (SELECT run_id FROM laid)
+            UNION ALL
+            SELECT run_id, rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(peer, -1),
+                   group_ranks, op IN ('send', 'isend'), false
+            FROM comm WHERE run_id IN (SELECT run_id FROM laid)
+        )
+        SELECT o.*, k.dp_rank, k.pp_stage,
+               row_number() OVER (PARTITION BY o.run_id, step, o.rank, name ORDER BY start_ns, dur_ns) - 1
+                   AS nth,
+               row_number() OVER (PARTITION BY o.run_id, step, o.rank, peer, is_send
+                                  ORDER BY start_ns, dur_ns) - 1 AS pnth
+        FROM ops o JOIN k USING (run_id, rank)
+        WHERE start_ns IS NOT NULL AND dur_ns IS NOT NULL
+        ORDER BY o.run_id, step, o.rank, start_ns, dur_ns
+        """
+    )
+
+
+def _columns(t: pa.Table) -> dict[str, np.ndarray]:
+    cols = {c: np.asarray(t.column(c).to_numpy(zero_copy_only=False)) for c in
+            ("rank", "step", "start_ns", "dur_ns", "peer", "is_send", "compute", "dp_rank", "pp_stage", "nth",
+             "pnth")}  # fmt: skip
+    for c in ("rank", "step", "start_ns", "dur_ns", "peer", "dp_rank", "pp_stage", "nth", "pnth"):
+        cols[c] = cols[c].astype(np.int64)
+    cols["is_send"] = cols["is_send"].astype(bool)
+    cols["compute"] = cols["compute"].astype(bool)
+    names, name = np.unique(
+        np.asarray(t.column("name").to_pylist(), dtype=object).astype(str), return_inverse=True
+    )
+    cols["name"], cols["names"] = name.reshape(-1), names
+    grp_raw = t.column("grp").to_pylist()
+    uniq = {v: i for i, v in enumerate(sorted({v for v in grp_raw if v is not None}))}
+    cols["grp"] = np.array([uniq[v] if v is not None else -1 for v in grp_raw], dtype=np.int64)
+    return cols
+
+
+WORKER = pa.struct([("dp_rank", pa.int64()), ("stage", pa.int64()), ("ranks", pa.list_(pa.int64())),
+                    ("slowdown", pa.float64())])  # fmt: skip
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("steps", pa.int64()),
+        ("replay_error", pa.float64()),
+        ("actual_step_ns", pa.float64()),
+        ("ideal_step_ns", pa.float64()),
+        ("slowdown", pa.float64()),
+        ("by_worker", pa.list_(WORKER)),
+        ("by_stage", pa.list_(pa.struct([("stage", pa.int64()), ("slowdown", pa.float64())]))),
+        ("by_op_type", pa.list_(pa.struct([("op_type", pa.string()), ("slowdown", pa.float64())]))),
+        ("cause", pa.string()),
+        ("second_cause", pa.string()),
+    ]
+)
+
+
+@analysis("what_if", "What-if: step time without each slow worker, stage or op type", "what-if")
+def what_if(store: Store, sel: Selection) -> pa.Table:
+    """Per run with a parallel layout (ranks.dp_rank, pp_stage) and op-level rows: steps, replay_error,
+    actual_step_ns, ideal_step_ns, slowdown (actual / ideal), by_worker, by_stage, by_op_type (each
+    sorted by slowdown, largest first), cause and second_cause (slow-worker, stage-imbalance,
+    data-imbalance, none)."""
+    t = _run_ops(store, sel)
+    rows = []
+    if t.num_rows:
+        run_ids = np.asarray(t.column("run_id").to_pylist(), dtype=object)
+        bounds = np.flatnonzero(run_ids[1:] != run_ids[:-1]) + 1
+        for lo, hi in zip(
+            np.concatenate([[0], bounds]), np.concatenate([bounds, [len(run_ids)]]), strict=True
+        ):
+            row = analyse_run(_columns(t.slice(int(lo), int(hi - lo))))
+            if row is not None:
+                rows.append({"run_id": str(run_ids[lo]), **row})
+    return pa.Table.from_pylist(rows, schema=SCHEMA)

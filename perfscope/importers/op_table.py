@@ -1,0 +1,352 @@
+"""Per-operation tables of 3D-parallel jobs (`perfscope import op-table FILE --meta META.yaml`): one row
+per operation with Megatron-LM's op names, in the schema of the public straggler study
+(ByteDance-Seed/StragglerAnalysis): dp_rank, stage, rank, step, optype, start_ts, duration (seconds),
+seq_id, and optionally mc, gmc, mb_id. Parquet or CSV.
+
+Compute ops (forward-compute, backward-compute, optimizer, gc ...) become `spans` of their rank's
+step (depth 1, the phase as parent) and the step's phase columns; pipeline send/recv become
+point-to-point `comm` rows with the peer stage's rank; the data-parallel reduce-scatter / all-gather,
+the embedding and layernorm all-reduces and the gradient-norm all-reduce become collectives on their
+process group (`comm.group_ranks`). Every rank's coordinates go to `ranks`, the sizes to `runs`.
+
+Ranks are laid out as Megatron-LM does: rank = ((stage·dp + dp_rank)·cp + cp_rank)·tp + tp_rank, so
+tp_rank = rank mod tp and cp_rank = (rank div tp) mod cp. A table whose start_ts restarts at every
+step (the study's does) has its steps laid end to end in step order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import PerfscopeError
+from .common import (
+    MAX_RANKS,
+    MAX_ROWS,
+    ImportOptions,
+    ImportResult,
+    RunImport,
+    StepTimes,
+    _row,
+    check_run_id,
+    default_run_id,
+    shown,
+)
+from .intervals import length, merge
+
+ORIGIN = "op-table"
+REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id")
+#: keys a meta file may hold (the study's), and the flags they stand for
+META_KEYS = {
+    "dp_size": "dp",
+    "pp_size": "pp",
+    "tp_size": "tp",
+    "dsp_size": "cp",
+    "cp_size": "cp",
+    "vpp_size": "vpp",
+}
+META_IGNORED = ("trial_name", "run_id", "world_size")
+#: a meta file is a few lines; anything larger is not one
+MAX_META_BYTES = 1 << 16
+#: seconds a trace may span: a year
+MAX_SECONDS = 3.2e7
+MAX_STEP = 10**12
+
+#: Megatron-LM op -> (phase, comm kind): kind None = compute on the rank; 'p2p' = pipeline transfer;
+#: else the collective's group: 'dp' (same stage, tp, cp), 'embedding' (first and last stage, same
+#: dp, tp, cp), 'tp' (same dp, stage, cp), 'world' (the gradient norm, every rank).
+OPS: dict[str, tuple[str, str | None, str | None]] = {
+    "forward-compute": ("forward", None, None),
+    "backward-compute": ("backward", None, None),
+    "optimizer": ("optimizer", None, None),
+    "gc": ("other", None, None),
+    "forward-send": ("forward", "p2p", "send"),
+    "forward-recv": ("forward", "p2p", "recv"),
+    "backward-send": ("backward", "p2p", "send"),
+    "backward-recv": ("backward", "p2p", "recv"),
+    "grads-reduce-scatter": ("sync", "dp", "reduce_scatter_tensor"),
+    "params-all-gather": ("forward", "dp", "all_gather_into_tensor"),
+    "separate-grads-all-reduce": ("sync", "dp", "allreduce"),
+    "embedding-grads-all-reduce": ("sync", "embedding", "allreduce"),
+    "layernorm-grads-all-reduce": ("sync", "tp", "allreduce"),
+    "optimizer-clip-main-grad": ("optimizer", "world", "allreduce"),
+}
+
+
+def parse_meta(path: Path) -> dict[str, int]:
+    """The layout a flat `key: value` YAML meta file gives (the study's meta-*.yaml), or one line."""
+    try:
+        raw = path.read_bytes()[: MAX_META_BYTES + 1]
+    except OSError as exc:
+        raise PerfscopeError(f"{path}: cannot read the meta file ({exc.strerror})") from None
+    if len(raw) > MAX_META_BYTES:
+        raise PerfscopeError(f"{path}: not a meta file (over {MAX_META_BYTES:,} bytes)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PerfscopeError(f"{path}: the meta file is not UTF-8 text") from None
+    out: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if not stripped or stripped == "---":
+            continue
+        key, sep, value = stripped.partition(":")
+        key, value = key.strip(), value.strip().strip("'\"")
+        if not sep or not key or line[:1].isspace() or not key.replace("_", "").isalnum():
+            raise PerfscopeError(
+                f"{path}:{n}: only flat 'key: value' lines are read (dp_size, pp_size, tp_size, "
+                f"dsp_size, vpp_size), not {shown(line)}"
+            )
+        if key in META_IGNORED:
+            continue
+        if key not in META_KEYS:
+            raise PerfscopeError(f"{path}:{n}: unknown key {shown(key)}; known: {', '.join(META_KEYS)}")
+        if not value.isdigit() or len(value) > 7:
+            raise PerfscopeError(f"{path}:{n}: {key} must be a whole number, not {shown(value)}")
+        out[META_KEYS[key]] = int(value)
+    if "dp" not in out or "pp" not in out:
+        raise PerfscopeError(f"{path}: the meta file must give dp_size and pp_size")
+    return out
+
+
+def check_layout(layout: dict[str, int | None]) -> dict[str, int]:
+    """dp, pp, tp, cp, vpp as whole numbers of at least 1 whose product is a possible job."""
+    out = {k: int(layout.get(k) or 1) for k in ("dp", "pp", "tp", "cp", "vpp")}
+    for key in ("dp", "pp"):
+        if layout.get(key) is None:
+            raise PerfscopeError(
+                f"op-table: give --meta META.yaml, or --dp and --pp (and --tp, --cp) ({key})"
+            )
+    for key, value in out.items():
+        if value < 1:
+            raise PerfscopeError(f"op-table: --{key} is {value}; it must be 1 or more")
+    world = out["dp"] * out["pp"] * out["tp"] * out["cp"]
+    if world > MAX_RANKS:
+        raise PerfscopeError(f"op-table: dp·pp·tp·cp = {world:,} ranks; no job has more than {MAX_RANKS:,}")
+    return out
+
+
+def _read(path: Path) -> pa.Table:
+    name = path.name.lower()
+    try:
+        if name.endswith(".csv") or name.endswith(".csv.gz"):
+            import pyarrow.csv as pacsv
+
+            return pacsv.read_csv(path)
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        if pf.metadata.num_rows > MAX_ROWS:
+            raise PerfscopeError(f"{path}: {pf.metadata.num_rows:,} rows; no op table holds that many")
+        missing = [c for c in REQUIRED if c not in pf.schema_arrow.names]
+        if missing:
+            raise PerfscopeError(f"{path}: not an op table: no column {', '.join(missing)}")
+        return pf.read(columns=[c for c in pf.schema_arrow.names if c in (*REQUIRED, "mb_id")])
+    except PerfscopeError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        kind = "CSV" if ".csv" in name else "Parquet"
+        raise PerfscopeError(f"{path}: not a readable {kind} op table ({shown(exc, 120)})") from None
+
+
+def _int_column(t: pa.Table, name: str, path: Path, lo: int, hi: int) -> np.ndarray:
+    col = t.column(name)
+    if col.null_count:
+        raise PerfscopeError(f"{path}: column {name} has {col.null_count:,} empty values")
+    try:
+        values = np.asarray(col.to_numpy(zero_copy_only=False))
+        if values.dtype.kind == "f":
+            if not np.isfinite(values).all() or (values != np.round(values)).any():
+                raise ValueError
+        elif values.dtype.kind not in "iu":
+            raise ValueError
+    except (ValueError, TypeError, pa.ArrowException):
+        raise PerfscopeError(f"{path}: column {name} must hold whole numbers") from None
+    if len(values) and (values.min() < lo or values.max() > hi):
+        bad = values[(values < lo) | (values > hi)][0]
+        raise PerfscopeError(f"{path}: column {name} holds {shown(bad)}; it must be {lo} to {hi:,}")
+    return values.astype(np.int64)
+
+
+def _float_column(t: pa.Table, name: str, path: Path) -> np.ndarray:
+    col = t.column(name)
+    try:
+        values = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+    except (ValueError, TypeError, pa.ArrowException):
+        raise PerfscopeError(f"{path}: column {name} must hold numbers (seconds)") from None
+    bad = ~np.isfinite(values) | (values < 0) | (values > MAX_SECONDS)
+    if bad.any():
+        raise PerfscopeError(
+            f"{path}: column {name} holds {shown(values[bad][0])} at row {int(np.argmax(bad)):,}; "
+            f"it must be seconds from 0 to {MAX_SECONDS:.0e} (no NaN, no negative)"
+        )
+    return values
+
+
+def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
+    """`perfscope import op-table` without a layout: refused in one line (the table cannot say it)."""
+    raise PerfscopeError("op-table: give --meta META.yaml, or --dp N --pp N [--tp N --cp N]")
+
+
+def import_op_table(
+    paths: Sequence[Path], opts: ImportOptions, layout: dict[str, int | None], meta: Path | None = None
+) -> ImportResult:
+    """Import one op table as one run, with the parallel layout from `meta` or `layout`."""
+    if len(paths) != 1:
+        raise PerfscopeError("op-table: give one table (it holds every rank)")
+    if meta is not None:
+        given = {k: v for k, v in layout.items() if v is not None}
+        if given:
+            raise PerfscopeError("op-table: give --meta or the sizes (--dp, --pp ...), not both")
+        layout = dict(parse_meta(meta))  # type: ignore[arg-type]
+    lay = check_layout(layout)
+    path = paths[0]
+    t = _read(path)
+    missing = [c for c in REQUIRED if c not in t.column_names]
+    if missing:
+        raise PerfscopeError(f"{path}: not an op table: no column {', '.join(missing)}")
+    if t.num_rows == 0:
+        raise PerfscopeError(f"{path}: the op table has no rows")
+    dp, pp, tp, cp = lay["dp"], lay["pp"], lay["tp"], lay["cp"]
+    world = dp * pp * tp * cp
+    dp_rank = _int_column(t, "dp_rank", path, 0, dp - 1)
+    stage = _int_column(t, "stage", path, 0, pp - 1)
+    rank = _int_column(t, "rank", path, 0, world - 1)
+    step = _int_column(t, "step", path, 0, MAX_STEP)
+    _int_column(t, "seq_id", path, 0, MAX_ROWS)
+    start = _float_column(t, "start_ts", path)
+    dur = _float_column(t, "duration", path)
+    optype_col = t.column("optype")
+    if optype_col.null_count:
+        raise PerfscopeError(f"{path}: column optype has {optype_col.null_count:,} empty values")
+    optype = np.asarray(optype_col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+
+    # each rank has one place in the layout, and it is Megatron-LM's
+    coords: dict[int, tuple[int, int]] = {}
+    pairs = np.unique(np.stack([rank, dp_rank, stage], axis=1), axis=0)
+    for r, d, s in pairs.tolist():
+        if r in coords:
+            raise PerfscopeError(f"{path}: rank {r} appears at two places (dp rank, stage) of the layout")
+        if (r // (tp * cp)) != s * dp + d:
+            raise PerfscopeError(
+                f"{path}: rank {r} at dp rank {d}, stage {s} does not fit the layout dp {dp} x pp {pp} x "
+                f"tp {tp} x cp {cp} (Megatron-LM's rank order); check the sizes"
+            )
+        coords[r] = (d, s)
+
+    run_id = check_run_id(opts.run_id or default_run_id(ORIGIN, opts.experiment, [path]))
+    unknown = sorted({o for o in set(optype.tolist()) if o not in OPS})
+
+    # steps laid end to end when each restarts its clock
+    steps = np.unique(step)
+    end = start + dur
+    order = np.searchsorted(steps, step)
+    lo = np.full(len(steps), np.inf)
+    hi = np.zeros(len(steps))
+    np.minimum.at(lo, order, start)
+    np.maximum.at(hi, order, end)
+    overlapping = len(steps) > 1 and bool((lo[1:] < hi[:-1]).any())
+    offsets = np.concatenate([[0.0], np.cumsum(hi - lo)[:-1]]) - lo if overlapping else np.zeros(len(steps))
+    base_ns = int(path.stat().st_mtime) * 10**9
+    start_ns = base_ns + np.round((start + offsets[order]) * 1e9).astype(np.int64)
+    dur_ns = np.round(dur * 1e9).astype(np.int64)
+    step_start_ns = base_ns + np.round((lo + offsets) * 1e9).astype(np.int64)
+
+    def rank_of(d: int, s: int, r: int) -> int:
+        inner = r % (tp * cp)
+        return (s * dp + d) * tp * cp + inner
+
+    with RunImport(opts, ORIGIN, run_id) as imp:
+        for r in sorted(coords):
+            d, s = coords[r]
+            row = {"rank": r, "hostname": "", "clock_offset_ns": 0, "device_name": "",
+                   "dp_rank": d, "pp_stage": s, "tp_rank": r % tp, "cp_rank": (r // tp) % cp}  # fmt: skip
+            imp.rows("ranks", [_row("ranks", row)])
+        imp.result.ranks = len(coords)
+        for name in unknown:
+            imp.warn(
+                f"op type {shown(name)} is not a Megatron-LM op perfscope knows: kept as compute "
+                "of phase 'other'"
+            )
+
+        idx = np.lexsort((start, step, rank))
+        bounds = np.flatnonzero(np.diff(rank[idx]) | np.diff(step[idx])) + 1
+        for chunk in np.split(idx, bounds):
+            r, st = int(rank[chunk[0]]), int(step[chunk[0]])
+            d, s = coords[r]
+            phases = {"forward": 0, "backward": 0, "optimizer": 0}
+            comm_iv = []
+            comm_total = 0
+            seq = 0
+            for i in chunk.tolist():
+                op = optype[i]
+                phase, kind, fn = OPS.get(op, ("other", None, None))
+                if kind is None:
+                    if phase in phases:
+                        phases[phase] += int(dur_ns[i])
+                    imp.span(r, st, op, int(start_ns[i]), int(dur_ns[i]), clock="cuda", parent=phase, depth=1)
+                    continue
+                peer: int | None = None
+                if kind == "p2p":
+                    forward = op.startswith("forward")
+                    to_next = forward == (fn == "send")
+                    ps = s + 1 if to_next else s - 1
+                    if not 0 <= ps < pp:
+                        imp.warn(
+                            f"{op} at the {'last' if to_next else 'first'} stage has no peer: kept as compute"
+                        )
+                        imp.span(
+                            r, st, op, int(start_ns[i]), int(dur_ns[i]), clock="cuda", parent=phase, depth=1
+                        )
+                        continue
+                    peer = rank_of(d, ps, r)
+                    members = sorted((r, peer))
+                elif kind == "dp":
+                    members = [rank_of(k, s, r) for k in range(dp)]
+                elif kind == "embedding":
+                    members = sorted({rank_of(d, 0, r), rank_of(d, pp - 1, r)})
+                elif kind == "tp":
+                    members = [r - r % tp + k for k in range(tp)]
+                else:
+                    members = list(range(world))
+                comm_iv.append((start_ns[i], start_ns[i] + dur_ns[i]))
+                comm_total += int(dur_ns[i])
+                imp.comm(
+                    r, st, seq, str(fn), None, int(start_ns[i]), int(dur_ns[i]), clock="cuda",
+                    extra={"peer": peer, "group_size": len(members), "exposed_ns": int(dur_ns[i]),
+                           "is_async": False, "phase": phase, "name": op,
+                           "group_ranks": ",".join(map(str, members))},
+                )  # fmt: skip
+                seq += 1
+            s0 = int(step_start_ns[np.searchsorted(steps, st)])
+            last = int((start_ns[chunk] + dur_ns[chunk]).max())
+            imp.step(
+                r,
+                st,
+                StepTimes(
+                    start_ns=s0,
+                    step_ns=max(0, last - s0),
+                    forward_ns=phases["forward"],
+                    backward_ns=phases["backward"],
+                    optimizer_ns=phases["optimizer"],
+                    sync_exposed_ns=int(length(merge(np.array(comm_iv, dtype=np.float64)))) if comm_iv else 0,
+                    comm_total_ns=comm_total,
+                    comm_count=seq,
+                ),
+                clock="cuda",
+            )
+        if overlapping:
+            imp.warn("start_ts restarts at every step: steps are laid end to end in step order")
+        return imp.finish(
+            world_size=world,
+            started_ns=int(step_start_ns[0]),
+            backend="nccl",
+            dp_size=dp,
+            pp_size=pp,
+            tp_size=tp,
+            cp_size=cp,
+            tags={"source_file": path.name, **({"vpp_size": lay["vpp"]} if lay["vpp"] > 1 else {})},
+        )
