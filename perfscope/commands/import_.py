@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="samples per step on one rank (traces do not say; throughput and speedup need it)",
     )
+    p.add_argument("--meta", metavar="META.yaml", help="op-table: the job's layout (dp_size, pp_size ...)")
+    for size in ("dp", "pp", "tp", "cp", "vpp"):
+        p.add_argument(f"--{size}", type=int, metavar="N", help=f"op-table: {size} size (instead of --meta)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +59,14 @@ def run(args: argparse.Namespace) -> int:
         world_size=args.world_size,
         batch_size=args.batch_size,
     )
-    result = importer(args.format)(check_paths(args.paths), opts)
+    if args.format == "op-table":
+        from ..importers.op_table import import_op_table
+
+        layout = {k: getattr(args, k) for k in ("dp", "pp", "tp", "cp", "vpp")}
+        meta = check_paths([args.meta])[0] if args.meta else None
+        result = import_op_table(check_paths(args.paths), opts, layout, meta)
+    else:
+        result = importer(args.format)(check_paths(args.paths), opts)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(result.summary())
