@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import PerfscopeError
 from ..importers import IMPORTERS, importer
-from ..importers.common import ImportOptions, check_paths, ranks_in_range
+from ..importers.common import ImportOptions, check_paths, ranks_in_range, stopped_by_signals
 from ..objectstore import refuse_s3
 
 
@@ -59,14 +59,15 @@ def run(args: argparse.Namespace) -> int:
         world_size=args.world_size,
         batch_size=args.batch_size,
     )
-    if args.format == "op-table":
-        from ..importers.op_table import import_op_table
+    with stopped_by_signals():
+        if args.format == "op-table":
+            from ..importers.op_table import import_op_table
 
-        layout = {k: getattr(args, k) for k in ("dp", "pp", "tp", "cp", "vpp")}
-        meta = check_paths([args.meta])[0] if args.meta else None
-        result = import_op_table(check_paths(args.paths), opts, layout, meta)
-    else:
-        result = importer(args.format)(check_paths(args.paths), opts)
+            layout = {k: getattr(args, k) for k in ("dp", "pp", "tp", "cp", "vpp")}
+            meta = check_paths([args.meta])[0] if args.meta else None
+            result = import_op_table(check_paths(args.paths), opts, layout, meta)
+        else:
+            result = importer(args.format)(check_paths(args.paths), opts)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(result.summary())

@@ -2,16 +2,24 @@
 writes an imported run as the same `runs`, `ranks`, `steps`, `spans` and `comm` rows the collector
 writes (source = 'measured', the trace format in `runs.origin`).
 
-An import either completes or leaves nothing behind: a failure removes the run's partitions.
+An import either completes or leaves nothing behind: its rows are written into a hidden staging
+store inside the store (`.imports/`, which no reader lists) under a claim of the run id only one
+importer holds, and renamed into the store's tables once all are written (`Staging`). A failure, a
+signal or a kill leaves nothing a reader sees; what a killed importer staged is removed by the next
+import into the store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shutil
-from collections.abc import Iterable, Sequence
+import signal
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,14 +167,255 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def prepare_store(root: Path, run_id: str) -> None:
-    """The store folder exists (or is made) and does not yet hold `run_id`."""
-    store_target(root, create=True)
-    if any(segment_dir(root, t, run_id).exists() for t in TABLES):
-        raise PerfscopeError(
-            f"{root} already holds run {run_id}: these traces were imported before "
-            "(give another --run-id to import them again)"
+def prepare_store(root: Path, run_id: str) -> Staging:
+    """The store folder exists (or is made), does not yet hold `run_id`, and `run_id` is claimed for
+    this import: rows go to the staging store returned, to be published (or discarded) at the end."""
+    imports = root / IMPORTS_DIR
+    if imports.is_dir() and not imports.is_symlink():  # what killed importers left goes first
+        recover_stale_imports(root)
+        with contextlib.suppress(OSError):
+            imports.rmdir()  # when empty
+    try:
+        store_target(root, create=True)
+    except PerfscopeError:
+        # a new folder that holds only the imports running into it (another importer's claim)
+        with contextlib.suppress(OSError):
+            if [e.name for e in os.scandir(root)] == [IMPORTS_DIR]:
+                return Staging(root, run_id)
+        raise
+    return Staging(root, run_id)
+
+
+#: imports in progress, in the store's root: a claim file per run id and a staging store per import.
+#: A hidden folder: the listing reads only the tables' folders, so no reader sees a run being imported
+IMPORTS_DIR = ".imports"
+#: a claim's states: rows being written to the staging store; its partitions being renamed into the
+#: store; all of them renamed
+_STAGING, _PUBLISHING, _PUBLISHED = "staging", "publishing", "published"
+
+
+def _run_partitions(root: Path, run_id: str) -> list[Path]:
+    """The partition folders of `run_id` in every table of the store at `root`, and its rollups';
+    `runs` last: the run is listed once its other rows are all in place."""
+    names = [t for t in TABLES if t != "runs"] + [ROLLUP_DIR, "runs"]
+    return [root / t / f"{PARTITION_KEY}={run_id}" for t in names]
+
+
+class Staging:
+    """One import's claim of a run id and the hidden staging store its rows are written to.
+
+    The claim is a file in `<store>/.imports/`, made with O_EXCL and held under an exclusive flock for
+    the importer's life: a second importer of the same run id fails in one line and touches nothing; a
+    claim whose lock is free belongs to a killed importer, and whoever finds it removes what that
+    importer left (its staging store, and the partitions it had begun to publish). `publish` renames
+    the run's partition folders from the staging store into the store (`runs` last); `discard`
+    removes the staging store. Either way the claim goes."""
+
+    def __init__(self, root: Path, run_id: str) -> None:
+        self.root = root
+        self.run_id = run_id
+        self._dir = root / IMPORTS_DIR
+        self._key = hashlib.blake2b(run_id.encode("utf-8", "surrogateescape"), digest_size=10).hexdigest()
+        self._fd: int | None = None
+        try:
+            self._dir.mkdir(exist_ok=True)
+            recover_stale_imports(root)
+            self._fd = self._claim()
+        except OSError as exc:
+            raise PerfscopeError(
+                f"cannot import into {root}: {exc.strerror or exc}; is it writable?"
+            ) from None
+        self.path = self._dir / f"{self._key}.{secrets.token_hex(4)}"
+        try:
+            if any(segment_dir(root, t, run_id).exists() for t in TABLES):
+                raise PerfscopeError(
+                    f"{root} already holds run {run_id}: these traces were imported before "
+                    "(give another --run-id to import them again)"
+                )
+            self.path.mkdir()
+            self._state(_STAGING)
+        except BaseException:
+            self._release()
+            raise
+
+    @property
+    def _claim_path(self) -> Path:
+        return self._dir / f"{self._key}.claim"
+
+    def _claim(self) -> int:
+        path = self._claim_path
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:  # released meanwhile: claim it afresh
+                    continue
+            except FileNotFoundError:  # the last importer removed the (empty) folder meanwhile
+                self._dir.mkdir(exist_ok=True)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise PerfscopeError(
+                    f"another import of run {self.run_id} into {self.root} is running; wait for it, "
+                    "or give another --run-id"
+                ) from None
+            if not _same_file(fd, path):  # released and removed between our open and our lock
+                os.close(fd)
+                continue
+            _undo(self.root, fd, self._key)  # a killed importer's claim: what it left goes
+            return fd
+
+    def _state(self, state: str) -> None:
+        assert self._fd is not None
+        text = json.dumps(
+            {"run_id": self.run_id, "pid": os.getpid(), "staging": self.path.name, "state": state}
         )
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, text.encode("utf-8", "surrogateescape"), 0)
+        os.fsync(self._fd)
+
+    def writer(self, writer_id: str) -> StoreWriter:
+        return StoreWriter(self.path, self.run_id, writer_id=writer_id, roll_interval_s=3600.0)
+
+    def publish(self) -> None:
+        """Rename the run's partitions from the staging store into the store, `runs` last."""
+        global _publishing
+        _publishing = True
+        try:
+            self._publish()
+        finally:
+            _publishing = False
+
+    def _publish(self) -> None:
+        self._state(_PUBLISHING)
+        # rollups of a run the store does not hold (an older perfscope's failed import left them)
+        shutil.rmtree(self.root / ROLLUP_DIR / f"{PARTITION_KEY}={self.run_id}", ignore_errors=True)
+        moved: list[tuple[Path, Path]] = []
+        try:
+            for dst in _run_partitions(self.root, self.run_id):
+                src = self.path / dst.relative_to(self.root)
+                if not src.is_dir():
+                    continue
+                dst.parent.mkdir(exist_ok=True)
+                os.rename(src, dst)  # refused when dst holds anything: a run of that id appeared
+                moved.append((src, dst))
+        except OSError as exc:
+            for src, dst in reversed(moved):
+                with contextlib.suppress(OSError):
+                    os.rename(dst, src)
+            self.discard()
+            raise PerfscopeError(
+                f"could not put run {self.run_id} into {self.root} ({one_line(exc.strerror or str(exc))}); "
+                "nothing was imported"
+            ) from None
+        self._state(_PUBLISHED)
+        self.discard()
+
+    def discard(self) -> None:
+        """Remove the staging store and let the claim go."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._release()
+
+    def _release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            if _same_file(self._fd, self._claim_path):
+                self._claim_path.unlink()
+        os.close(self._fd)  # the lock goes with it
+        self._fd = None
+        with contextlib.suppress(OSError):
+            self._dir.rmdir()  # when no other import is running: the store is left as it was
+
+
+#: set while a publish renames partitions: a signal then waits until the run is whole in the store
+_publishing = False
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop an import as Ctrl-C does (an exception: its staging store is removed,
+    nothing is published), and none of the three cuts a publish short (the import then completes).
+    Only in the main thread (signal handlers can be set nowhere else); elsewhere nothing changes."""
+
+    def handler(signum: int, frame: object) -> None:
+        if _publishing:
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        name = signal.Signals(signum).name
+        raise PerfscopeError(f"stopped by {name}: nothing was imported", exit_code=128 + signum)
+
+    wanted = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    try:
+        before = {s: signal.signal(s, handler) for s in wanted}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _undo(root: Path, fd: int, key: str) -> None:
+    """Remove what the killed importer whose claim `fd` holds (locked) left: its staging stores, and
+    the partitions it had begun to publish (all renamed: they stay, the import had completed)."""
+    try:
+        claim = json.loads(os.pread(fd, 1 << 16, 0).decode("utf-8", "surrogateescape") or "{}")
+    except (OSError, ValueError):
+        claim = {}
+    if claim.get("state") == _PUBLISHING and isinstance(claim.get("run_id"), str):
+        for part in _run_partitions(root, claim["run_id"]):
+            shutil.rmtree(part, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root / IMPORTS_DIR):
+            if entry.name.startswith(f"{key}.") and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def recover_stale_imports(root: Path) -> list[str]:
+    """Remove what killed importers left in the store (see Staging); returns the run ids cleaned."""
+    done: list[str] = []
+    folder = root / IMPORTS_DIR
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return done
+    for name in names:
+        if not name.endswith(".claim"):
+            continue
+        path = folder / name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its importer is running
+            if not _same_file(fd, path):
+                continue
+            _undo(root, fd, name.removesuffix(".claim"))
+            path.unlink(missing_ok=True)
+            done.append(name)
+        finally:
+            os.close(fd)
+    return done
 
 
 class RunImport:
@@ -179,8 +428,12 @@ class RunImport:
         self.origin = origin
         self.root = Path(opts.store)
         self.result = ImportResult(run_id=check_run_id(run_id), origin=origin)
-        prepare_store(self.root, run_id)
-        self._writer = StoreWriter(self.root, run_id, writer_id=f"import-{origin}", roll_interval_s=3600.0)
+        self._staging = prepare_store(self.root, run_id)
+        try:
+            self._writer = self._staging.writer(f"import-{origin}")
+        except BaseException:
+            self._staging.discard()
+            raise
         self._ranks: set[int] = set()
         self._finished = False
 
@@ -296,16 +549,12 @@ class RunImport:
         stats = self._writer.close()
         self._finished = True
         if stats.rows_dropped:
-            self._remove()
             raise PerfscopeError(
                 f"could not write run {self.run_id} to {self.root} ({stats.write_errors} failed writes); "
                 "check that the folder is writable and the disk has space"
             )
+        self._staging.publish()
         return self.result
-
-    def _remove(self) -> None:
-        for t in (*TABLES, ROLLUP_DIR):  # the writer's close summarises what it wrote into rollups
-            shutil.rmtree(self.root / t / f"{PARTITION_KEY}={self.run_id}", ignore_errors=True)
 
     def __enter__(self) -> RunImport:
         return self
@@ -314,7 +563,7 @@ class RunImport:
         if exc_type is not None:
             if not self._finished:
                 self._writer.close()
-            self._remove()
+            self._staging.discard()
 
 
 def _row(table: str, values: dict[str, Any]) -> tuple[Any, ...]:

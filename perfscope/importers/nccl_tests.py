@@ -20,7 +20,6 @@ from pathlib import Path
 
 from ..collectors.run_metadata import cluster_from_env
 from ..errors import PerfscopeError
-from ..writer import StoreWriter
 from .common import (
     MAX_DIGITS,
     MAX_RANKS,
@@ -312,9 +311,13 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
             h.update(os.fsencode(p.name) + p.read_bytes()[: 1 << 16])
         ref_id = f"nccl-tests-{h.hexdigest()[:10]}"
     check_run_id(ref_id)
-    prepare_store(Path(opts.store), ref_id)
+    staging = prepare_store(Path(opts.store), ref_id)
     result = ReferenceImport(run_id=ref_id, origin="nccl-tests")
-    writer = StoreWriter(opts.store, ref_id, writer_id="import-nccl-tests", roll_interval_s=3600.0)
+    try:
+        writer = staging.writer("import-nccl-tests")
+    except BaseException:
+        staging.discard()
+        raise
     try:
         for path, tables in parsed:
             for t in tables:
@@ -333,8 +336,13 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
                     result.comm += 1
                 result.ranks = max(result.ranks, t.rank_count)
                 result.tables.append(f"{t.op} on {t.rank_count} ranks")
-    finally:
-        stats = writer.close()
+    except BaseException:
+        writer.close()
+        staging.discard()  # all or nothing: a bad row after good ones leaves none of them
+        raise
+    stats = writer.close()
     if stats.rows_dropped:
+        staging.discard()
         raise PerfscopeError(f"could not write to {opts.store}; check that it is writable and has space")
+    staging.publish()
     return result
