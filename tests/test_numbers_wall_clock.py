@@ -12,10 +12,14 @@ elapsed time, then overstates the window by well over 5% (checked here from the 
 these tests fail on it.
 
 Tolerance: perfscope's step boundaries are readings of the same clock taken inside `prof.step()`,
-which the job's readings bracket (before and after the call), so the two windows differ by the
-call's own time plus perfscope's one-time mapping of that clock to the epoch: microseconds against
-a window of about a second. TOLERANCE (2%) is what the issue asks on a quiet machine; under the
-shared 2-core machine's load the differences stayed far below it (see the module's report)."""
+which the job's readings bracket (just before and just after the call); perfscope's one-time mapping
+of that clock to the epoch adds under 2 us (printed per rank). So perfscope must lie within
+TOLERANCE (2%, the issue's figure on a quiet machine) of the job's elapsed time wherever inside the
+brackets it read the clock. Measured on the shared 2-core machine at load 9-20: 20 of 20 runs of the
+four tests passed; the midpoint of the brackets agreed with perfscope within 0.003% except once
+(1.0%: a prof.step() call that took about 23 ms at an edge of the window), which the brackets cover.
+The sum of maxima overstated the job's elapsed time by 11-35% (DDP 13-26%, averaging 18-35%,
+pipeline 11-26%); the parameter server's single stepping rank makes both the same."""
 
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ class _Clock:
         self.rng = random.Random(1000 + rank)
         self.rank = rank
         self.alternate = alternate
+        self.mapping_err_ns = 0
 
     def jitter(self) -> None:
         """A random sleep; `alternate` adds JITTER_S on every other step, out of phase between the
@@ -73,6 +78,20 @@ class _Clock:
         before = time.perf_counter_ns()
         prof.step()
         self.ends.append((before, time.perf_counter_ns()))
+        if len(self.ends) == 1:
+            self.mapping_err_ns = _mapping_err_ns(prof)
+
+
+def _mapping_err_ns(prof: Any) -> int:
+    """How far perfscope's mapping of perf_counter_ns to the epoch (its timestamps) is from the
+    tightest of many readings of the two clocks here (diagnostics: a rank whose mapping is off
+    shifts its timestamps against the other rank's)."""
+    best = (1 << 62, 0)
+    for _ in range(50):
+        before, mid, after = time.time_ns(), time.perf_counter_ns(), time.time_ns()
+        if after - before < best[0]:
+            best = (after - before, (before + after) // 2 - mid)
+    return int(prof.clock.shift_ns - prof.clock.offset_ns - best[1])
 
 
 def _mlp() -> Any:
@@ -111,7 +130,7 @@ def ddp_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
             clock.step(prof)
         run_id = prof.run_id
     dist.destroy_process_group()
-    return {"run_id": run_id, "ends": clock.ends}
+    return {"run_id": run_id, "ends": clock.ends, "mapping_err_ns": clock.mapping_err_ns}
 
 
 def paramavg_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
@@ -149,7 +168,7 @@ def paramavg_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
             clock.step(prof)
         run_id = prof.run_id
     dist.destroy_process_group()
-    return {"run_id": run_id, "ends": clock.ends}
+    return {"run_id": run_id, "ends": clock.ends, "mapping_err_ns": clock.mapping_err_ns}
 
 
 def pipeline_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
@@ -192,7 +211,7 @@ def pipeline_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
             clock.step(prof)
         run_id = prof.run_id
     dist.destroy_process_group()
-    return {"run_id": run_id, "ends": clock.ends}
+    return {"run_id": run_id, "ends": clock.ends, "mapping_err_ns": clock.mapping_err_ns}
 
 
 def ps_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
@@ -233,18 +252,26 @@ def ps_worker(rank: int, world_size: int, store: str) -> dict[str, Any]:
                 clock.step(prof)
         run_id = prof.run_id
     dist.destroy_process_group()
-    return {"run_id": run_id, "ends": clock.ends}
+    return {"run_id": run_id, "ends": clock.ends, "mapping_err_ns": clock.mapping_err_ns}
 
 
-def _job_elapsed_ns(ends: dict[int, list[tuple[int, int]]], first: int, last: int) -> float:
+def _job_elapsed_ns(
+    ends: dict[int, list[tuple[int, int]]], first: int, last: int
+) -> tuple[float, float, float]:
     """The job's wall clock over steps first..last: from the earliest end of step first-1 (the start
-    of step first) to the latest end of step last, each end the midpoint of the readings around
-    prof.step()."""
+    of step first) to the latest end of step last. Each end is known to lie between the readings
+    just before and just after prof.step(), which is where perfscope reads it: returns the least
+    and the greatest elapsed time those brackets allow, and the one from their midpoints."""
 
-    def mid(e: tuple[int, int]) -> float:
-        return (e[0] + e[1]) / 2
+    def pick(i: int, which: int) -> list[int]:
+        return [e[i][which] for e in ends.values()]
 
-    return max(mid(e[last]) for e in ends.values()) - min(mid(e[first - 1]) for e in ends.values())
+    lo = max(pick(last, 0)) - min(pick(first - 1, 1))
+    hi = max(pick(last, 1)) - min(pick(first - 1, 0))
+    mid = max((a + b) / 2 for a, b in zip(pick(last, 0), pick(last, 1), strict=True)) - min(
+        (a + b) / 2 for a, b in zip(pick(first - 1, 0), pick(first - 1, 1), strict=True)
+    )
+    return lo, hi, mid
 
 
 def _check(tmp_path: Path, worker: Any, global_samples: int, *, old_fails: bool = True) -> dict[str, float]:
@@ -258,7 +285,7 @@ def _check(tmp_path: Path, worker: Any, global_samples: int, *, old_fails: bool 
         (old,) = store.query(f"SELECT sum(m)::DOUBLE AS s FROM ({per_step})").column("s").to_pylist()
     assert (r["steps_total"], r["steady_steps"]) == (STEPS, STEPS - 10)
     assert all(len(e) == STEPS for e in ends.values())
-    job = _job_elapsed_ns(ends, first, STEPS - 1)
+    lo, hi, job = _job_elapsed_ns(ends, first, STEPS - 1)
     steps = STEPS - first
     job_step_ns, job_rate = job / steps, global_samples * steps / (job / 1e9)
     got = {
@@ -266,10 +293,18 @@ def _check(tmp_path: Path, worker: Any, global_samples: int, *, old_fails: bool 
         "rate": r["throughput_samples_per_s"] / job_rate - 1,
         "old": old / job - 1,
     }
-    print(f"{worker.__name__}: step {r['step_ns'] / 1e6:.3f} ms vs job {job_step_ns / 1e6:.3f} ms, {got}")
+    widths = [max(b - a for a, b in e) for e in ends.values()]
+    mapping = [v["mapping_err_ns"] for v in values.values()]
+    print(f"{worker.__name__}: step {r['step_ns'] / 1e6:.3f} ms vs job {job_step_ns / 1e6:.3f} ms, {got}, "
+          f"widest prof.step() {max(widths) / 1e6:.3f} ms, clock mapping errors {mapping} ns")  # fmt: skip
     assert r["samples_per_step"] == global_samples
-    assert r["step_ns"] == pytest.approx(job_step_ns, rel=TOLERANCE)
-    assert r["throughput_samples_per_s"] == pytest.approx(job_rate, rel=TOLERANCE)
+    # within TOLERANCE of the job's clock, wherever inside the job's brackets perfscope read it (a
+    # prof.step() call took 12-23 ms now and then on the loaded 2 cores: half of that, at an edge of
+    # the window, is 1% of it)
+    assert lo / steps * (1 - TOLERANCE) <= r["step_ns"] <= hi / steps * (1 + TOLERANCE), got
+    rate = r["throughput_samples_per_s"]
+    assert global_samples * steps / (hi / 1e9) * (1 - TOLERANCE) <= rate, got
+    assert rate <= global_samples * steps / (lo / 1e9) * (1 + TOLERANCE), got
     if old_fails:  # the jitter is large enough that the sum of maxima cannot pass
         assert old > job * (1 + OLD_OVERSTATES), got
     return got
