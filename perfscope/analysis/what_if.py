@@ -49,6 +49,9 @@ DEFINITIONS.setdefault(
     "or none (S < 1.03).",
 )
 
+#: an op that ends this little after another starts still counts as before it (clock rounding: the
+#: study's float32 seconds hold 2 s to about 0.1 µs, its ops' recorded ends drift by up to ~10 µs)
+PRED_SLACK_NS = 100_000
 #: slowdown under which a run has no straggler worth naming (the study's decomposition threshold)
 NONE_BELOW = 1.03
 #: a share of the excess that "explains most of it"
@@ -138,7 +141,7 @@ def build(cols: dict[str, np.ndarray]) -> Graph | None:
     for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [n]]), strict=True):
         ends = end[lo:hi]
         by_end = np.argsort(ends, kind="stable")
-        pos = np.searchsorted(ends[by_end], start[lo:hi], side="right") - 1
+        pos = np.searchsorted(ends[by_end], start[lo:hi] + PRED_SLACK_NS, side="right") - 1
         for k in range(hi - lo):  # ties (zero-length ops at this very start) step back to earlier ops
             p = pos[k]
             while p >= 0 and by_end[p] >= k:
@@ -217,6 +220,19 @@ def replay(g: Graph, x: np.ndarray, gap: np.ndarray) -> np.ndarray:
     return last - g.step_start
 
 
+def ideal(g: Graph, cols: dict[str, np.ndarray], values: np.ndarray) -> np.ndarray:
+    """Each op's ideal value: the median of the same op (name, position in the step) at its
+    data-parallel peers (same stage, same step), then the mean of those over the stages that run the
+    op in that step: a balanced pipeline holds the same work, shared evenly."""
+    at_stage = _codes(g.step_code, cols["name"], cols["nth"], cols["pp_stage"])
+    typical = _medians(at_stage, values)
+    op = _codes(g.step_code, cols["name"], cols["nth"])
+    first = np.unique(at_stage, return_index=True)[1]
+    total = np.bincount(op[first], weights=typical[first])
+    stages = np.bincount(op[first])
+    return (total / np.maximum(stages, 1))[op]
+
+
 def _ratio(t: np.ndarray, ideal: np.ndarray) -> float:
     return float(t.mean() / ideal.mean()) if ideal.mean() > 0 else float("nan")
 
@@ -230,8 +246,7 @@ def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
     g = build(cols)
     if g is None:
         return None
-    peers = _codes(g.step_code, cols["name"], cols["nth"])
-    x_ideal, gap_ideal = _medians(peers, g.x), _medians(peers, g.gap)
+    x_ideal, gap_ideal = ideal(g, cols, g.x), ideal(g, cols, g.gap)
     t_rec = g.recorded_step
     t_act = replay(g, g.x, g.gap)
     t_ideal = replay(g, x_ideal, gap_ideal)
