@@ -30,10 +30,10 @@ from ..words import counted
 
 #: Bump only when a key is renamed or removed or changes meaning; adding keys keeps the version.
 #: 2: step_ns is elapsed time per step (was the median); mfu, batch_sweep, time_to_metric and
-#: evidence (every analysis a finding cites) added.
+#: evidence (every analysis a finding cites) added. what_if added (3D-parallel what-if, issue 23).
 JSON_FORMAT_VERSION = 2
 #: Analyses shown as their own sections and JSON keys, besides runs and scaling.
-SECTIONS = ("mfu", "batch_sweep", "time_to_metric")
+SECTIONS = ("mfu", "batch_sweep", "time_to_metric", "what_if")
 
 SEVERITY_STYLE = {"alarm": "1;31", "warning": "1;33", "info": "1;34"}
 
