@@ -1,0 +1,117 @@
+"""The what-if finding (issue 23): the straggler cause of a 3D-parallel run with what it costs per step
+and the change that removes it, from the `what_if` analysis (DESIGN.md, "Parallel layout and
+what-if")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .context import Context
+from .finding import Finding
+from .rulebook import cause_severity, make_finding, rule
+from .words import dur, listing, num, pct
+
+
+def _hosts(ctx: Context, run_id: str, ranks: list[int]) -> list[str]:
+    names = {r["rank"]: r.get("hostname") for r in ctx.rows("rank_breakdown") if r["run_id"] == run_id}
+    return sorted({h for k in ranks if (h := names.get(k))})
+
+
+def _cost(row: dict[str, Any], slowdown: float) -> float:
+    """ns per step that x costs: its slowdown over the ideal step, at most the whole excess (ops
+    elsewhere faster than typical take the rest back)."""
+    excess = max(0.0, row["actual_step_ns"] - row["ideal_step_ns"])
+    return min(excess, max(0.0, (slowdown - 1.0) * row["ideal_step_ns"]))
+
+
+@rule("what-if", None, "What-if: what a slow worker, stage or data imbalance costs each step")
+def what_if_cause(ctx: Context) -> list[Finding]:
+    out = []
+    for r in ctx.rows("what_if"):
+        cause = r["cause"]
+        if cause in (None, "none"):
+            continue
+        actual, ideal, s = r["actual_step_ns"], r["ideal_step_ns"], r["slowdown"]
+        lost = 1.0 - 1.0 / s if s > 0 else 0.0
+        run = r["run_id"]
+        base = (
+            f"Replaying run {run}'s {r['steps']} steps through their dependencies (replay error "
+            f"{pct(r['replay_error'])}), a step takes {dur(actual)}; with every op at the typical time of "
+            f"its data-parallel peers, balanced over the pipeline stages, it would take {dur(ideal)}: "
+            f"a slowdown of {num(s)} ({pct(lost)} of each step, {dur(actual - ideal)} per step)."
+        )
+        numbers: dict[str, float | int | str | None] = {
+            "slowdown": s,
+            "actual_step_ns": actual,
+            "ideal_step_ns": ideal,
+        }
+        if cause == "stage-imbalance":
+            top, fastest = r["by_stage"][0], r["by_stage"][-1]
+            cost = _cost(r, top["slowdown"])
+            title = f"Pipeline stage {top['stage']} is too long in run {run}: it costs {dur(cost)} per step"
+            text = (
+                f"{base} Stage {top['stage']} alone, as recorded, makes it {num(top['slowdown'])}: its "
+                "compute is longer than the other stages' at every data-parallel rank, so every stage waits "
+                "for it."
+            )
+            advice = (
+                f"Give stage {top['stage']} fewer layers (move them to stage {fastest['stage']}, the "
+                "shortest; "
+                "Megatron-LM: an uneven split such as --decoder-first-pipeline-num-layers / "
+                "--decoder-last-pipeline-num-layers, or account for the embedding and loss on the first and "
+                f"last stage). Balanced, a step would take about {dur(ideal)} instead of {dur(actual)}."
+            )
+            numbers.update({"stage": top["stage"], "stage_slowdown": top["slowdown"], "cost_ns": cost})
+        elif cause == "slow-worker":
+            w = r["by_worker"][0]
+            cost = _cost(r, w["slowdown"])
+            hosts = _hosts(ctx, run, w["ranks"])
+            where = f" on {listing(hosts)}" if hosts else ""
+            title = (
+                f"A slow worker in run {run}: dp rank {w['dp_rank']} at stage {w['stage']} "
+                f"(rank {listing(str(k) for k in w['ranks'])}{where}) costs {dur(cost)} per step, "
+                f"{pct(cost / actual if actual else None)}"
+            )
+            text = (
+                f"{base} That worker alone, as recorded, makes it {num(w['slowdown'])}; its data-parallel "
+                "peers at the same stage do the same work faster, so it is the worker, not the work."
+            )
+            advice = (
+                f"Replace or cordon the node{where} (check its clocks and throttling, its temperature and "
+                f"its links) and rerun: without it a step would take about {dur(actual - cost)}."
+            )
+            numbers.update({"dp_rank": w["dp_rank"], "stage": w["stage"], "cost_ns": cost})
+        else:
+            title = (
+                f"Work differs between data-parallel ranks from step to step in run {run}: "
+                f"{pct(lost)} of each step"
+            )
+            text = (
+                f"{base} The same op takes different times on different data-parallel ranks, and the slowest "
+                "rank changes from step to step: the data (sequence lengths) differs, not the workers."
+            )
+            advice = (
+                "Pack sequences to the same length (sequence packing), or sample batches by length "
+                f"(length-bucketed sampling): the simulation puts the balanced step at {dur(ideal)} "
+                f"instead of {dur(actual)}."
+            )
+        if r.get("second_cause"):
+            text += f" A second cause is present too: {r['second_cause']}."
+        out.append(
+            make_finding(
+                ctx,
+                "what-if",
+                f"{run}:{cause}",
+                severity=cause_severity(lost),
+                category="cause",
+                title=title,
+                text=text,
+                run_ids=[run],
+                analyses=("what_if",),
+                recommendation=advice,
+                confidence=0.8,
+                explained_loss=lost,
+                numbers=numbers,
+            )
+        )
+    return out
