@@ -112,13 +112,15 @@ def _group_edges(code: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.nd
     return idx, reps
 
 
-def _medians(group: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per element: the median of `values` over its group."""
+def _medians(group: np.ndarray, values: np.ndarray, *, lower: bool = False) -> np.ndarray:
+    """Per element: the median of `values` over its group (`lower`: of an even count, the lower of the
+    two middle values)."""
     order = np.lexsort((values, group))
     g, v = group[order], values[order]
     counts = np.bincount(g)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    med = (v[starts + (counts - 1) // 2] + v[starts + counts // 2]) / 2.0
+    lo = v[starts + np.maximum(counts - 1, 0) // 2]
+    med = lo if lower else (lo + v[starts + counts // 2]) / 2.0
     return med[group]
 
 
@@ -221,11 +223,15 @@ def replay(g: Graph, x: np.ndarray, gap: np.ndarray) -> np.ndarray:
 
 
 def ideal(g: Graph, cols: dict[str, np.ndarray], values: np.ndarray) -> np.ndarray:
-    """Each op's ideal value: the median of the same op (name, position in the step) at its
+    """Each op's ideal value: the typical value of the same op (name, position in the step) at its
     data-parallel peers (same stage, same step), then the mean of those over the stages that run the
-    op in that step: a balanced pipeline holds the same work, shared evenly."""
+    op in that step: a balanced pipeline holds the same work, shared evenly.
+
+    Typical is the lower median: of an even count of peers the lower middle value, so that of two
+    data-parallel ranks the slow one never sets what the op should take (a mean of the two would
+    keep half of a straggler's excess in the ideal)."""
     at_stage = _codes(g.step_code, cols["name"], cols["nth"], cols["pp_stage"])
-    typical = _medians(at_stage, values)
+    typical = _medians(at_stage, values, lower=True)
     op = _codes(g.step_code, cols["name"], cols["nth"])
     first = np.unique(at_stage, return_index=True)[1]
     total = np.bincount(op[first], weights=typical[first])

@@ -95,7 +95,7 @@ def parse_meta(path: Path) -> dict[str, int]:
             continue
         key, sep, value = stripped.partition(":")
         key, value = key.strip(), value.strip().strip("'\"")
-        if not sep or not key or line[:1].isspace() or not key.replace("_", "").isalnum():
+        if not sep or not key or not value or line[:1].isspace() or not key.replace("_", "").isalnum():
             raise PerfscopeError(
                 f"{path}:{n}: only flat 'key: value' lines are read (dp_size, pp_size, tp_size, "
                 f"dsp_size, vpp_size), not {shown(line)}"
