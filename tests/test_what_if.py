@@ -22,7 +22,7 @@ if not STUDY.exists():  # the repository's copy, wherever the checkout is
     STUDY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "straggler-study"
 
 
-def _cli(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str | int | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     env.pop("PERFSCOPE_TRACEBACK", None)
     return subprocess.run(
@@ -86,12 +86,16 @@ def synthetic(
     slow: dict[tuple[int, int], float] | None = None,
     noise: float = 0.01,
     seed: int = 0,
+    uneven: float = 0.0,
 ) -> pa.Table:
     """An op table of a GPipe job (all forwards, then all backwards, blocking send/recv, a
     reduce-scatter per stage over the dp group, a gradient-norm all-reduce over every rank, the
-    optimizer), timed by the schedule itself. `slow` multiplies a worker's (dp rank, stage) compute."""
+    optimizer), timed by the schedule itself. `slow` multiplies a worker's (dp rank, stage) compute;
+    `uneven` multiplies each dp rank's compute in each step by 1 to 1 + uneven at random (the data,
+    sequence lengths, differ between dp ranks from step to step)."""
     rng = np.random.default_rng(seed)
     slow = slow or {}
+    data = 1 + uneven * rng.random((steps, dp))
     rows: list[tuple] = []
     ready = np.zeros((dp, pp))
     xfer = 0.0002
@@ -104,7 +108,7 @@ def synthetic(
         rows.append((d, s, s * dp + d, current[0], op, start, end - start, k, 0, mb, s))
 
     def compute(d: int, s: int, op: str, base: float, mb: int) -> None:
-        t = base * slow.get((d, s), 1.0) * (1 + noise * rng.standard_normal())
+        t = base * slow.get((d, s), 1.0) * data[current[0], d] * (1 + noise * rng.standard_normal())
         emit(d, s, op, ready[d, s], ready[d, s] + t, mb)
         ready[d, s] += t
 
@@ -198,6 +202,12 @@ def test_long_stage_is_stage_imbalance(tmp_path: Path) -> None:
     w = _what_if(tmp_path, synthetic(2, 3, slow={(0, 1): 1.8, (1, 1): 1.8}), 2, 3)
     assert w["cause"] == "stage-imbalance"
     assert w["by_stage"][0]["stage"] == 1
+
+
+def test_work_that_moves_between_dp_ranks_is_data_imbalance(tmp_path: Path) -> None:
+    w = _what_if(tmp_path, synthetic(4, 2, uneven=0.5, steps=16), 4, 2)
+    assert w["cause"] == "data-imbalance"
+    assert w["slowdown"] > 1.05
 
 
 def test_data_parallel_job_without_pipeline(tmp_path: Path) -> None:

@@ -354,10 +354,10 @@ def _causes(
 
     # data imbalance: the same op varies across dp ranks, and the slowest dp rank keeps changing
     if n_dp > 1:
-        peers = _codes(g.step_code, cols["name"], cols["nth"], stage)
-        d = cols["dur_ns"].astype(np.float64)
-        med = _medians(peers[compute], d[compute])
-        spread = np.abs(d[compute] - med) / np.maximum(med, 1.0)
+        same_op = _codes(g.step_code, cols["name"], cols["nth"], stage)
+        took = cols["dur_ns"].astype(np.float64)
+        med = _medians(same_op[compute], took[compute])
+        spread = np.abs(took[compute] - med) / np.maximum(med, 1.0)
         slowest = np.argmax(work, axis=1).reshape(-1)
         fixed = np.bincount(slowest, minlength=n_dp).max() / max(len(slowest), 1)
         if np.median(spread) > DATA_SPREAD and fixed < FIXED_SLOWEST:

@@ -201,7 +201,7 @@ def import_op_table(
         given = {k: v for k, v in layout.items() if v is not None}
         if given:
             raise PerfscopeError("op-table: give --meta or the sizes (--dp, --pp ...), not both")
-        layout = dict(parse_meta(meta))  # type: ignore[arg-type]
+        layout = dict(parse_meta(meta))
     lay = check_layout(layout)
     path = paths[0]
     t = _read(path)
