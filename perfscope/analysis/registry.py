@@ -81,6 +81,18 @@ DEFINITIONS: dict[str, str] = {
     "(1 − its wait to receive / its active time), worker skew = max / median worker step time.",
     "periodic-sync": "Periodic synchronisation every k steps: the sync step's exposed cost, its "
     "amortised share cost/k over the mean step, and the k that keeps it under 10%.",
+    "what-if": "What-if: each step's dependency graph (each rank's ops in recorded order; a recv cannot "
+    "end before its send starts; a collective ends on every member no earlier than its last member "
+    "enters) is replayed with the recorded times (replay error = mean |replayed − recorded| / recorded "
+    "step time) and with ideal ones: each op's time is the typical (lower median) time of the same op "
+    "at its data-parallel peers (same stage, same step, same position), averaged over the pipeline "
+    "stages that run it (a balanced pipeline). Slowdown S = mean actual / mean ideal step time; S_x = "
+    "the same with only x's ops (a worker: one dp rank at one stage; a stage; an op type) as recorded; "
+    "x's share of the excess is (S_x − 1)/(S − 1). Cause: stage-imbalance (one stage's share ≥ 1/2, "
+    "every other's ≤ 0.1, its compute longer at every dp rank), slow-worker (one worker's share ≥ 1/2 "
+    "and the largest in most steps, its dp peers' under half of it), data-imbalance (the same op "
+    "differs across dp ranks by > 5% and no dp rank is the slowest in over 60% of steps and stages), "
+    "none (S < 1.03).",
 }
 
 

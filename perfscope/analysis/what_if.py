@@ -14,10 +14,14 @@ depth 1 and comm rows), each step's dependency graph is built from what was reco
   transfer time (its end − the last member's entry).
 
 Replaying the graph with the recorded times gives the recorded step (the replay error is reported).
-The ideal step replays every op with the typical (median) time and launch gap of the same op (same
-name, same position in the step) at its data-parallel peers and pipeline stages in that step: what a
-balanced job without a slow worker would do. Attribution replays the ideal with one worker's (dp rank
-at a stage, all its tensor and context ranks), one stage's or one op type's ops as recorded.
+The ideal step replays every op with the typical (lower median) time and launch gap of the same op
+(same name, same position in the step) at its data-parallel peers (same stage, same step), averaged
+over the pipeline stages that run it: what a balanced job without a slow worker would do. (DESIGN.md
+says "among its data-parallel peers, same stage"; without the average over stages a stage that is too
+long at every dp rank would stay in the ideal, and stage imbalance, the issue's own example, could not
+be seen. The average keeps the job's work: a balanced pipeline shares it evenly.) Attribution
+replays the ideal with one worker's (dp rank at a stage, all its tensor and context ranks), one
+stage's or one op type's ops as recorded.
 Everything is vectorised: the graph is replayed level by level, linear in the number of ops.
 """
 
@@ -31,23 +35,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..store import Store
-from .registry import DEFINITIONS, analysis
+from .registry import analysis
 from .selection import Selection
 from .steady import runs_table
-
-DEFINITIONS.setdefault(
-    "what-if",
-    "What-if: each step's dependency graph (each rank's ops in recorded order; a recv cannot end before "
-    "its send starts; a collective ends on every member no earlier than its last member enters) "
-    "replayed with recorded times (replay error = mean |replayed − recorded| / recorded step time) and "
-    "with ideal ones (each op's time = the median of the same op at its data-parallel peers and "
-    "pipeline stages in the same step). Slowdown S = mean actual / mean ideal step time; S_x = the "
-    "same with only x's ops (a worker, a stage, an op type) as recorded; a share of the excess is "
-    "(S_x − 1)/(S − 1). Cause: slow-worker (one worker's share ≥ 1/2 in most steps, its dp peers' "
-    "not), stage-imbalance (one stage's share ≥ 1/2, every other's ≤ 0.1, its compute longer at every "
-    "dp rank), data-imbalance (compute of the same op varies across dp ranks with no fixed slowest), "
-    "or none (S < 1.03).",
-)
 
 #: an op that ends this little after another starts still counts as before it (clock rounding: the
 #: study's float32 seconds hold 2 s to about 0.1 µs, its ops' recorded ends drift by up to ~10 µs)
@@ -417,6 +407,7 @@ WORKER = pa.struct([("dp_rank", pa.int64()), ("stage", pa.int64()), ("ranks", pa
 SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
+        ("source", pa.string()),
         ("steps", pa.int64()),
         ("replay_error", pa.float64()),
         ("actual_step_ns", pa.float64()),
@@ -438,6 +429,10 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     sorted by slowdown, largest first), cause and second_cause (slow-worker, stage-imbalance,
     data-imbalance, none)."""
     t = _run_ops(store, sel)
+    source = {
+        r["run_id"]: r["source"]
+        for r in store.query(f"SELECT run_id, source FROM {runs_table(store, sel)}").to_pylist()
+    }
     rows = []
     if t.num_rows:
         run_ids = np.asarray(t.column("run_id").to_pylist(), dtype=object)
@@ -447,5 +442,6 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
         ):
             row = analyse_run(_columns(t.slice(int(lo), int(hi - lo))))
             if row is not None:
-                rows.append({"run_id": str(run_ids[lo]), **row})
+                run_id = str(run_ids[lo])
+                rows.append({"run_id": run_id, "source": source.get(run_id, "measured"), **row})
     return pa.Table.from_pylist(rows, schema=SCHEMA)
