@@ -381,8 +381,78 @@ def _check_contents(
         if got["s"] != want_s or got["w"] != want_w or rows == 0:
             bad.append(f"{step_path.parent}: its counts disagree with the run's steps segments")
             continue
-        index[part_name.split("=", 1)[1]] = RunRollup(str(step_path), str(win_path), anchor, w)
+        run_id = part_name.split("=", 1)[1]
+        try:
+            differs = _sample_differs(store, run_id, step_path, win_path, w)
+        except (duckdb.Error, OSError, ValueError) as exc:
+            bad.append(f"{step_path.parent}: unreadable: {str(exc).splitlines()[0]}")
+            continue
+        if differs:
+            bad.append(f"{step_path.parent}: its {differs} disagree with the run's raw step rows")
+            continue
+        index[run_id] = RunRollup(str(step_path), str(win_path), anchor, w)
     return index, bad
+
+
+#: Rollup rows recomputed from the raw step rows each time a store's rollups are read: this many
+#: windows of by_window and steps of by_step per run, drawn at random (and the first and last of each)
+SAMPLE_ROWS = 8
+
+
+def _sample_differs(store: Store, run_id: str, step_path: Path, win_path: Path, w: int) -> str:
+    """Which of the rollups ('window sums', 'step rows') disagrees with the raw rows, recomputed for
+    a random sample of its rows, or ''. Counts and bounds (checked before) say nothing of sums: a
+    rollup whose sums were edited, its metadata kept, passes them; it fails here, at the first read,
+    unless the edit spared every sampled row (the first and last windows and steps always are)."""
+    run = _lit(run_id)
+    n = SAMPLE_ROWS
+
+    def sample(path: Path, keys: str, order: str) -> list[dict[str, int]]:
+        src = f"read_parquet({_lit(str(path))})"
+        return store.query(
+            f"SELECT {keys} FROM (SELECT {keys} FROM {src} USING SAMPLE {n} ROWS) "
+            f"UNION SELECT {keys} FROM (SELECT {keys} FROM {src} ORDER BY {order} LIMIT 1) "
+            f"UNION SELECT {keys} FROM (SELECT {keys} FROM {src} ORDER BY {order} DESC LIMIT 1)"
+        ).to_pylist()
+
+    def disagree(path: Path, keys: list[str], rows: list[dict[str, int]], raw: str) -> bool:
+        cols = [c for c in pq.read_schema(path).names if c not in keys]
+        on = " AND ".join(f"r.{k} = g.{k}" for k in keys)
+        diff = " OR ".join(f"r.{c} IS DISTINCT FROM g.{c}" for c in cols)
+        picked = " OR ".join("(" + " AND ".join(f"g.{k} = {int(row[k])}" for k in keys) + ")" for row in rows)
+        got = store.query(
+            f"SELECT count(*) AS n FROM ({raw}) r FULL JOIN read_parquet({_lit(str(path))}) g ON {on} "
+            f"WHERE ({picked}) AND ({diff} OR r.{keys[0]} IS NULL)"
+        ).to_pylist()[0]["n"]
+        return bool(got)
+
+    rows = sample(win_path, "rank, win_lo", "rank, win_lo")
+    if rows:
+        ranges = " OR ".join(
+            f"(s.rank = {int(r['rank'])} AND s.step >= {int(lo)} AND s.step < {int(lo) + w})"
+            for r in rows
+            for lo in [r["win_lo"]]
+        )
+        lo = min(int(r["win_lo"]) for r in rows)
+        hi = max(int(r["win_lo"]) for r in rows) + w
+        raw = (
+            f"SELECT s.rank, ({lo} + (s.step - {lo}) // {w} * {w})::BIGINT AS win_lo, "
+            f"{_select(WINDOW_COLUMNS)} "
+            f"FROM steps s WHERE s.run_id = {run} AND s.step >= {lo} AND s.step < {hi} AND ({ranges}) "
+            "GROUP BY ALL"
+        )
+        if disagree(win_path, ["rank", "win_lo"], rows, raw):
+            return "window sums"
+    rows = sample(step_path, "step", "step")
+    if rows:
+        steps = ", ".join(str(int(r["step"])) for r in rows)
+        raw = (
+            f"SELECT s.step, {_select(STEP_COLUMNS)} FROM steps s "
+            f"WHERE s.run_id = {run} AND s.step IN ({steps}) GROUP BY s.step"
+        )
+        if disagree(step_path, ["step"], rows, raw):
+            return "step rows"
+    return ""
 
 
 def _files(paths: Iterable[str]) -> str:

@@ -887,7 +887,16 @@ def _parquet_sql(table: str, version: int, segments: list[Segment]) -> str:
         f"read_parquet([{files}], hive_partitioning=true, union_by_name=true, "
         f"hive_types={{'{PARTITION_KEY}': 'VARCHAR'}})"
     )
-    return f"SELECT {_columns_sql(table, version, segments, PARTITION_KEY)} FROM {src}"
+    cols = TABLES[table].columns
+    present = frozenset().union(*(s.columns for s in segments))
+    if any(c.name not in present for c in cols):
+        # The listing says no file holds a column (a footer said so, or the manifest's memory of one,
+        # which a forged manifest may edit): bound from the files all the same, by name against an
+        # empty row of every column, so it is NULL only where the files themselves lack it.
+        skeleton = ", ".join(f'CAST(NULL AS {_DUCK_TYPES[c.type]}) AS "{c.name}"' for c in cols)
+        src = f"(SELECT * FROM {src} UNION ALL BY NAME SELECT {skeleton} WHERE false)"
+        present = frozenset(c.name for c in cols)
+    return f"SELECT {_columns_sql(table, version, segments, PARTITION_KEY, present)} FROM {src}"
 
 
 def sql_text(value: str) -> str:
@@ -895,8 +904,11 @@ def sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _columns_sql(table: str, version: int, segments: list[Segment], partition: str) -> str:
-    present = frozenset().union(*(s.columns for s in segments))
+def _columns_sql(
+    table: str, version: int, segments: list[Segment], partition: str, present: frozenset[str] | None = None
+) -> str:
+    if present is None:
+        present = frozenset().union(*(s.columns for s in segments))
     parts = [partition]
     for c in TABLES[table].columns:
         if c.migrated is not None and version < c.since:  # written before the column existed
@@ -954,6 +966,7 @@ class Store:
         configure_duckdb(self._con)
         self._con.execute("SET lock_configuration=true")
         self.listing = Listing()
+        self._listed = False
         self._live_names: set[str] = set()
         #: tables whose view is (re)created when a query first names one: binding a view reads a
         #: footer per file, which a store of 100,000 segments cannot afford at every open
@@ -1000,8 +1013,9 @@ class Store:
                 + (f" (skipped {len(listing.skipped)} files: {reasons})" if listing.skipped else "")
                 + ". Record a run into it with perfscope.profile(...) or try `perfscope demo`."
             )
-        if listing.signature() == self.listing.signature():
+        if self._listed and listing.signature() == self.listing.signature():
             return  # nothing new: the views, live relations and what analyses built over them stand
+        self._listed = True
         new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
         new_doubts = {s.path for s in listing.doubtful} - {s.path for s in self.listing.doubtful}
         self.listing = listing

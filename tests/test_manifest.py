@@ -573,3 +573,59 @@ def test_entries_whose_ranges_end_before_their_rows_leave_info_to_the_rows(
     _forget()
     with Store(root) as store:
         assert summary(store)["last_step_end_ns"] == truth
+
+
+def _comm_study(root: Path) -> None:
+    """Runs at 1, 2, 4 and 8 ranks whose exposed sync grows with N (communication-bound)."""
+    for n in (1, 2, 4, 8):
+        phases = {"data": 1 * MS, "forward": 10 * MS, "backward": 20 * MS, "sync_exposed": 4 * n * MS}
+        make_run(root, f"n{n}", world_size=n, steps=40, phases=phases)
+
+
+def _cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> object:
+    from perfscope.cli import main
+
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    out = json.loads(capsys.readouterr().out)
+    if isinstance(out, dict):
+        out.pop("store", None)
+    return out
+
+
+def test_a_manifest_with_forged_column_lists_changes_no_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22: the manifest's column lists edited (sizes and mtimes kept) to say no file holds
+    sync_exposed_ns. The views are bound from the files, so analyze, sql and the rollups compact
+    rebuilds read the files' values, not NULL."""
+    root = tmp_path / "s"
+    _comm_study(root)
+    compact(root, grace_s=0)  # saves the manifest, writes the rollups
+    query = "SELECT run_id, sum(sync_exposed_ns) AS s, count(sync_exposed_ns) AS n FROM steps GROUP BY 1"
+    query += " ORDER BY 1"
+    want_sql = _cli_json(capsys, "sql", str(root), query, "--format", "json")
+    want = _cli_json(capsys, "analyze", str(root), "--json")
+    assert all(int(r["s"]) > 0 for r in want_sql)  # type: ignore[index,union-attr]
+
+    def forge(t: pa.Table) -> pa.Table:
+        cols = [
+            json.dumps([c for c in json.loads(v) if c != "sync_exposed_ns"]) for v in t["columns"].to_pylist()
+        ]
+        return t.set_column(t.schema.get_field_index("columns"), "columns", pa.array(cols))
+
+    before = _read(root / MANIFEST_NAME)["columns"].to_pylist()
+    _rewrite(root, forge)
+    after = _read(root / MANIFEST_NAME)["columns"].to_pylist()
+    assert sum("sync_exposed_ns" in c for c in before) > 0 and not any("sync_exposed_ns" in c for c in after)
+    _forget()
+    assert _cli_json(capsys, "sql", str(root), query, "--format", "json") == want_sql
+    assert _cli_json(capsys, "analyze", str(root), "--json") == want
+    # the manifest still forged (compact reads it too): the rollups it rebuilds hold the files' values
+    shutil.rmtree(root / "_rollups")
+    _rewrite(root, forge)
+    _forget()
+    compact(root, grace_s=0)
+    assert (root / "_rollups" / "run_id=n8" / "by_window.parquet").is_file()
+    _forget()
+    assert _cli_json(capsys, "analyze", str(root), "--json") == want

@@ -246,7 +246,43 @@ def _hostile_off_grid(part: Path, other: Path) -> None:
     )
 
 
+def _scaled(path: Path, factors: dict[str, float], rows: slice = slice(None)) -> None:
+    """The rollup at `path` with columns scaled (in `rows` only), its metadata kept as written."""
+    t = pq.read_table(path)
+    meta = t.schema.metadata[META_ROLLUP]
+    cols = []
+    for name in t.column_names:
+        values = t.column(name).to_pylist()
+        if name in factors:
+            values[rows] = [None if v is None else int(v * factors[name]) for v in values[rows]]
+        cols.append(pa.array(values, t.schema.field(name).type))
+    _rewrite(path, pa.Table.from_arrays(cols, schema=t.schema.remove_metadata()), meta)
+
+
+def _hostile_sums_forged(part: Path, other: Path) -> None:
+    """Issue 22's forge: the sums edited, the counts and bounds and metadata kept (forward halved,
+    exposed sync x10), which no count or footer statistic can tell."""
+    _scaled(part / "by_window.parquet", {"forward_sum": 0.5, "sync_exposed_sum": 10, "step_sum": 1})
+
+
+def _hostile_one_window_forged(part: Path, other: Path) -> None:
+    """The first window's exposed sync x10 (the sample always holds the first and last rows)."""
+    before = pq.read_table(part / "by_window.parquet").column("sync_exposed_sum")[0].as_py()
+    _scaled(part / "by_window.parquet", {"sync_exposed_sum": 10}, slice(0, 1))
+    assert (
+        before and pq.read_table(part / "by_window.parquet").column("sync_exposed_sum")[0].as_py() != before
+    )
+
+
+def _hostile_step_rows_forged(part: Path, other: Path) -> None:
+    """by_step's most exposed sync x10 on every step (no footer statistic bounds it)."""
+    _scaled(part / "by_step.parquet", {"sync_max_ns": 10, "sync_min_ns": 10})
+
+
 HOSTILE = [
+    _hostile_sums_forged,
+    _hostile_one_window_forged,
+    _hostile_step_rows_forged,
     _hostile_garbage,
     _hostile_other_runs_contents,
     _hostile_double_counted,
