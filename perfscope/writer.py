@@ -281,13 +281,19 @@ class StoreWriter:
             self._hand_over(table)
 
     def extend(self, table: str, rows: Iterable[Row]) -> None:
-        width = self._width[table]
-        good: list[Row] = rows if isinstance(rows, list) else list(rows)
-        if set(map(len, good)) - {width}:  # a row of another width (rare): fit or drop it
-            fitted = [r if len(r) == width else self._fit(table, r) for r in good]
-            good = [r for r in fitted if r is not None]
+        good = self._whole(table, rows)
         if good and self._add(table, good):
             self._hand_over(table)
+
+    def _whole(self, table: str, rows: Iterable[Row]) -> list[Row]:
+        """`rows` as rows of the table's width: a row of another width (rare) is fitted or dropped.
+        One row short in a buffer would shift every later one: its batch fails to write, all lost."""
+        width = self._width[table]
+        good: list[Row] = rows if isinstance(rows, list) else list(rows)
+        if set(map(len, good)) - {width}:
+            fitted = [r if len(r) == width else self._fit(table, r) for r in good]
+            good = [r for r in fitted if r is not None]
+        return good
 
     def add_source(self, pull: Callable[[], Mapping[str, Iterable[Row]]]) -> None:
         """`pull()` returns rows by table, taken with the buffers (at each roll, flush and close) by
@@ -393,7 +399,12 @@ class StoreWriter:
 
     def _pull_sources(self) -> list[tuple[str, list[Any]]]:
         """Add the sources' rows to the buffers; returns the buffers this filled up, taken."""
-        full = {table for pull in self._sources for table, rows in pull().items() if self._add(table, rows)}
+        full = {
+            table
+            for pull in self._sources
+            for table, rows in pull().items()
+            if self._add(table, self._whole(table, rows))
+        }
         return [(t, flat) for t in full if (flat := self._take(t))]
 
     def _take_all(self) -> list[tuple[str, list[Any]]]:

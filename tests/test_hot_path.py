@@ -307,3 +307,28 @@ def test_a_writer_source_is_pulled_at_flush_and_when_asked(tmp_path: Path) -> No
         assert "perfscope-writer" in calls
         w.flush()
         assert w.stats.rows_written == 2
+
+
+def test_a_sources_rows_short_of_the_tables_width_are_fitted_not_dropped_with_the_batch(
+    tmp_path: Path,
+) -> None:
+    """A producer built for an older schema (the collector's comm rows when the schema gained its
+    process-group columns) gives rows without the columns added since: they are NULL. Added raw,
+    one short row shifted every later value of the buffer and the whole batch failed to write
+    ('values do not make whole rows'): the first steps' comm rows of real DDP runs were lost."""
+    table = TABLES["comm"]
+    assert table.min_width < len(table.columns), "the test needs a column added after version 1"
+    full = (0, 1, 0, "allreduce", 0, 8, 1, 2, "host", None, 2, 1, False, "backward")
+    full += (None,) * (len(table.columns) - len(full))
+    width = table.min_width
+    ready = [full, (0, 1, 1, *full[3:width]), (0, 1, 2, *full[3:width])]
+    with StoreWriter(tmp_path, "run1") as w:
+        w.add_source(lambda: {"comm": [ready.pop(0) for _ in range(len(ready))]} if ready else {})
+        w.flush()
+        assert w.stats.rows_written == 3 and w.stats.rows_dropped == 0 and w.stats.write_errors == 0
+    names = ", ".join(c.name for c in table.columns)
+    got = open_store(tmp_path).query(f"SELECT {names} FROM comm ORDER BY seq").to_pylist()
+    nulls = (None,) * (len(table.columns) - width)
+    assert [tuple(r.values()) for r in got] == [full] + [
+        (0, 1, seq, *full[3:width], *nulls) for seq in (1, 2)
+    ]
