@@ -253,7 +253,7 @@ def write_frozen(
             moved.append((CANONICAL.get(phase, -1), exposed))
         comm_rows.append(
             (rank, index, seq, op, bucket, nbytes, start_host + shift + queued, dur - queued, clock, peer,
-             group_size, exposed, is_async, phase)
+             group_size, exposed, is_async, phase, None, None)  # group_ranks, name: not recorded yet
         )  # fmt: skip
     if span_rows:
         emit("spans", span_rows)
