@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from perfscope.analysis import Selection, run_analysis
+from perfscope.explain import explain
 from perfscope.store import open_store
 
 STUDY = Path("/work/shared/traces/straggler-study")
@@ -167,6 +168,7 @@ def _what_if(tmp_path: Path, table: pa.Table, dp: int, pp: int, name: str = "t")
     assert res.returncode == 0, res.stderr
     with open_store(store) as s:
         (row,) = run_analysis("what_if", s, Selection()).to_pylist()
+        row["findings"] = [g for f in explain(s) for g in f.flatten() if g.rule == "what-if"]
     return row
 
 
@@ -189,6 +191,11 @@ def test_slow_worker_named_and_ideal_is_the_job_without_it(tmp_path: Path) -> No
     without = _recorded_step(synthetic(4, 2))
     assert w["ideal_step_ns"] / 1e9 == pytest.approx(without, rel=0.05)
     assert w["slowdown"] > 1.2
+    (f,) = w["findings"]
+    assert (
+        "dp rank 2 at stage 1" in f.title and "rank 6" in f.title and "Replace or cordon" in f.recommendation
+    )
+    assert f.numbers["cost_ns"] == pytest.approx(w["actual_step_ns"] - w["ideal_step_ns"], rel=0.1)
 
 
 def test_balanced_job_has_no_cause(tmp_path: Path) -> None:
@@ -196,18 +203,23 @@ def test_balanced_job_has_no_cause(tmp_path: Path) -> None:
     assert w["cause"] == "none"
     assert w["slowdown"] == pytest.approx(1.0, abs=0.03)
     assert w["replay_error"] < 0.01
+    assert w["findings"] == []
 
 
 def test_long_stage_is_stage_imbalance(tmp_path: Path) -> None:
     w = _what_if(tmp_path, synthetic(2, 3, slow={(0, 1): 1.8, (1, 1): 1.8}), 2, 3)
     assert w["cause"] == "stage-imbalance"
     assert w["by_stage"][0]["stage"] == 1
+    (f,) = w["findings"]
+    assert "stage 1" in f.title and "fewer layers" in f.recommendation
 
 
 def test_work_that_moves_between_dp_ranks_is_data_imbalance(tmp_path: Path) -> None:
     w = _what_if(tmp_path, synthetic(4, 2, uneven=0.5, steps=16), 4, 2)
     assert w["cause"] == "data-imbalance"
     assert w["slowdown"] > 1.05
+    (f,) = w["findings"]
+    assert "sequence packing" in f.recommendation
 
 
 def test_data_parallel_job_without_pipeline(tmp_path: Path) -> None:
@@ -272,3 +284,29 @@ def test_hostile_op_tables_are_refused_in_one_line(tmp_path: Path, case: str, sa
     else:
         line = _hostile(tmp_path, _with(good, "duration", [float("nan")] * n), *layout, name="h.csv")
     assert line.startswith("perfscope import: error: ") and says in line, line
+
+
+def test_version_2_stores_read_the_layout_as_null(tmp_path: Path) -> None:
+    """Segments written before schema version 3 lack the layout columns: they read as NULL, and
+    what_if leaves such runs out instead of failing."""
+    from perfscope.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+
+    assert SCHEMA_VERSION >= 3
+    store = tmp_path / "store-old"
+    path = tmp_path / "t.parquet"
+    pq.write_table(synthetic(2, 2, steps=3), path)
+    assert _cli("import", "op-table", path, "--dp", 2, "--pp", 2, "--store", store).returncode == 0
+    for table in ("runs", "ranks", "comm"):
+        new = [c.name for c in TABLES[table].columns if c.since >= 3]
+        for seg in (store / table).glob("run_id=*/*.parquet"):
+            t = pq.read_table(seg, partitioning=None).drop_columns(new)
+            meta = {META_TABLE: table.encode(), META_VERSION: b"2"}
+            pq.write_table(t.replace_schema_metadata(meta), seg)
+    with open_store(store) as s:
+        ranks = s.query("SELECT count(*) AS n, count(dp_rank) AS laid FROM ranks").to_pylist()
+        comm = s.query("SELECT count(*) AS n, count(group_ranks) AS grouped FROM comm").to_pylist()
+        runs = s.query("SELECT dp_size, pp_size FROM runs").to_pylist()
+        assert run_analysis("what_if", s, Selection()).num_rows == 0
+    assert ranks == [{"n": 4, "laid": 0}] and comm[0]["n"] > 0 and comm[0]["grouped"] == 0
+    assert runs == [{"dp_size": None, "pp_size": None}]
+    assert _analyze(store)["what_if"] == []
