@@ -1,5 +1,8 @@
-"""Spark reads a perfscope store as it is (docs/other_engines.md) and finds the same median steady
-step time perfscope reports. Skips with one line without pyspark or without a Java runtime (neither
+"""Spark reads a perfscope store as it is (docs/other_engines.md) and finds, with Spark SQL alone, the
+same median steady step time, steady-state step time and throughput per run and scaling table
+(speedup and efficiency against each group's smallest world size) perfscope reports, on the bundled
+demo store and on a store whose ranks' step boundaries are not aligned. One Spark session for the
+module (it takes seconds to start). Skips with one line without pyspark or without a Java runtime (neither
 is a perfscope dependency: pip install pyspark; apt-get install default-jre-headless)."""
 
 from __future__ import annotations
@@ -12,7 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_store_is_plain_parquet import DEMO, MEDIAN_STEADY_STEP_SQL, perfscope_medians
+from test_store_is_plain_parquet import (
+    DEMO,
+    MEDIAN_STEADY_STEP_SQL,
+    RUN_STATS_SQL,
+    SCALING_SQL,
+    assert_same_run_stats,
+    assert_same_scaling,
+    build_misaligned_store,
+    perfscope_medians,
+    perfscope_run_stats,
+    perfscope_scaling,
+)
 
 from perfscope.store import open_store
 
@@ -48,13 +62,24 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session.stop()
 
 
+def spark_views(spark: Any, root: Path) -> None:
+    """The views the doc's SQL reads: `steps` and `runs` of the store at `root`, and `run_stats`."""
+    for table in ("steps", "runs"):
+        frame = (
+            spark.read.option("mergeSchema", "true")  # segments of older schema versions lack new columns
+            .option("pathGlobFilter", "*.parquet")  # a running job's .arrows segments are not Parquet
+            .parquet(str(root / table))
+        )
+        frame.createOrReplaceTempView(table)
+    spark.sql(RUN_STATS_SQL).createOrReplaceTempView("run_stats")
+
+
+def spark_rows(spark: Any, sql: str) -> list[dict[str, Any]]:
+    return [r.asDict() for r in spark.sql(sql).collect()]
+
+
 def spark_medians(spark: Any, root: Path) -> dict[str, float]:
-    steps = (
-        spark.read.option("mergeSchema", "true")  # segments of older schema versions lack new columns
-        .option("pathGlobFilter", "*.parquet")  # a running job's .arrows segments are not Parquet
-        .parquet(str(root / "steps"))
-    )
-    steps.createOrReplaceTempView("steps")
+    spark_views(spark, root)
     return {r["run_id"]: float(r["step_median_ns"]) for r in spark.sql(MEDIAN_STEADY_STEP_SQL).collect()}
 
 
@@ -65,6 +90,23 @@ def test_spark_finds_the_median_steady_step_time_perfscope_reports(spark: Any) -
     assert theirs.keys() == ours.keys()
     for run_id, median in ours.items():
         assert theirs[run_id] == pytest.approx(median, rel=1e-9), run_id
+
+
+@pytest.mark.parametrize("store", ["demo", "misaligned"])
+def test_spark_sql_finds_the_step_time_throughput_and_scaling_perfscope_reports(
+    spark: Any, store: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Per run the steady window's wall clock / steps and global samples / elapsed; per group and N
+    the speedup and efficiency against N0: Spark SQL over the store equals `perfscope analyze`. The
+    misaligned store's per-step maxima are a fifth off its wall clock, so a sum of them would fail."""
+    root = DEMO if store == "demo" else build_misaligned_store(tmp_path_factory.mktemp("spark-store") / "s")
+    ours = perfscope_run_stats(root)
+    assert len(ours) >= 6
+    spark_views(spark, root)
+    assert_same_run_stats(spark_rows(spark, "SELECT * FROM run_stats"), ours)
+    scaling = perfscope_scaling(root)
+    assert max(r["world_size"] for r in scaling) == 4
+    assert_same_scaling(spark_rows(spark, SCALING_SQL), scaling)
 
 
 def test_the_dataframe_api_gives_the_same_medians(spark: Any) -> None:
