@@ -37,6 +37,7 @@ def test_json_is_the_documented_format(store_path, capsys):
         "mfu",
         "batch_sweep",
         "time_to_metric",
+        "what_if",
         "findings",
         "evidence",
         "definitions",
@@ -75,7 +76,7 @@ def test_text_report_has_tables_and_ranked_findings(store_path, capsys, monkeypa
     monkeypatch.setenv("NO_COLOR", "1")
     assert main(["analyze", str(store_path)]) == 0
     out = capsys.readouterr().out
-    assert "exp/c1/nccl/mlp/weak:b32  (weak scaling, baseline N0=1)" in out
+    assert "exp · c1 · nccl · mlp · weak:b32  (weak scaling, baseline N0=1)" in out
     assert "1. [ALARM] Communication-bound at N=8" in out
     assert "\033[" not in out
     assert "simulated" in out  # the simulated run is marked in the runs table

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from .. import __version__
 from ..analysis import DEFINITIONS, Selection, run_analysis
+from ..analysis.groups import group_name
 from ..errors import PerfscopeError
 from ..explain import Finding, explain
 from ..store import Store, open_store
@@ -197,7 +198,9 @@ def render_scaling(scaling: pa.Table, colour: bool, width: int | None = None) ->
             continue
         first = rows[0]
         note = f"  MIXED: {first['mode_note']}" if first["mixed"] else ""
-        title = f"{gid}  ({first['scaling_mode']} scaling, baseline N0={first['baseline_world_size']}){note}"
+        # every known part of the group, never '-' for an unknown one
+        mode = f"{first['scaling_mode']} scaling, baseline N0={first['baseline_world_size']}"
+        title = f"{group_name(gid)}  ({mode}){note}"
         out.append(heading(wrap(title, width, hang="    "), colour=colour))
         table = []
         for r in rows:
