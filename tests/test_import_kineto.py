@@ -759,3 +759,48 @@ def test_damaged_message_sizes_leave_bytes_unknown(args: dict[str, Any]) -> None
 
     assert _nbytes(args) is None
     assert _nbytes({"In msg nelems": 1024, "dtype": "float"}) == 4096  # a sound one still counts
+
+
+def _gpu_trace(path: Path, events: int, per_step: int = 200) -> None:
+    """A GPU trace of about `events` events: steps of per_step/2 launched kernels, one in ten an NCCL
+    allreduce on its own stream, and a backward op in each."""
+    ev: list[dict[str, Any]] = []
+    corr, t = 0, 1000.0
+    for k in range(max(1, events // (per_step + 2))):
+        s0 = t
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "ts": s0,
+                   "dur": per_step * 10.0, "pid": 1, "tid": 1})  # fmt: skip
+        for j in range(per_step // 2):
+            corr += 1
+            ts, comm = s0 + j * 10.0, j % 10 == 9
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2.0,
+                       "pid": 1, "tid": 1, "args": {"correlation": corr}})  # fmt: skip
+            name = "ncclKernel_AllReduce_RING_LL_Sum_float" if comm else "void gemm_kernel"
+            dur = 30.0 if comm else 8.0
+            ev.append({"ph": "X", "cat": "kernel", "pid": 0, "tid": 8 if comm else 7, "name": name,
+                       "ts": ts + 5.0, "dur": dur, "args": {"correlation": corr}})  # fmt: skip
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0",
+                   "ts": s0 + per_step * 5.0, "dur": 20.0, "pid": 1, "tid": 2})  # fmt: skip
+        t += per_step * 10.0 + 5
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ev}))
+
+
+def test_analysis_time_grows_as_n_log_n(tmp_path: Path) -> None:
+    """Issue 22: 10k/20k/40k/80k-event traces took 1.8/4.1/14.6/64.7 s (a mask per step over every
+    kernel, and each collective's exposed time walked every compute interval before it). Four times
+    the events now take about four times as long (quadratic: sixteen); the best of three runs each,
+    so a loaded machine's pauses do not count."""
+    small, big = tmp_path / "small.json", tmp_path / "big.json"
+    _gpu_trace(small, 10_000)
+    _gpu_trace(big, 40_000)
+    traces = {p: read_trace(p) for p in (small, big)}
+    best = {}
+    for p, t in traces.items():
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            steps = analyse(t)
+            times.append(time.perf_counter() - t0)
+        best[p] = min(times)
+        assert len(steps) == len(t.steps) and all(s.sync_exposed_us > 0 for s in steps)
+    assert best[big] < 8 * best[small], best

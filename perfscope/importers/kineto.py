@@ -493,11 +493,16 @@ def analyse(t: RankTrace) -> list[StepResult]:
         comms = list(t.comm_ranges)
     c_anchor = np.array([c.anchor for c in comms])
     c_step = _step_of(c_anchor, s_start, s_end) if comms else np.empty(0, dtype=int)
+    # each step's kernels and collectives, found by one sort (a mask per step was steps x events)
+    c_of = _by_step(c_step, len(steps))
+    k_of = _by_step(k_step, len(steps)) if gpu else []
+    b_lo = np.searchsorted(bwd, s_start, side="left")
+    b_hi = np.searchsorted(bwd, s_end, side="left")
 
     out = []
     for i, s in enumerate(steps):
         data_us = length(clip(data_all, s.start, s.end))
-        in_step = (bwd >= s.start) & (bwd < s.end)
+        in_step = slice(int(b_lo[i]), int(b_hi[i]))
         b_in = bwd[in_step]
         bwd_start = float(b_in[0]) if len(b_in) else math.inf
         opt = clip(opt_all, s.start, s.end)
@@ -506,7 +511,7 @@ def analyse(t: RankTrace) -> list[StepResult]:
             spans.append(("backward", bwd_start, min(s.end, float(bwd_e[in_step].max()))))
         spans += [("optimizer", float(a), float(b)) for a, b in opt]
         if gpu:
-            mine = k_step == i
+            mine = k_of[i]
             ks, ke, ka = k_s[mine], k_e[mine], anchors[mine]
             compute = merge(np.stack([ks, ke], axis=1))
             compute_us = length(compute)
@@ -525,13 +530,14 @@ def analyse(t: RankTrace) -> list[StepResult]:
             rest = subtract(compute, opt)
             backward_us = length(clip(rest, bwd_start, s.end)) if bwd_start < s.end else 0.0
             forward_us = compute_us - optimizer_us - backward_us
-        step_comms = [comms[j] for j in np.flatnonzero(c_step == i)]
+        step_comms = [comms[j] for j in c_of[i]]
         step_comms.sort(key=lambda c: c.start)
         rows = []
         exposed_parts = []
         for c in step_comms:
             iv = np.array([[c.start, c.end]])
-            exposed = subtract(iv, all_compute)
+            # only the compute inside the collective (found by bisection): never a walk from the start
+            exposed = subtract(iv, clip(all_compute, c.start, c.end))
             rows.append((c, length(exposed)))
             exposed_parts.append(exposed)
         sync_us = length(merge(np.concatenate(exposed_parts))) if exposed_parts else 0.0
@@ -542,6 +548,14 @@ def analyse(t: RankTrace) -> list[StepResult]:
             )
         )  # fmt: skip
     return out
+
+
+def _by_step(step_of: np.ndarray, n: int) -> list[np.ndarray]:
+    """The indices of the items of each of `n` steps, in item order (`step_of`: each item's step, -1
+    for none): one stable sort, then a slice per step."""
+    order = np.argsort(step_of, kind="stable")
+    bounds = np.searchsorted(step_of[order], np.arange(n + 1), side="left")
+    return [order[bounds[i] : bounds[i + 1]] for i in range(n)]
 
 
 def _launch_times(t: RankTrace, corr: np.ndarray, fallback: np.ndarray) -> np.ndarray:
