@@ -27,6 +27,13 @@ def one_line(text: str) -> str:
     )
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """A value from a file or the command line as it may appear in a one-line message: escaped, at
+    most `limit` characters (a 5000-digit number is not echoed whole)."""
+    text = one_line(str(value))
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text):,} chars)"
+
+
 class StoreError(PerfscopeError):
     """The store is missing, empty, foreign or of an unreadable schema version."""
 
@@ -48,3 +55,21 @@ def warn_once(key: str, message: str) -> bool:
     # one line: at perfscope's own line (line 0 of "perfscope"), so no source line is printed under it
     warnings.warn_explicit(message, PerfscopeWarning, "perfscope", 0, module="perfscope")
     return True
+
+
+_formatwarning = warnings.formatwarning
+
+
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """perfscope's warnings as they are meant to be read, one plain line ("perfscope: ..."), not
+    "perfscope:0: PerfscopeWarning: perfscope: ..." (Python's format names the file and line that warned,
+    which says nothing to whoever reads a job's log); every other warning as before."""
+    if isinstance(category, type) and issubclass(category, PerfscopeWarning):
+        text = str(message)
+        return (text if text.startswith("perfscope") else f"perfscope: {text}") + "\n"
+    return _formatwarning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _format_warning

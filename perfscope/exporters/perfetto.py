@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.rank_timeline import window_intervals
-from ..errors import PerfscopeError
+from ..errors import PerfscopeError, shown
 from ..output import open_output
 from ..store import Store
 
@@ -24,6 +24,16 @@ from ..store import Store
 STEP_TID, SPAN_TID, COMM_TID = 1, 10, 100
 #: pid of the host processes holding GPU counters: HOST_PID + node index (ranks are pids 0..N-1)
 HOST_PID = 1_000_000
+
+
+def _step_number(part: str) -> int | None:
+    """A step number of --steps (None when left open); it fits a steps row's BIGINT."""
+    part = part.strip()
+    if not part:
+        return None
+    if len(part) > 20 or not -(2**63) <= (n := int(part)) < 2**63:  # int() of 5000 digits is slow
+        raise ValueError(part)
+    return n
 
 
 @dataclass(frozen=True)
@@ -39,14 +49,14 @@ class StepWindow:
             return cls()
         a, sep, b = text.partition(":")
         try:
-            first = int(a) if a.strip() else None
-            last = int(b) if b.strip() else None
+            first, last = _step_number(a), _step_number(b)
         except ValueError:
-            raise PerfscopeError(f"--steps {text!r}: give A:B, A: or :B with step numbers") from None
+            what = shown(repr(text))
+            raise PerfscopeError(f"--steps {what}: give A:B, A: or :B with step numbers") from None
         if not sep:
             last = first
         if first is not None and last is not None and last < first:
-            raise PerfscopeError(f"--steps {text!r}: the last step is before the first")
+            raise PerfscopeError(f"--steps {shown(repr(text))}: the last step is before the first")
         return cls(first, last)
 
     def sql(self, column: str = "step") -> str:

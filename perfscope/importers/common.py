@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import PerfscopeError, one_line
+from ..errors import PerfscopeError, one_line, shown
 from ..output import store_target
 from ..rollups import ROLLUP_DIR
 from ..schema import PARTITION_KEY, TABLES
@@ -57,12 +57,6 @@ def ranks_in_range(n: int, what: str) -> int:
     if n > MAX_RANKS:
         raise PerfscopeError(f"{what} is {shown(n)}: no job has more than {MAX_RANKS:,} ranks")
     return n
-
-
-def shown(value: object, limit: int = 40) -> str:
-    """A value from a file as it may appear in a one-line message: escaped, at most `limit` chars."""
-    text = one_line(str(value))
-    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text):,} chars)"
 
 
 @dataclass(frozen=True)
