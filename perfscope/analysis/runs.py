@@ -80,7 +80,8 @@ def rank_breakdown(store: Store, sel: Selection) -> pa.Table:
     return store.query(
         f"""
         SELECT a.run_id, r.source, r.world_size, a.rank, k.hostname, a.rows AS steps,
-               step_sum / rows AS step_ns, {means}, ({other}) / rows AS other_ns,
+               step_sum / rows AS step_ns, {means},
+               CASE WHEN ({other}) < 0 THEN 0.0 ELSE ({other}) / rows END AS other_ns,
                ({useful}) / rows AS useful_ns, c.comm_total_mean AS comm_total_ns
         FROM {ra} a JOIN {runs} r USING (run_id)
         LEFT JOIN {rank_comm_table(store, sel)} c USING (run_id, rank)

@@ -273,7 +273,10 @@ def run_stats_table(store: Store, sel: Selection) -> str:
         )
         SELECT g.*,
                {breakdown},
-               step_mean_ns - ({named_sum}) AS other_ns,
+               -- the rest of the step, never below zero (phases recorded overlapping, or means
+               -- over different rows, can add up past the step: no duration is negative)
+               CASE WHEN step_mean_ns < ({named_sum}) THEN 0.0
+                    ELSE step_mean_ns - ({named_sum}) END AS other_ns,
                step_ns - step_mean_ns AS imbalance_ns,
                samples_per_step * elapsed_steps / (steady_elapsed_ns / 1e9) AS throughput_samples_per_s,
                dataset_samples / samples_per_step * (step_ns / 1e9) AS epoch_s
