@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -160,11 +161,18 @@ def synthetic(
     return pa.table({n: list(c) for n, c in zip(names, cols, strict=True)})
 
 
-def _what_if(tmp_path: Path, table: pa.Table, dp: int, pp: int, name: str = "t") -> dict:
-    path = tmp_path / f"{name}.parquet"
-    pq.write_table(table, path)
+def _what_if(
+    tmp_path: Path, table: pa.Table, dp: int, pp: int, name: str = "t", *args: str | int, csv: bool = False
+) -> dict:
+    path = tmp_path / f"{name}.{'csv' if csv else 'parquet'}"
+    if csv:
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path)
     store = tmp_path / f"store-{name}"
-    res = _cli("import", "op-table", path, "--dp", dp, "--pp", pp, "--store", store)
+    res = _cli("import", "op-table", path, "--dp", dp, "--pp", pp, "--store", store, *args)
     assert res.returncode == 0, res.stderr
     with open_store(store) as s:
         (row,) = run_analysis("what_if", s, Selection()).to_pylist()
@@ -310,3 +318,27 @@ def test_version_2_stores_read_the_layout_as_null(tmp_path: Path) -> None:
     assert ranks == [{"n": 4, "laid": 0}] and comm[0]["n"] > 0 and comm[0]["grouped"] == 0
     assert runs == [{"dp_size": None, "pp_size": None}]
     assert _analyze(store)["what_if"] == []
+
+
+def test_csv_reads_as_parquet(tmp_path: Path) -> None:
+    table = synthetic(4, 2, slow={(2, 1): 1.6}, steps=6)
+    a = _what_if(tmp_path, table, 4, 2, "p")
+    b = _what_if(tmp_path, table, 4, 2, "c", csv=True)
+    assert b["cause"] == a["cause"] == "slow-worker"
+    assert b["slowdown"] == pytest.approx(a["slowdown"], rel=1e-3)
+
+
+def test_a_worker_is_all_its_tensor_parallel_ranks(tmp_path: Path) -> None:
+    """tp 2: every op of the table runs on both tensor-parallel ranks of its worker (Megatron-LM's
+    rank order: tp fastest); the slow worker is named with both ranks, and its peers are matched
+    tp rank with tp rank."""
+    base = synthetic(2, 2, slow={(1, 1): 1.6}, steps=6)
+    parts = []
+    for tp_rank in range(2):
+        rank = pc.add(pc.multiply(base.column("rank"), 2), tp_rank)
+        parts.append(base.set_column(base.column_names.index("rank"), "rank", rank))
+    w = _what_if(tmp_path, pa.concat_tables(parts), 2, 2, "tp", "--tp", 2)
+    assert w["cause"] == "slow-worker"
+    top = w["by_worker"][0]
+    assert (top["dp_rank"], top["stage"], top["ranks"]) == (1, 1, [6, 7])
+    assert w["replay_error"] < 0.01

@@ -340,6 +340,11 @@ def import_op_table(
             )
         if overlapping:
             imp.warn("start_ts restarts at every step: steps are laid end to end in step order")
+        if lay["vpp"] > 1:
+            imp.warn(
+                f"interleaved pipeline (vpp {lay['vpp']}): transfers between the last and the first stage "
+                "(the next model chunk) are kept as compute, not matched with their peer"
+            )
         return imp.finish(
             world_size=world,
             started_ns=int(step_start_ns[0]),
