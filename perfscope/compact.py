@@ -145,6 +145,12 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
             result = CompactResult()
             if not dry_run:  # temporary files of killed compactions and writers, DuckDB spill folders
                 result.leftovers_removed = clean_leftovers(root_path)
+                # and what killed importers staged (their claims' locks are free)
+                from .importers.common import IMPORTS_DIR, recover_stale_imports
+
+                if recover_stale_imports(root_path):
+                    with contextlib.suppress(OSError):
+                        (root_path / IMPORTS_DIR).rmdir()  # when empty
                 _seal_crashed(root_path, result)
             _compact_locked(root_path, result, dry_run=dry_run, grace_s=grace_s)
             if not dry_run:  # per-run aggregates of the steps the analyses read (perfscope.rollups)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from perfscope.cli import main
+from perfscope.compact import compact
 from perfscope.importers.common import IMPORTS_DIR, Staging
 from perfscope.store import open_store
 
@@ -222,3 +223,20 @@ def test_a_killed_importer_caught_publishing_is_rolled_back(tmp_path, capsys):
     with open_store(store) as st:
         rows = st.query("SELECT run_id, count(*) AS n FROM steps GROUP BY run_id ORDER BY run_id").to_pylist()
     assert rows == [{"run_id": "other", "n": 20}, {"run_id": "r", "n": 40}]
+
+
+def test_compact_removes_what_a_killed_importer_staged(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    path = tmp_path / "timeline.json"
+    path.write_text(big_timeline(20, 2))
+    assert main(["import", "horovod", str(path), "--store", str(store), "--run-id", "kept"]) == 0
+    (tmp_path / "big.json").write_text(big_timeline(3000, 8))
+    proc = _cli("import", "horovod", str(tmp_path / "big.json"), "--store", str(store))
+    _wait_for(lambda: bool(_staged(store)), 120, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _staged(store)
+    compact(store, grace_s=0)
+    assert not (store / IMPORTS_DIR).exists()
+    with open_store(store) as st:
+        assert st.query("SELECT count(*) AS n FROM steps").to_pylist()[0]["n"] == 40
