@@ -267,6 +267,8 @@ def _with(table: pa.Table, column: str, values: list) -> pa.Table:
         ("rank", "column rank holds 1000000000"),
         ("claimed", "no job has more than"),
         ("meta", "only flat 'key: value' lines"),
+        ("world", "contradicts itself"),
+        ("span", "no job runs that long"),
         ("csv-nan", "duration holds nan"),
     ],
 )
@@ -286,6 +288,11 @@ def test_hostile_op_tables_are_refused_in_one_line(tmp_path: Path, case: str, sa
         line = _hostile(tmp_path, _with(good, "rank", [10**9] * n), *layout)
     elif case == "claimed":
         line = _hostile(tmp_path, good, "--dp", str(10**9), "--pp", "2")
+    elif case == "world":
+        meta.write_text("dp_size: 2\npp_size: 2\nworld_size: 1000000\n")
+        line = _hostile(tmp_path, good, "--meta", str(meta))
+    elif case == "span":  # every step restarts its clock and lasts a year
+        line = _hostile(tmp_path, _with(good, "duration", [3.0e7] * n), *layout)
     elif case == "meta":
         meta.write_text("dp_size: 2\nparallel:\n  pp_size: 2\n")
         line = _hostile(tmp_path, good, "--meta", str(meta))

@@ -100,6 +100,9 @@ def parse_meta(path: Path) -> dict[str, int]:
                 f"{path}:{n}: only flat 'key: value' lines are read (dp_size, pp_size, tp_size, "
                 f"dsp_size, vpp_size), not {shown(line)}"
             )
+        if key == "world_size" and value.isdigit() and len(value) <= 7:
+            out["world"] = int(value)
+            continue
         if key in META_IGNORED:
             continue
         if key not in META_KEYS:
@@ -109,6 +112,12 @@ def parse_meta(path: Path) -> dict[str, int]:
         out[META_KEYS[key]] = int(value)
     if "dp" not in out or "pp" not in out:
         raise PerfscopeError(f"{path}: the meta file must give dp_size and pp_size")
+    world = out.pop("world", None)
+    product = out["dp"] * out["pp"] * out.get("tp", 1) * out.get("cp", 1)
+    if world is not None and world != product:
+        raise PerfscopeError(
+            f"{path}: world_size {world} is not dp·pp·tp·dsp = {product}; the meta file contradicts itself"
+        )
     return out
 
 
@@ -250,6 +259,10 @@ def import_op_table(
     np.maximum.at(hi, order, end)
     overlapping = len(steps) > 1 and bool((lo[1:] < hi[:-1]).any())
     offsets = np.concatenate([[0.0], np.cumsum(hi - lo)[:-1]]) - lo if overlapping else np.zeros(len(steps))
+    if float((hi + offsets).max()) > MAX_SECONDS:
+        raise PerfscopeError(
+            f"{path}: its steps laid end to end span over {MAX_SECONDS:.0e} s; no job runs that long"
+        )
     base_ns = int(path.stat().st_mtime) * 10**9
     start_ns = base_ns + np.round((start + offsets[order]) * 1e9).astype(np.int64)
     dur_ns = np.round(dur * 1e9).astype(np.int64)
@@ -266,10 +279,11 @@ def import_op_table(
                    "dp_rank": d, "pp_stage": s, "tp_rank": r % tp, "cp_rank": (r // tp) % cp}  # fmt: skip
             imp.rows("ranks", [_row("ranks", row)])
         imp.result.ranks = len(coords)
-        for name in unknown:
+        if unknown:
             imp.warn(
-                f"op type {shown(name)} is not a Megatron-LM op perfscope knows: kept as compute "
-                "of phase 'other'"
+                f"{len(unknown):,} op type(s) perfscope does not know as Megatron-LM's "
+                f"({', '.join(shown(u, 30) for u in unknown[:5])}{' ...' if len(unknown) > 5 else ''}): "
+                "kept as compute of phase 'other'"
             )
 
         idx = np.lexsort((start, step, rank))
@@ -295,9 +309,11 @@ def import_op_table(
                     to_next = forward == (fn == "send")
                     ps = s + 1 if to_next else s - 1
                     if not 0 <= ps < pp:
-                        imp.warn(
+                        edge = (
                             f"{op} at the {'last' if to_next else 'first'} stage has no peer: kept as compute"
                         )
+                        if edge not in imp.result.warnings:
+                            imp.warn(edge)
                         imp.span(
                             r, st, op, int(start_ns[i]), int(dur_ns[i]), clock="cuda", parent=phase, depth=1
                         )
