@@ -16,6 +16,7 @@ import streamlit as st
 
 from perfscope.analysis import Selection
 from perfscope.dashboard import batch, compare, overview, run, scaling, sidebar, sql, state
+from perfscope.report.text import literal as md
 from perfscope.store import Store
 
 log = logging.getLogger("perfscope.dashboard")
@@ -44,14 +45,16 @@ def _show(render: Render, ctx: state.Context | None, path: Path, problem: str) -
         render(ctx)
     except Exception as exc:  # a page bug shows as words; the traceback goes to the server log
         log.exception("perfscope dashboard: page failed")
-        st.error(f"This page could not be drawn: {type(exc).__name__}: {exc}", icon=":material/error:")
+        st.error(
+            f"This page could not be drawn: {md(type(exc).__name__)}: {md(exc)}", icon=":material/error:"
+        )
 
 
 def _store_problem(path: Path, problem: str) -> None:
     st.title("No data to show")
-    st.error(problem, icon=":material/folder_off:")
+    st.error(md(problem), icon=":material/folder_off:")
     st.markdown(
-        f"The dashboard reads the store at `{path}`.\n\n"
+        f"The dashboard reads the store at {md(path)}.\n\n"
         "- Record a run into a folder with `perfscope.profile('traces/')` in the training script, then "
         "`perfscope dashboard traces/`.\n"
         "- Or make a simulated study: `perfscope simulate traces/`.\n"

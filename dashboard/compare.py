@@ -17,6 +17,7 @@ from perfscope.charts.compare import (
     scaling_compare_chart,
 )
 from perfscope.charts.rows import group_label_map, rows
+from perfscope.report.text import literal as md
 from perfscope.words import known
 
 from .state import Context
@@ -120,7 +121,7 @@ def _runs(ctx: Context, summary: pa.Table) -> None:
     if a == b:
         st.info("Pick two different runs.", icon=":material/compare_arrows:")
     elif differs:
-        st.markdown("**A and B differ in** " + "; ".join(f"`{d}`" for d in differs))
+        st.markdown("**A and B differ in** " + "; ".join(md(d) for d in differs))
     if "simulated" in (ra.get("source"), rb.get("source")):
         st.caption("At least one of the two runs is simulated (perfscope simulate), not measured.")
     _difference(difference_table(ra, rb, RUN_QUANTITIES))

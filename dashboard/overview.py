@@ -8,6 +8,7 @@ import pyarrow as pa
 import streamlit as st
 
 from perfscope.charts.rows import multi_point_groups, rows
+from perfscope.report.text import literal as md
 from perfscope.words import counted, plural
 
 from . import links
@@ -115,7 +116,7 @@ OPEN_FINDINGS = 3
 def _finding(ctx: Context, rank: int, f: Any) -> None:
     icon = SEVERITY_ICONS.get(f.severity, ":material/info:")
     box = st.expander(
-        f"**{rank}. {f.title}**",
+        f"**{rank}. {md(f.title)}**",
         expanded=rank <= OPEN_FINDINGS,
         icon=icon,
         key=f"finding:{f.id}",
@@ -125,29 +126,29 @@ def _finding(ctx: Context, rank: int, f: Any) -> None:
         if not box.open:
             return  # a closed finding draws only its title: a study can have dozens
         st.badge(f.severity, icon=icon, color=SEVERITY_COLOURS.get(f.severity, "gray"))  # type: ignore[arg-type]
-        st.markdown(f.text)
+        st.markdown(md(f.text))
         if f.symptoms:
             st.markdown(
                 "**Symptoms of this cause** (their shares overlap its share):\n"
-                + "".join(f"\n- *{s.title}.* {s.text}" for s in f.symptoms)
+                + "".join(f"\n- *{md(s.title)}.* {md(s.text)}" for s in f.symptoms)
             )
         if f.also_in:
-            st.markdown("**The same on other groups:**\n" + "".join(f"\n- {a.title}" for a in f.also_in))
+            st.markdown("**The same on other groups:**\n" + "".join(f"\n- {md(a.title)}" for a in f.also_in))
         if f.recommendation:
-            st.markdown(f"**What to do:** {f.recommendation}")
+            st.markdown(f"**What to do:** {md(f.recommendation)}")
         facts = [f"confidence {f.confidence_label} ({f.confidence:.2f})"]
         if f.explained_loss is not None:
             facts.append(f"explains {pct(f.explained_loss)} of the group's lost time")
         facts.append(f"rule: {f.rule} ({f.category})")
         if f.group_id:
             facts.append(f"group: {ctx.group_labels().get(f.group_id, f.group_id)}")
-        st.caption(" · ".join(facts))
+        st.caption(" · ".join(md(fact) for fact in facts))
         evidence_runs = list(f.evidence.run_ids)
         shown = ", ".join(evidence_runs[:4]) + (
             f" and {len(evidence_runs) - 4} more" if len(evidence_runs) > 4 else ""
         )
         if shown:
-            st.caption(f"evidence runs: {shown}")
+            st.caption(f"evidence runs: {md(shown)}")
         found = links.links_for(f.evidence.analyses, evidence_runs, f.group_id)
         if found:
             cols = st.columns(len(found))

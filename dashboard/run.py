@@ -21,6 +21,7 @@ from perfscope.charts.timeline import (
     step_series_chart,
 )
 from perfscope.report.model import format_value
+from perfscope.report.text import literal as md
 from perfscope.words import counted, joined, known
 
 from . import links
@@ -145,14 +146,16 @@ def _headline(run: dict[str, Any]) -> None:
     )
     cols[5].metric("Steady steps", f"{run['steady_steps']} / {run['steps_total']}", help="warm-up dropped")
     st.caption(
-        joined(
-            (
-                f"{counted(run['world_size'], 'rank')} on {_nodes(run)}",
-                run["cluster"],
-                run["backend"],
-                run.get("device_model") or "unknown device",
-                _batch_words(run),
-                f"experiment {run['experiment']}" if known(run["experiment"]) else None,
+        md(
+            joined(
+                (
+                    f"{counted(run['world_size'], 'rank')} on {_nodes(run)}",
+                    run["cluster"],
+                    run["backend"],
+                    run.get("device_model") or "unknown device",
+                    _batch_words(run),
+                    f"experiment {run['experiment']}" if known(run["experiment"]) else None,
+                )
             )
         )
     )
@@ -205,7 +208,7 @@ def _stragglers(ctx: Context, run_id: str) -> None:
         if f.rule == "straggler" and run_id in f.evidence.run_ids
     ]
     for f in said:
-        st.warning(f"**{f.title}.** {f.text}", icon=":material/hourglass_top:")
+        st.warning(f"**{md(f.title)}.** {md(f.text)}", icon=":material/hourglass_top:")
     if not said:
         st.caption("No straggler finding for this run: no rank holds the others back.")
     # the tables hold this run only; naming it spares the builders their search for one

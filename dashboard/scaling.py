@@ -14,6 +14,7 @@ from perfscope.charts.rows import group_label_map, multi_point_groups, rows
 from perfscope.charts.scaling import efficiency_chart, per_gpu_speedup_chart, speedup_chart
 from perfscope.charts.sync import busbw_chart, sync_time_chart
 from perfscope.charts.utilisation import energy_chart, utilisation_chart
+from perfscope.report.text import literal as md
 
 from . import links
 from .state import Context
@@ -168,8 +169,8 @@ def _mixed(scaling: pa.Table) -> None:
     labels = group_label_map(g for g, _ in notes)
     for group_id, note in sorted(notes):
         st.warning(
-            f"**{labels.get(group_id, group_id)}** mixes strong and weak scaling "
-            f"({note or 'batch sizes disagree'}); its runs are not compared with each other.",
+            f"**{md(labels.get(group_id, group_id))}** mixes strong and weak scaling "
+            f"({md(note or 'batch sizes disagree')}); its runs are not compared with each other.",
             icon=":material/rule:",
         )
 

@@ -13,6 +13,7 @@ from perfscope import objectstore
 from perfscope.analysis import Selection
 from perfscope.charts.rows import rows
 from perfscope.errors import PerfscopeError, one_line
+from perfscope.report.text import literal as md
 from perfscope.store import Store
 from perfscope.words import counted
 
@@ -128,7 +129,7 @@ def store_info(path: Path, store: Store | None) -> None:
     )
     error = st.session_state.get(_SWITCH_ERROR)
     if error:
-        st.error(error, icon=":material/folder_off:")
+        st.error(md(error), icon=":material/folder_off:")
     if store is None:
         return
     files = sum(len(s) for s in store.listing.segments.values())

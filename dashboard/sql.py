@@ -10,6 +10,7 @@ import streamlit as st
 
 from perfscope.errors import PerfscopeError
 from perfscope.output import csv_text
+from perfscope.report.text import literal as md
 from perfscope.schema import TABLES
 from perfscope.user_sql import UserSql
 from perfscope.words import counted
@@ -52,7 +53,7 @@ def _run(ctx: Context, text: str) -> None:
     try:
         fetched = session.fetch(text, timeout_s=TIME_LIMIT_S, max_rows=SHOWN_ROWS)
     except PerfscopeError as exc:
-        st.error(exc.message, icon=":material/block:")
+        st.error(md(exc.message), icon=":material/block:")
         return
     n = fetched.table.num_rows
     if fetched.complete:

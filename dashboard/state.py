@@ -18,6 +18,7 @@ import streamlit as st
 from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.charts.rows import group_labels, rows
 from perfscope.errors import PerfscopeError
+from perfscope.report.text import literal as md
 from perfscope.store import Store, open_store
 from perfscope.user_sql import UserSql
 
@@ -163,7 +164,7 @@ class Context:
             return
         self.problems.append(problem)
         title = ANALYSES[problem.what].title if problem.what in ANALYSES else problem.what
-        st.error(f"Could not compute **{title}**: {problem.detail}", icon=":material/error:")
+        st.error(f"Could not compute **{md(title)}**: {md(problem.detail)}", icon=":material/error:")
 
     def refine(self, **changes: Any) -> Selection:
         """The page's selection narrowed further, e.g. to one run."""

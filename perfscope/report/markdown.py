@@ -19,6 +19,7 @@ from .model import (
     TableBlock,
     format_value,
 )
+from .text import literal_gfm
 
 StepFn = Callable[[str], None]
 
@@ -26,16 +27,12 @@ StepFn = Callable[[str], None]
 PNG_SCALE = 2.0
 
 
-#: characters that start Markdown syntax (emphasis, links, images, code, escapes) anywhere in a line
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]!])")
 _CODE_SPAN = re.compile(r"(`[^`\n]+`)")
 
 
 def _md(text: Any) -> str:
-    """Text from the store (names, ids, messages) as Markdown that shows it literally: no HTML (`<`, `>`,
-    `&` become entities), no links, images or emphasis, one line."""
-    plain = html.escape(" ".join(str(text).splitlines()), quote=False)
-    return _MD_SPECIAL.sub(r"\\\1", plain)
+    """Text from the store (names, ids, messages) as Markdown that shows it literally (report/text.py)."""
+    return literal_gfm(text)
 
 
 def _inline(text: str) -> str:
@@ -44,7 +41,7 @@ def _inline(text: str) -> str:
 
 
 def _cell(text: Any) -> str:
-    return _md(text).replace("|", "\\|")
+    return _md(text)  # `|` is escaped too: it cannot end a cell
 
 
 def _anchor(text: str) -> str:
@@ -58,8 +55,8 @@ def _para(frags: list[Any]) -> str:
             out.append(f"**{_md(f.text())}**")
         elif isinstance(f, Ref):
             out.append(f"[{_md(f.text)}](#{_anchor(f.anchor)})")
-        else:
-            out.append(_inline(f))
+        else:  # a paragraph's words may quote store names: literal, like every other store text
+            out.append(_md(f))
     return "".join(out)
 
 
@@ -121,7 +118,7 @@ class _Markdown:
             group = f" (group {_md(f.group_label)})" if f.group_label else ""
             symptoms = (
                 "**Symptoms of this cause** (their shares overlap its share):\n\n"
-                + "".join(f"- *{_md(t)}.* {_inline(x)}\n" for t, x in f.symptoms)
+                + "".join(f"- *{_md(t)}.* {_md(x)}\n" for t, x in f.symptoms)
                 + "\n"
                 if f.symptoms
                 else ""
@@ -130,7 +127,7 @@ class _Markdown:
                 f'<a id="finding-{f.rank}"></a>\n### {f.rank}. {_md(f.title)}\n\n'
                 f"*{_md(f.severity)}, {_md(f.category)}, confidence {_md(f.confidence_label)} "
                 f"({f.confidence:.2f}){loss}*{group}\n\n"
-                f"{_inline(f.text)}\n\n{symptoms}**Recommendation.** {_inline(f.recommendation)}\n\n"
+                f"{_md(f.text)}\n\n{symptoms}**Recommendation.** {_md(f.recommendation)}\n\n"
                 f"<sub>Evidence: analyses {_md(', '.join(f.analyses))}; "
                 f"runs {_md(', '.join(f.run_ids))}.</sub>"
             )

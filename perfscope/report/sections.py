@@ -311,7 +311,7 @@ def setup(ctx: Context) -> Section:
             [
                 f"{len(sim)} of {counted(len(runs), 'run')} {plural('is', len(sim))} simulated (from a model "
                 "of the hardware, such as "
-                "`perfscope simulate` writes), not measured. Charts draw them as hollow triangles and "
+                "perfscope simulate writes), not measured. Charts draw them as hollow triangles and "
                 "tables say 'simulated'; read their numbers as what the model predicts."
             ]
         )
@@ -321,8 +321,9 @@ def setup(ctx: Context) -> Section:
         s.blocks.append(
             [
                 f"Steady state: the first {_joined(warm)} steps of each run are warm-up and dropped; "
-                f"{_span(steady)} steady steps remain per run. Step time is the slowest rank's, averaged "
-                "over the steady steps (elapsed time per step, so throughput counts slow steps)."
+                f"{_span(steady)} steady steps remain per run. Step time is the steady window's wall "
+                "clock (latest end on any rank minus earliest start on any rank) over its steps, so "
+                "throughput counts slow steps and ranks' misaligned steps are not counted twice."
             ]
         )
     versions = [
