@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from ..store import Store
 from .registry import analysis
-from .selection import Selection
+from .selection import Selection, sql_literal
 from .steady import runs_table
 
 #: an op that ends this little after another starts still counts as before it (clock rounding: the
@@ -377,31 +377,44 @@ def _causes(
     return out
 
 
-def _run_ops(store: Store, sel: Selection) -> pa.Table:
+def _laid_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
+    """The selected runs with more than one rank whose coordinates are known, with their source."""
     runs = runs_table(store, sel)
     return store.query(
         f"""
-        WITH k AS (SELECT run_id, rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
-                   FROM ranks WHERE dp_rank IS NOT NULL AND pp_stage IS NOT NULL GROUP BY run_id, rank),
-        laid AS (SELECT run_id FROM k WHERE run_id IN (SELECT run_id FROM {runs})
-                 GROUP BY run_id HAVING count(*) > 1),
+        SELECT k.run_id, any_value(r.source) AS source
+        FROM (SELECT DISTINCT run_id, rank FROM ranks WHERE dp_rank IS NOT NULL AND pp_stage IS NOT NULL) k
+        JOIN {runs} r USING (run_id)
+        GROUP BY k.run_id HAVING count(*) > 1 ORDER BY k.run_id
+        """
+    ).to_pylist()
+
+
+def _run_ops(store: Store, run_id: str) -> pa.Table:
+    """One run's ops (spans of depth 1 and comm rows) with their rank's coordinates, in step, rank and
+    start order; a literal run id, so only that run's partitions are read."""
+    run = sql_literal(run_id)
+    return store.query(
+        f"""
+        WITH k AS (SELECT rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
+                   FROM ranks WHERE run_id = {run} AND dp_rank IS NOT NULL AND pp_stage IS NOT NULL
+                   GROUP BY rank),
         ops AS (
-            SELECT run_id, rank, step, name, start_ns, dur_ns, -1 AS peer, NULL AS grp, false AS is_send,
+            SELECT rank, step, name, start_ns, dur_ns, -1 AS peer, NULL AS grp, false AS is_send,
                    true AS compute
-            FROM spans WHERE depth = 1 AND run_id IN (SELECT run_id FROM laid)
+            FROM spans WHERE run_id = {run} AND depth = 1
             UNION ALL
-            SELECT run_id, rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(peer, -1),
+            SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(peer, -1),
                    group_ranks, op IN ('send', 'isend'), false
-            FROM comm WHERE run_id IN (SELECT run_id FROM laid)
+            FROM comm WHERE run_id = {run}
         )
         SELECT o.*, k.dp_rank, k.pp_stage,
-               row_number() OVER (PARTITION BY o.run_id, step, o.rank, name ORDER BY start_ns, dur_ns) - 1
-                   AS nth,
-               row_number() OVER (PARTITION BY o.run_id, step, o.rank, peer, is_send
-                                  ORDER BY start_ns, dur_ns) - 1 AS pnth
-        FROM ops o JOIN k USING (run_id, rank)
-        WHERE start_ns IS NOT NULL AND dur_ns IS NOT NULL
-        ORDER BY o.run_id, step, o.rank, start_ns, dur_ns
+               row_number() OVER (PARTITION BY step, o.rank, name ORDER BY start_ns, dur_ns) - 1 AS nth,
+               row_number() OVER (PARTITION BY step, o.rank, peer, is_send ORDER BY start_ns, dur_ns) - 1
+                   AS pnth
+        FROM ops o JOIN k USING (rank)
+        WHERE start_ns IS NOT NULL AND dur_ns IS NOT NULL AND step IS NOT NULL
+        ORDER BY step, o.rank, start_ns, dur_ns, name, peer, is_send, compute
         """
     )
 
@@ -448,20 +461,10 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     actual_step_ns, ideal_step_ns, slowdown (actual / ideal), by_worker, by_stage, by_op_type (each
     sorted by slowdown, largest first), cause and second_cause (slow-worker, stage-imbalance,
     data-imbalance, none)."""
-    t = _run_ops(store, sel)
-    source = {
-        r["run_id"]: r["source"]
-        for r in store.query(f"SELECT run_id, source FROM {runs_table(store, sel)}").to_pylist()
-    }
     rows = []
-    if t.num_rows:
-        run_ids = np.asarray(t.column("run_id").to_pylist(), dtype=object)
-        bounds = np.flatnonzero(run_ids[1:] != run_ids[:-1]) + 1
-        for lo, hi in zip(
-            np.concatenate([[0], bounds]), np.concatenate([bounds, [len(run_ids)]]), strict=True
-        ):
-            row = analyse_run(_columns(t.slice(int(lo), int(hi - lo))))
-            if row is not None:
-                run_id = str(run_ids[lo])
-                rows.append({"run_id": run_id, "source": source.get(run_id, "measured"), **row})
+    for run in _laid_runs(store, sel):
+        t = _run_ops(store, run["run_id"])
+        row = analyse_run(_columns(t)) if t.num_rows else None
+        if row is not None:
+            rows.append({"run_id": run["run_id"], "source": run["source"], **row})
     return pa.Table.from_pylist(rows, schema=SCHEMA)
