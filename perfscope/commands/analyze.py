@@ -186,6 +186,24 @@ def render_runs(runs: pa.Table, colour: bool, width: int | None = None) -> str:
     return format_rows(header, rows, colour=colour, width=width)
 
 
+def _placements(rows: list[dict[str, Any]]) -> str:
+    """A note for each N the group ran in several placements (nodes × ranks per node): each is its own
+    setup, compared as placements, never averaged as repeats of one."""
+    by_n: dict[int, set[tuple[Any, Any]]] = {}
+    for r in rows:
+        by_n.setdefault(r["world_size"], set()).add((r["nodes"], r["gpus_per_node"]))
+    notes = [
+        f"N={n} ran in {len(ps)} placements ("
+        + "; ".join(f"{counted(a or 1, 'node')} × {counted(b or n, 'rank')}" for a, b in sorted(ps, key=str))
+        + ")"
+        for n, ps in sorted(by_n.items())
+        if len(ps) > 1
+    ]
+    if not notes:
+        return ""
+    return "; ".join(notes) + ": each placement is a setup of its own, compared as such, not as repeats."
+
+
 def render_scaling(scaling: pa.Table, colour: bool, width: int | None = None) -> str:
     out = []
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -212,6 +230,8 @@ def render_scaling(scaling: pa.Table, colour: bool, width: int | None = None) ->
             table.append(
                 [
                     r["world_size"],
+                    r["nodes"],
+                    r["gpus_per_node"],
                     r["run_id"],
                     r["source"],
                     _ms(r["step_ns"]),
@@ -228,6 +248,8 @@ def render_scaling(scaling: pa.Table, colour: bool, width: int | None = None) ->
             format_rows(
                 [
                     "N",
+                    "nodes",
+                    "ranks/node",
                     "run",
                     "source",
                     "step ms",
@@ -244,6 +266,9 @@ def render_scaling(scaling: pa.Table, colour: bool, width: int | None = None) ->
                 width=width,
             )
         )
+        placements = _placements(rows)
+        if placements:
+            out.append(wrap(placements, width))
         out.append("")
     if singles:
         out.append(
@@ -371,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         print(wrap(f"selection: {_describe(sel)}", width))
         print()
         sections = (
-            ("Runs (steady state, warm-up dropped; step = slowest rank's, elapsed per step)", render_runs,
+            ("Runs (steady state, warm-up dropped; step = the window's wall clock / steps)", render_runs,
              "runs"),
             ("Scaling (speedup = X(N)/X(N0), efficiency = speedup·N0/N, lost = N·T(N) − N0·T(N0)·G(N)/G(N0))",
              render_scaling, "scaling"),

@@ -53,11 +53,20 @@ def baseline(rows: list[Row]) -> Row:
 
 
 def node_boundary(rows: list[Row]) -> tuple[Row, Row] | None:
-    """(largest one-node run, smallest multi-node run) of a series, when it crosses a node boundary."""
+    """(one-node run, multi-node run) of a series that crosses a node boundary: at equal N when the
+    series ran one N both on one node and across nodes (a placement comparison, the cleanest
+    evidence), else the largest one-node run and the smallest multi-node run."""
     inside = [r for r in rows if (r["nodes"] or 1) <= 1]
     outside = [r for r in rows if (r["nodes"] or 1) > 1]
     if not inside or not outside:
         return None
+    both = sorted({r["world_size"] for r in inside} & {r["world_size"] for r in outside})
+    if both:
+        n = both[0]
+        return (
+            next(r for r in inside if r["world_size"] == n),
+            min((r for r in outside if r["world_size"] == n), key=lambda r: r["nodes"]),
+        )
     n_in = max(r["world_size"] for r in inside)
     n_out = min(r["world_size"] for r in outside)
     return (

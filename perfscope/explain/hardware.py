@@ -126,6 +126,16 @@ def cheaper_network_hop(s: Setup) -> str:
         parts.append("reduce inside each node first (HOROVOD_HIERARCHICAL_ALLREDUCE=1)")
     return (
         "Make the inter-node step cheaper: "
-        + "; ".join([*parts, "compress gradients for the network hop"])
+        + "; ".join(
+            [
+                "check that the nodes talk over the fastest interconnect, through the right NIC",
+                *parts,
+                "compress gradients for the network hop (a bf16/fp16 or PowerSGD comm hook)",
+                "hide it behind backward with larger buckets that start early (bucket_cap_mb, static_graph)",
+                "reduce inside each node first, then across nodes (hierarchical allreduce)",
+                "keep tensor- and pipeline-parallel groups inside a node so only data-parallel gradients "
+                "cross it",
+            ]
+        )
         + "; or scale by filling whole nodes and accept the knee as the price of the network."
     )

@@ -19,7 +19,8 @@ from .finding import SEVERITIES, Evidence, Finding, rank_findings
 
 #: Rules that are one cause seen several ways, root cause first: exposed sync (communication-bound)
 #: shows up as sync that does not overlap compute, as per-message latency and as a knee where the
-#: ranks start talking across nodes.
+#: ranks start talking across nodes (except when the knee is measured at equal N: see
+#: `_placement_evidence`).
 FAMILIES: tuple[tuple[str, ...], ...] = (
     ("communication-bound", "overlap-failure", "latency-bound", "node-boundary-knee"),
 )
@@ -96,7 +97,7 @@ def merge_symptoms(findings: list[Finding]) -> list[Finding]:
         else:
             members.setdefault((f.group_id, fam), []).append(f)
     for (_, fam), found in members.items():
-        found.sort(key=lambda f: (fam.index(f.rule), -(f.explained_loss or 0.0)))
+        found.sort(key=lambda f: (not _placement_evidence(f), fam.index(f.rule), -(f.explained_loss or 0.0)))
         root, symptoms = found[0], found[1:]
         if symptoms:
             root = replace(
@@ -106,6 +107,13 @@ def merge_symptoms(findings: list[Finding]) -> list[Finding]:
             )
         out.append(root)
     return out
+
+
+def _placement_evidence(f: Finding) -> bool:
+    """A knee measured at equal N, on one node and across nodes: the same job, the same work per rank,
+    only the placement differs. Its cause is the node boundary itself, and the exposed sync that grew
+    with it (communication-bound and the rest of the family) is its symptom."""
+    return f.rule == "node-boundary-knee" and bool(f.numbers.get("same_world_size"))
 
 
 def collapse_repeats(ranked: list[Finding]) -> list[Finding]:

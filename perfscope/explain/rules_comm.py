@@ -17,7 +17,7 @@ from .finding import Finding
 from .hardware import Setup, fewer_hops, setup_of, transport_check
 from .rulebook import cause_severity, make_finding, rule
 from .rules_patterns import COMM_WAIT_SHARE, alone, measure_next, pattern_runs, ranks_waiting, waits_on
-from .words import dur, gbps, listing, num, pct, times
+from .words import batch_per, dur, gbps, listing, num, pct, times
 
 LOW_EFFICIENCY = 0.8
 SYNC_GROWTH = 0.02  # exposed-sync share must grow by at least 2 points from N0 to the largest N
@@ -567,7 +567,7 @@ def backend_comparison(ctx: Context) -> list[Finding]:
                 parts.append(f"{where}, {listing(items)}")
         backends = sorted({r["backend"] for r in rows})
         text = (
-            f"For {exp} on {cluster} (model {model}, batch {batch} per rank), "
+            f"For {exp} on {cluster} (model {model}, {batch_per(batch)}), "
             f"{' vs '.join(backends)} at the same world size — step time, faster backend and its lead: "
             + "; ".join(parts)
             + "."

@@ -12,7 +12,7 @@ from .hardware import setup_of
 from .rulebook import cause_severity, make_finding, rule
 from .rules_patterns import pattern_runs
 from .rules_placement import crowded_hosts
-from .words import dur, listing, num, pct, times
+from .words import batch_per, dur, listing, num, pct, times
 
 LOW_LOAD_BALANCE = 0.9
 STRAGGLER_WAIT_SHARE = 0.02
@@ -158,7 +158,7 @@ def input_bound(ctx: Context) -> list[Finding]:
             if series
             else f"{worst['experiment']}/{worst['cluster']}/{worst['backend']}/{worst['model']}"
         )
-        where = f"run {worst['run_id']} (batch {worst['batch_size_per_rank']} per rank)" if not series else ""
+        where = f"run {worst['run_id']} ({batch_per(worst['batch_size_per_rank'])})" if not series else ""
         text = (
             f"In {gid}{', ' + where if where else ''}, waiting on the data loader takes "
             f"{pct(worst['data_share'])} of the step at N={worst['world_size']} "
@@ -269,12 +269,20 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
     pop = ctx.by_run("pop")
     util = ctx.by_run("utilisation")
     over = set(crowded_hosts(ctx))
+    # other processes' CPU slows every rank's compute on its own: a computation scaling measured
+    # on a contended run (or against a contended baseline) says more about the host than the job
+    contended = {r["run_id"] for r in ctx.rows("contention") if r["contended"]}
     ttm = ctx.rows("time_to_metric")
     for gid, rows in ctx.scaling_groups().items():
         top, base = largest(rows), baseline(rows)
         reasons, numbers = [], {}
         cs = (pop.get(top["run_id"]) or {}).get("computation_scaling")
-        if cs is not None and cs < LOW_COMPUTATION_SCALING and top["run_id"] not in over:
+        if (
+            cs is not None
+            and cs < LOW_COMPUTATION_SCALING
+            and top["run_id"] not in over
+            and not {top["run_id"], base["run_id"]} & contended
+        ):
             reasons.append(
                 f"computation scaling is {num(cs)} at N={top['world_size']}: the same samples cost "
                 f"{pct(1 / cs - 1)} more compute time per sample than at N={base['world_size']}"
@@ -301,7 +309,7 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
             continue
         b = top["batch_size_per_rank"]
         hw = setup_of(ctx, [r["run_id"] for r in rows])
-        text = f"In {gid} (batch {b} per {hw.unit}), " + "; ".join(reasons) + "." + headroom
+        text = f"In {gid} ({batch_per(b, hw.unit)}), " + "; ".join(reasons) + "." + headroom
         ttm_runs = [
             t for t in ttm if t["experiment"] == top["experiment"] and t["reached"] and not t["diverged"]
         ]
@@ -324,7 +332,7 @@ def small_per_gpu_work(ctx: Context) -> list[Finding]:
                 gid,
                 severity=cause_severity(explained) if explained is not None else "warning",
                 category="cause",
-                title=f"Per-{hw.unit} work too small at batch {b}",
+                title=f"Per-{hw.unit} work too small" + (f" at batch {b}" if b is not None else ""),
                 text=text,
                 run_ids=[r["run_id"] for r in rows],
                 analyses=("pop", "utilisation", "batch_sweep", "time_to_metric"),
@@ -356,8 +364,8 @@ def diverged(ctx: Context) -> list[Finding]:
     for exp, rows in by_exp.items():
         parts = [
             f"{r['run_id']} ({r['metric']} {r['diverged_reason']}: best {num(r['best_value'], 4)}, final "
-            f"{num(r['final_value'], 4)}; batch {r['batch_size_per_rank']} per "
-            f"{setup_of(ctx, [r['run_id']]).unit}, N={r['world_size']}"
+            f"{num(r['final_value'], 4)}; "
+            f"{batch_per(r['batch_size_per_rank'], setup_of(ctx, [r['run_id']]).unit)}, N={r['world_size']}"
             + (f", {r['variant']}" if r["variant"] else "")
             + ")"
             for r in rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..analysis.groups import group_name
 from ..analysis.sync import alpha_beta_fits
 from .context import Context, Row, largest, node_boundary
 from .finding import Finding
@@ -22,6 +23,7 @@ CLUSTER_GAP = 0.05
 def node_boundary_knee(ctx: Context) -> list[Finding]:
     out = []
     fits = alpha_beta_fits(ctx.store, ctx.sel)
+    sync = ctx.by_run("sync")
     for gid, rows in ctx.scaling_groups().items():
         pair = node_boundary(rows)
         if pair is None:
@@ -33,16 +35,40 @@ def node_boundary_knee(ctx: Context) -> list[Finding]:
         drop = (e_in - e_out) / e_in
         if drop <= KNEE_DROP:
             continue
-        intra = fits.get((inside["cluster"], inside["backend"], "intra-node"), (None, []))[0]
-        inter = fits.get((inside["cluster"], inside["backend"], "inter-node"), (None, []))[0]
-        fit_text = ""
+        same_n = inside["world_size"] == outside["world_size"]
+        where_in = f"N={inside['world_size']} on one node"
+        where_out = f"N={outside['world_size']} on {outside['nodes']} nodes"
         numbers: dict[str, float | int | str | None] = {
             "world_size_inside": inside["world_size"],
             "world_size_outside": outside["world_size"],
+            "nodes_outside": outside["nodes"],
+            "same_world_size": int(same_n),
             "efficiency_inside": e_in,
             "efficiency_outside": e_out,
             "relative_drop": drop,
         }
+        # what the collectives measured across the boundary and within a node (bytes unknown: none)
+        bw_in = (sync.get(inside["run_id"]) or {}).get("busbw_gb_per_s")
+        bw_out = (sync.get(outside["run_id"]) or {}).get("busbw_gb_per_s")
+        measured = ""
+        if bw_out:
+            numbers["busbw_inter_gb_per_s"] = bw_out
+            measured = f" Across nodes the gradient allreduce moved {gbps(bw_out)} of bus bandwidth"
+            if bw_in:
+                numbers["busbw_intra_gb_per_s"] = bw_in
+                measured += f", against {gbps(bw_in)} within one node ({times(bw_in / bw_out)} more)"
+            measured += ": that is what the link between the nodes carries for this job."
+        cost = ""
+        t_in, t_out = inside["step_ns"], outside["step_ns"]
+        if same_n and t_in and t_out and t_out > t_in:
+            numbers["step_share_of_boundary"] = 1 - t_in / t_out
+            cost = (
+                f" At the same N the step takes {dur(t_out)} across nodes against {dur(t_in)} on one node: "
+                f"the boundary costs {pct(1 - t_in / t_out)} of each step."
+            )
+        intra = fits.get((inside["cluster"], inside["backend"], "intra-node"), (None, []))[0]
+        inter = fits.get((inside["cluster"], inside["backend"], "inter-node"), (None, []))[0]
+        fit_text = ""
         # the fits say why only where both are fits of measured sizes (traces without bytes give none)
         if (
             intra is not None
@@ -52,7 +78,7 @@ def node_boundary_knee(ctx: Context) -> list[Finding]:
             and inter.bandwidth_gb_per_s is not None
         ):
             fit_text = (
-                f" The alpha-beta fits say why: within a node α = {dur(intra.alpha_s * 1e9)} and "
+                f" The alpha-beta fits say the same: within a node α = {dur(intra.alpha_s * 1e9)} and "
                 f"{gbps(intra.bandwidth_gb_per_s)}, across nodes α = {dur(inter.alpha_s * 1e9)} and "
                 f"{gbps(inter.bandwidth_gb_per_s)}."
             )
@@ -64,6 +90,28 @@ def node_boundary_knee(ctx: Context) -> list[Finding]:
             }
         e_out_loss = 1 - e_out
         explained = (1 - (1 - e_in) / e_out_loss) if e_out_loss > 0 else None
+        if same_n:
+            title = (
+                f"The node boundary: {where_out} runs at efficiency {num(e_out)}, "
+                f"{where_in} at {num(e_in)}"
+                + (f" (inter-node bus bandwidth {gbps(bw_out)})" if bw_out else "")
+            )
+            lead = (
+                f"In {group_name(gid)}, the same job at the same N is {pct(drop)} less efficient once its "
+                f"ranks are placed on {outside['nodes']} nodes instead of one: exposed sync goes from "
+                f"{dur(inside['sync_exposed_ns'])} to {dur(outside['sync_exposed_ns'])} per step once "
+                "gradients cross the network, while the work per rank is the same."
+            )
+        else:
+            title = (
+                f"Knee at the node boundary: efficiency {num(e_in)} → {num(e_out)} "
+                f"from N={inside['world_size']} to N={outside['world_size']}"
+            )
+            lead = (
+                f"In {group_name(gid)}, efficiency falls by {pct(drop)} (from {num(e_in)} at {where_in} "
+                f"to {num(e_out)} at {where_out}): exposed sync goes from {dur(inside['sync_exposed_ns'])} "
+                f"to {dur(outside['sync_exposed_ns'])} per step once gradients cross the network."
+            )
         out.append(
             make_finding(
                 ctx,
@@ -71,22 +119,12 @@ def node_boundary_knee(ctx: Context) -> list[Finding]:
                 gid,
                 severity=cause_severity(explained),
                 category="cause",
-                title=(
-                    f"Knee at the node boundary: efficiency {num(e_in)} → {num(e_out)} from "
-                    f"N={inside['world_size']} to N={outside['world_size']}"
-                ),
-                text=(
-                    f"In {gid}, efficiency falls by {pct(drop)} (from {num(e_in)} at "
-                    f"N={inside['world_size']} "
-                    f"on one node to {num(e_out)} at N={outside['world_size']} on {outside['nodes']} nodes): "
-                    f"exposed sync goes from {dur(inside['sync_exposed_ns'])} to "
-                    f"{dur(outside['sync_exposed_ns'])} "
-                    "per step once gradients cross the network." + fit_text
-                ),
+                title=title,
+                text=lead + cost + measured + fit_text,
                 run_ids=[inside["run_id"], outside["run_id"]],
                 analyses=("scaling", "sync", "allreduce_fit"),
                 recommendation=cheaper_network_hop(setup_of(ctx, [inside["run_id"], outside["run_id"]])),
-                confidence=0.8,
+                confidence=0.9 if same_n else 0.8,
                 explained_loss=explained,
                 numbers=numbers,
                 group_id=gid,

@@ -32,8 +32,16 @@ def times(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}×"
 
 
+def batch_per(b: object, unit: str = "rank") -> str:
+    """'batch 32 per rank', or that it was not recorded (zero-code recording, some imports): never 'None'."""
+    return f"batch {b} per {unit}" if b is not None else f"batch size per {unit} not recorded"
+
+
 def gbps(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1f} GB/s"
+    """A bandwidth in GB/s, in MB/s below 1 GB/s (a TCP link, a loaded host: "0.0 GB/s" says nothing)."""
+    if x is None:
+        return "n/a"
+    return f"{x * 1000:.3g} MB/s" if abs(x) < 1 else f"{x:.1f} GB/s"
 
 
 def listing(items: Iterable[str], limit: int = 6) -> str:
