@@ -115,6 +115,8 @@ def _group_edges(code: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.nd
 def _medians(group: np.ndarray, values: np.ndarray, *, lower: bool = False) -> np.ndarray:
     """Per element: the median of `values` over its group (`lower`: of an even count, the lower of the
     two middle values)."""
+    if len(values) == 0:
+        return np.asarray(values, dtype=np.float64).copy()
     order = np.lexsort((values, group))
     g, v = group[order], values[order]
     counts = np.bincount(g)
@@ -365,7 +367,7 @@ def _causes(
             out.append("slow-worker")
 
     # data imbalance: the same op varies across dp ranks, and the slowest dp rank keeps changing
-    if n_dp > 1:
+    if n_dp > 1 and compute.any():
         same_op = _codes(g.step_code, cols["name"], cols["nth"], stage)
         took = cols["dur_ns"].astype(np.float64)
         med = _medians(same_op[compute], took[compute])
