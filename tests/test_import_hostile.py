@@ -74,3 +74,15 @@ def test_the_corpus_templates_import(tmp_path: Path, fmt: str, name: bytes, make
     assert res.returncode == 0, res.stderr.decode()
     assert b"imported" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([os.fsdecode(name), "store"])  # nothing made
+
+
+def test_a_run_id_is_bounded_in_bytes_and_echoed_short() -> None:
+    """150 'é' are 300 bytes: more than a folder name takes once its prefix is added; the error line
+    names a long id by its start and length, not whole."""
+    from perfscope import PerfscopeError
+    from perfscope.importers.common import check_run_id
+
+    assert check_run_id("é" * 100) == "é" * 100
+    with pytest.raises(PerfscopeError, match="200 bytes") as err:
+        check_run_id("é" * 150)
+    assert len(err.value.message) < 200 and "150 characters" in err.value.message

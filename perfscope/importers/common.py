@@ -152,12 +152,15 @@ def default_run_id(origin: str, experiment: str, paths: Sequence[Path]) -> str:
 def check_run_id(run_id: str) -> str:
     if (
         not run_id
-        or len(run_id) > 200
+        or len(os.fsencode(run_id)) > 200  # bytes: a folder name is at most 255 of them
         or run_id.startswith(".")
         or any(c in run_id for c in "/\0\n")
         or partition_value_problem(run_id)
     ):
-        raise PerfscopeError(f"run id {run_id!r} cannot name a folder; use letters, digits, '-', '_', '.'")
+        shown = repr(run_id) if len(run_id) <= 80 else f"{run_id[:60]!r}... ({len(run_id):,} characters)"
+        raise PerfscopeError(
+            f"run id {shown} cannot name a folder; use up to 200 bytes of letters, digits, '-', '_', '.'"
+        )
     return run_id
 
 
