@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import warnings
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
@@ -403,56 +404,53 @@ def _sample_differs(store: Store, run_id: str, step_path: Path, win_path: Path, 
     """Which of the rollups ('window sums', 'step rows') disagrees with the raw rows, recomputed for
     a random sample of its rows, or ''. Counts and bounds (checked before) say nothing of sums: a
     rollup whose sums were edited, its metadata kept, passes them; it fails here, at the first read,
-    unless the edit spared every sampled row (the first and last windows and steps always are)."""
+    unless the edit spared every sampled row (the first and last windows and steps always are).
+    One query per run: the sample is drawn here from the rollups' key columns."""
     run = _lit(run_id)
-    n = SAMPLE_ROWS
+    wins = pq.read_table(win_path, columns=["rank", "win_lo"]).to_pylist()
+    steps = pq.read_table(step_path, columns=["step"]).column("step").to_pylist()
+    wins = _pick(wins)
+    steps = _pick(steps)
+    if not wins or not steps:
+        return ""
+    lo = min(int(r["win_lo"]) for r in wins)
+    hi = max(int(r["win_lo"]) for r in wins) + w
+    ranges = " OR ".join(
+        f"(s.rank = {int(r['rank'])} AND s.step >= {int(r['win_lo'])} AND s.step < {int(r['win_lo']) + w})"
+        for r in wins
+    )
+    raw_w = (
+        f"SELECT s.rank, ({lo} + (s.step - {lo}) // {w} * {w})::BIGINT AS win_lo, "
+        f"{_select(WINDOW_COLUMNS)} FROM steps s "
+        f"WHERE s.run_id = {run} AND s.step >= {lo} AND s.step < {hi} AND ({ranges}) GROUP BY ALL"
+    )
+    picked_w = " OR ".join(f"(g.rank = {int(r['rank'])} AND g.win_lo = {int(r['win_lo'])})" for r in wins)
+    listed = ", ".join(str(int(x)) for x in steps)
+    raw_s = (
+        f"SELECT s.step, {_select(STEP_COLUMNS)} FROM steps s "
+        f"WHERE s.run_id = {run} AND s.step IN ({listed}) GROUP BY s.step"
+    )
 
-    def sample(path: Path, keys: str, order: str) -> list[dict[str, int]]:
-        src = f"read_parquet({_lit(str(path))})"
-        return store.query(
-            f"SELECT {keys} FROM (SELECT {keys} FROM {src} USING SAMPLE {n} ROWS) "
-            f"UNION SELECT {keys} FROM (SELECT {keys} FROM {src} ORDER BY {order} LIMIT 1) "
-            f"UNION SELECT {keys} FROM (SELECT {keys} FROM {src} ORDER BY {order} DESC LIMIT 1)"
-        ).to_pylist()
-
-    def disagree(path: Path, keys: list[str], rows: list[dict[str, int]], raw: str) -> bool:
-        cols = [c for c in pq.read_schema(path).names if c not in keys]
+    def count(raw: str, path: Path, keys: list[str], picked: str, cols: Iterable[str]) -> str:
         on = " AND ".join(f"r.{k} = g.{k}" for k in keys)
         diff = " OR ".join(f"r.{c} IS DISTINCT FROM g.{c}" for c in cols)
-        picked = " OR ".join("(" + " AND ".join(f"g.{k} = {int(row[k])}" for k in keys) + ")" for row in rows)
-        got = store.query(
-            f"SELECT count(*) AS n FROM ({raw}) r FULL JOIN read_parquet({_lit(str(path))}) g ON {on} "
-            f"WHERE ({picked}) AND ({diff} OR r.{keys[0]} IS NULL)"
-        ).to_pylist()[0]["n"]
-        return bool(got)
+        return (
+            f"(SELECT count(*) FROM ({raw}) r RIGHT JOIN read_parquet({_lit(str(path))}) g ON {on} "
+            f"WHERE ({picked}) AND ({diff} OR r.{keys[0]} IS NULL))"
+        )
 
-    rows = sample(win_path, "rank, win_lo", "rank, win_lo")
-    if rows:
-        ranges = " OR ".join(
-            f"(s.rank = {int(r['rank'])} AND s.step >= {int(lo)} AND s.step < {int(lo) + w})"
-            for r in rows
-            for lo in [r["win_lo"]]
-        )
-        lo = min(int(r["win_lo"]) for r in rows)
-        hi = max(int(r["win_lo"]) for r in rows) + w
-        raw = (
-            f"SELECT s.rank, ({lo} + (s.step - {lo}) // {w} * {w})::BIGINT AS win_lo, "
-            f"{_select(WINDOW_COLUMNS)} "
-            f"FROM steps s WHERE s.run_id = {run} AND s.step >= {lo} AND s.step < {hi} AND ({ranges}) "
-            "GROUP BY ALL"
-        )
-        if disagree(win_path, ["rank", "win_lo"], rows, raw):
-            return "window sums"
-    rows = sample(step_path, "step", "step")
-    if rows:
-        steps = ", ".join(str(int(r["step"])) for r in rows)
-        raw = (
-            f"SELECT s.step, {_select(STEP_COLUMNS)} FROM steps s "
-            f"WHERE s.run_id = {run} AND s.step IN ({steps}) GROUP BY s.step"
-        )
-        if disagree(step_path, ["step"], rows, raw):
-            return "step rows"
-    return ""
+    got = store.query(
+        f"SELECT {count(raw_w, win_path, ['rank', 'win_lo'], picked_w, WINDOW_COLUMNS)} AS w, "
+        f"{count(raw_s, step_path, ['step'], f'g.step IN ({listed})', STEP_COLUMNS)} AS s"
+    ).to_pylist()[0]
+    return "window sums" if got["w"] else "step rows" if got["s"] else ""
+
+
+def _pick(items: list[Any]) -> list[Any]:
+    """SAMPLE_ROWS of `items` at random, and the first and the last."""
+    if len(items) <= SAMPLE_ROWS + 2:
+        return items
+    return [items[0], *random.sample(items[1:-1], SAMPLE_ROWS), items[-1]]
 
 
 def _files(paths: Iterable[str]) -> str:
