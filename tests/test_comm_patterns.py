@@ -199,6 +199,7 @@ def test_a_version_1_store_reads_migrated_and_compacts_without_losing_it(tmp_pat
     import shutil
 
     from perfscope.compact import compact
+    from perfscope.schema import SCHEMA_VERSION
     from perfscope.writer import StoreWriter
 
     store = tmp_path / "v1"
@@ -232,7 +233,8 @@ def test_a_version_1_store_reads_migrated_and_compacts_without_losing_it(tmp_pat
     ]
     assert compact(store, grace_s=0).files_merged >= 2
     merged = next((store / "comm" / f"run_id={run_id}").glob("c-*.parquet"))
-    assert pq.read_metadata(merged).metadata[b"perfscope.schema_version"] == b"2"  # both versions in it
+    # both versions in it, written as the current one
+    assert pq.read_metadata(merged).metadata[b"perfscope.schema_version"] == str(SCHEMA_VERSION).encode()
     assert comm() == before  # the old rows were migrated as they were merged
 
 
