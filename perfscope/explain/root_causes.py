@@ -29,8 +29,16 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 #: On one run, a rule that names how its communication is organised (parameter averaging every k
 #: steps, sharded data parallelism, a pipeline, a parameter server) is the root cause of the run's
 #: wait on communication, which is then its symptom.
-RUN_ROOTS = ("pipeline-bubble", "parameter-server", "periodic-sync", "sharded-exposed")
-RUN_SYMPTOMS = ("communication-share",)
+#: The what-if replay, when it names a cause (a long stage, a slow worker, data imbalance), explains
+#: the run's waits too: the ranks that wait on the long stage, and the rank "last in most
+#: collectives" that is that stage, are its symptoms, not causes of their own.
+RUN_ROOTS: dict[str, tuple[str, ...]] = {
+    "what-if": ("communication-share", "straggler"),
+    "pipeline-bubble": ("communication-share",),
+    "parameter-server": ("communication-share",),
+    "periodic-sync": ("communication-share",),
+    "sharded-exposed": ("communication-share",),
+}
 
 
 def root_causes(findings: list[Finding]) -> list[Finding]:
@@ -40,20 +48,18 @@ def root_causes(findings: list[Finding]) -> list[Finding]:
 
 
 def merge_run_symptoms(findings: list[Finding]) -> list[Finding]:
-    """A one-run finding of RUN_SYMPTOMS whose run a RUN_ROOTS finding speaks for becomes that
-    finding's symptom (the first root by RUN_ROOTS order)."""
-    roots: dict[str, Finding] = {}
-    for f in sorted((f for f in findings if f.rule in RUN_ROOTS), key=lambda f: RUN_ROOTS.index(f.rule)):
+    """A one-run finding that a RUN_ROOTS finding on its run covers becomes that finding's symptom
+    (the first such root by RUN_ROOTS order)."""
+    order = list(RUN_ROOTS)
+    roots: dict[tuple[str, str], Finding] = {}
+    for f in sorted((f for f in findings if f.rule in RUN_ROOTS), key=lambda f: order.index(f.rule)):
         for run in f.evidence.run_ids:
-            roots.setdefault(run, f)
+            for symptom in RUN_ROOTS[f.rule]:
+                roots.setdefault((run, symptom), f)
     attached: dict[int, list[Finding]] = {}
     out: list[Finding] = []
     for f in findings:
-        root = (
-            roots.get(f.evidence.run_ids[0])
-            if f.rule in RUN_SYMPTOMS and len(f.evidence.run_ids) == 1
-            else None
-        )
+        root = roots.get((f.evidence.run_ids[0], f.rule)) if len(f.evidence.run_ids) == 1 else None
         if root is None:
             out.append(f)
         else:
