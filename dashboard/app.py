@@ -84,7 +84,7 @@ def main(store: str | None = None, page: str = "overview") -> None:
     ctx: state.Context | None = None
     with st.sidebar:
         st.markdown("### perfscope")
-        sidebar.store_info(path, opened)
+        sidebar.store_info(path, opened, sidebar.store_root(store))
         if opened is not None:
             token = state.listing_token(opened)
             sel = sidebar.selection(state.Context(path, opened, token, Selection()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from perfscope.report.text import literal as md
 from perfscope.store import Store
 from perfscope.words import counted
 
-from . import state
+from . import ENV_ROOT, state
 
 LIVE_INTERVALS_S = (1, 2, 5, 10, 30, 60)
 _ALL_SOURCES = "measured and simulated"
@@ -87,16 +88,44 @@ def chosen_store(default: str | None) -> str | None:
     return chosen if isinstance(chosen, str) else default
 
 
-def _switch() -> None:
-    """Open the typed path; keep it only when it is a readable store, else say why in one line."""
+def store_root(started: str | None) -> str:
+    """The folder (or s3:// prefix) the sidebar opens stores under: `perfscope dashboard --root`, by
+    default the store the dashboard was started with (`started`, else the default store)."""
+    return os.environ.get(ENV_ROOT) or str(state.store_path(started))
+
+
+def _under_root(typed: str, root: str) -> Path | None:
+    """The folder to open for `typed` (a path under the root, relative ones from the root, or an s3://
+    prefix under an s3:// root, as its mirror folder), or None when it is outside the root. The check is
+    made on the words first, so nothing outside the root is looked at; links are followed only after."""
+    if objectstore.is_s3_url(root) or objectstore.is_s3_url(typed):
+        inside = (
+            objectstore.is_s3_url(root)
+            and objectstore.is_s3_url(typed)
+            and (typed.rstrip("/") + "/").startswith(root.rstrip("/") + "/")
+        )
+        # an s3:// store is shown from its mirror folder, which open_store syncs and reads as the store
+        return objectstore.mirror_path(typed) if inside else None
+    base = Path(root)
+    wanted = Path(os.path.normpath(base / Path(typed).expanduser()))
+    if not wanted.is_relative_to(base):
+        return None
+    path = wanted.resolve()  # a link inside the root may point out of it
+    return path if path.is_relative_to(base.resolve()) else None
+
+
+def _switch(root: str) -> None:
+    """Open the typed path; keep it only when it is a readable store under `root`, else say why in one
+    line."""
     typed = str(st.session_state.get(_SWITCH_INPUT) or "").strip()
     st.session_state.pop(_SWITCH_ERROR, None)
     if not typed:
         return
     try:
-        # an s3:// store is shown from its mirror folder, which open_store syncs and reads as the store
-        path = objectstore.mirror_path(typed) if objectstore.is_s3_url(typed) else Path(typed)
-        path = path.expanduser().resolve()
+        path = _under_root(typed, root)
+        if path is None:  # the same words whatever is there: nothing outside the root is told
+            st.session_state[_SWITCH_ERROR] = f"only stores under {one_line(root)} can be opened here"
+            return
         is_dir, exists = path.is_dir(), path.exists()
     except PerfscopeError as exc:
         st.session_state[_SWITCH_ERROR] = one_line(exc.message)
@@ -116,7 +145,7 @@ def _switch() -> None:
     st.session_state[_SWITCH_INPUT] = ""
 
 
-def store_info(path: Path, store: Store | None) -> None:
+def store_info(path: Path, store: Store | None, root: str) -> None:
     st.caption("Store")
     st.code(objectstore.mirror_source(path) or str(path), language=None, wrap_lines=True)
     st.text_input(
@@ -124,8 +153,9 @@ def store_info(path: Path, store: Store | None) -> None:
         key=_SWITCH_INPUT,
         placeholder="path/to/store, then Enter",
         on_change=_switch,
-        help="a folder perfscope.profile or perfscope simulate wrote, or an s3://bucket/prefix; this "
-        "browser tab switches to it",
+        args=(root,),
+        help="a store folder under the dashboard's root (perfscope dashboard --root; relative paths "
+        "start there), or an s3://bucket/prefix under an s3:// root; this browser tab switches to it",
     )
     error = st.session_state.get(_SWITCH_ERROR)
     if error:

@@ -16,6 +16,7 @@ from perfscope.charts.rows import group_labels
 from perfscope.dashboard.links import PLACES, Place
 from perfscope.explain import explain
 from perfscope.report.model import format_value
+from perfscope.report.text import literal
 from perfscope.simulate import write_study
 from perfscope.simulate.presets import parse_config, seed_study_config
 from perfscope.store import open_store
@@ -148,7 +149,8 @@ def test_overview_numbers_and_findings_equal_the_analyses(seed: Path) -> None:
         assert v == pytest.approx(largest[g]["per_gpu_speedup"])
     # findings in the explainer's order, each with a link to the chart behind it
     titles = [e.label for e in at.expander if e.label.startswith("**")]
-    assert titles == [f"**{i}. {f.title}**" for i, f in enumerate(findings, 1)]
+    # (their words are store text, escaped for Markdown: report/text.py)
+    assert titles == [f"**{i}. {literal(f.title)}**" for i, f in enumerate(findings, 1)]
     # the first three are open, each with its links; a closed one draws its body when opened
     shown = len(at.get("page_link"))
     assert shown >= 3

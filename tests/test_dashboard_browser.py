@@ -67,12 +67,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60
 
 @contextmanager
 def dashboard_server(
-    store: Path, log: Path, host: str = "127.0.0.1"
+    store: Path, log: Path, host: str = "127.0.0.1", *, token: bool = False, extra: tuple[str, ...] = ()
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`perfscope dashboard STORE` on a free port; yields its URL and process once it answers, and
-    always ends it (the CLI and the Streamlit server it started) afterwards."""
+    always ends it (the CLI and the Streamlit server it started) afterwards. Without an access token
+    unless `token` (the access tests read it from the log: `printed_token`)."""
     port = free_port()
-    extra = [] if host == "127.0.0.1" else ["--host", host]
+    extra = (*extra, *([] if host == "127.0.0.1" else ["--host", host]), *([] if token else ["--no-token"]))
     with open(log, "wb") as out:
         # its own session, so the CLI and the Streamlit server it started end together
         proc = subprocess.Popen(
@@ -141,7 +142,7 @@ def test_cli_prints_the_local_address(server: tuple[str, Path]) -> None:
     url, log = server
     text = log.read_text()
     assert f"perfscope dashboard: {url}" in text
-    assert "no authentication" not in text  # bound to 127.0.0.1: no warning
+    assert "warning" not in text.replace("warning: --no-token", "")  # bound to 127.0.0.1: no other
 
 
 def test_every_page_renders_without_errors(server: tuple[str, Path]) -> None:

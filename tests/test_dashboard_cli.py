@@ -1,4 +1,4 @@
-"""`perfscope dashboard`: errors before starting, the Streamlit command line, the warning off localhost."""
+"""`perfscope dashboard`: errors before starting, the Streamlit command line, SIGTERM off localhost."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_without_a_store_it_opens_the_bundled_sample() -> None:
 
 def test_streamlit_runs_headless_local_and_without_usage_statistics(tmp_path: Path) -> None:
     cmd = command(tmp_path, "127.0.0.1", 8600)
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app.py") and Path(cmd[4]).is_file()
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("serve.py") and Path(cmd[4]).is_file()
     for flag in (
         "--server.headless=true",
         "--server.address=127.0.0.1",
@@ -51,13 +51,13 @@ def test_streamlit_runs_headless_local_and_without_usage_statistics(tmp_path: Pa
         assert flag in cmd
 
 
-def test_another_host_warns_and_sigterm_stops_the_server(tmp_path: Path) -> None:
+def test_another_host_and_sigterm_stops_the_server(tmp_path: Path) -> None:
     make_run(tmp_path / "store", "r1", world_size=2)
     log = tmp_path / "server.log"
     # 127.0.0.2 is loopback too: a non-default address without leaving this machine
     with dashboard_server(tmp_path / "store", log, host="127.0.0.2") as (url, proc):
         text = log.read_text()
-        assert "no authentication" in text and f"perfscope dashboard: {url}" in text
+        assert f"perfscope dashboard: {url}" in text
         proc.send_signal(signal.SIGTERM)  # to the CLI alone: it must take its Streamlit server along
         proc.wait(timeout=20)
         with pytest.raises(OSError):

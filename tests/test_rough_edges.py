@@ -261,7 +261,10 @@ def _store_shown(at: AppTest) -> str:
     return str(at.sidebar.code[0].value)
 
 
-def test_the_dashboard_switches_to_another_store(small: Path, tmp_path: Path) -> None:
+def test_the_dashboard_switches_to_another_store(
+    small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PERFSCOPE_DASHBOARD_ROOT", "/")  # perfscope dashboard --root /
     other = tmp_path / "other"
     make_run(other, "other-n4", world_size=4, experiment="other")
     at = AppTest.from_function(_app, args=(str(small),), default_timeout=120).run()
@@ -282,7 +285,10 @@ def test_the_dashboard_switches_to_another_store(small: Path, tmp_path: Path) ->
         ("x" * 5000, "not a usable path"),
     ],
 )
-def test_a_bad_store_path_is_one_line_and_keeps_the_store(small: Path, typed: str, words: str) -> None:
+def test_a_bad_store_path_is_one_line_and_keeps_the_store(
+    small: Path, typed: str, words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PERFSCOPE_DASHBOARD_ROOT", "/")  # perfscope dashboard --root /
     typed = str(ROOT / typed) if typed == "README.md" else typed
     at = AppTest.from_function(_app, args=(str(small),), default_timeout=120).run()
     at.sidebar.text_input(key="store_switch").input(typed).run()
@@ -292,7 +298,10 @@ def test_a_bad_store_path_is_one_line_and_keeps_the_store(small: Path, typed: st
     assert _store_shown(at) == str(small.resolve())  # the shown store stays
 
 
-def test_an_empty_folder_is_refused_with_the_stores_words(small: Path, tmp_path: Path) -> None:
+def test_an_empty_folder_is_refused_with_the_stores_words(
+    small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PERFSCOPE_DASHBOARD_ROOT", "/")  # perfscope dashboard --root /
     (tmp_path / "empty").mkdir()
     at = AppTest.from_function(_app, args=(str(small),), default_timeout=120).run()
     at.sidebar.text_input(key="store_switch").input(str(tmp_path / "empty")).run()

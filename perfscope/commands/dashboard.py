@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 from types import FrameType
 
 from perfscope import dashboard
-from perfscope.dashboard import ENV_STORE
+from perfscope.dashboard import ENV_HOSTS, ENV_ROOT, ENV_STORE, ENV_TOKEN
+from perfscope.dashboard.guard import TOKEN_PARAM, allowed_hosts
 
 from ..errors import PerfscopeError
 
@@ -24,9 +26,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host",
         default=LOCALHOST,
-        help=f"address to bind (default {LOCALHOST}: this machine only). The dashboard has no "
-        "authentication: anyone who can reach the address can read the store, and any other store "
-        "this user can read",
+        help=f"address to bind (default {LOCALHOST}: this machine, every user of it; the access token "
+        "keeps the others out). Requests naming another Host are refused",
+    )
+    p.add_argument(
+        "--no-token",
+        action="store_true",
+        help="serve without the access token (printed in the URL at start): anyone who can reach the "
+        "address, any user of this machine included, can then read the stores under --root",
+    )
+    p.add_argument(
+        "--root",
+        help="the sidebar's 'open another store' box opens stores under this folder (or s3:// prefix) "
+        "only (default: the store the dashboard was started with)",
     )
 
 
@@ -53,9 +65,32 @@ def _store(given: str | None) -> Path:
     return path
 
 
+def _root(given: str | None, store_arg: str | None, store: Path) -> str:
+    """The folder (or s3:// prefix) the sidebar may open stores under."""
+    from ..objectstore import is_s3_url
+
+    if given is None:
+        return store_arg if store_arg is not None and is_s3_url(store_arg) else str(store)
+    if is_s3_url(given):
+        return given
+    path = Path(given).expanduser().resolve()
+    if not path.is_dir():
+        raise PerfscopeError(f"--root {path} is not a folder")
+    return str(path)
+
+
+def _display_host(host: str) -> str:
+    """The address a browser on this machine uses (a wildcard bind is not one)."""
+    if host in ("0.0.0.0", "::", ""):
+        return "localhost"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def command(store: Path, host: str, port: int) -> list[str]:
-    """The `streamlit run` command line: headless, no usage statistics, no file watcher."""
-    app = Path(dashboard.__file__).resolve().parent / "app.py"
+    """The `streamlit run` command line: the app behind its access guard (serve.py), headless, no usage
+    statistics, no file watcher, and nothing fetched from the internet: Streamlit's banner, which looks
+    up the machine's external IP address on a wildcard bind, is off (the CLI prints the address)."""
+    app = Path(dashboard.__file__).resolve().parent / "serve.py"
     return [
         sys.executable,
         "-m",
@@ -66,6 +101,8 @@ def command(store: Path, host: str, port: int) -> list[str]:
         f"--server.address={host}",
         f"--server.port={port}",
         "--browser.gatherUsageStats=false",
+        "--logger.hideWelcomeMessage=true",
+        f"--browser.serverAddress={_display_host(host)}",
         # nothing to reload in an installed app; watching site-packages costs CPU and inotify handles
         "--server.fileWatcherType=none",
         "--server.runOnSave=false",
@@ -84,17 +121,30 @@ def run(args: argparse.Namespace) -> int:
             "the dashboard needs streamlit and altair: pip install 'perfscope[dashboard]'"
         ) from None
     store = _store(args.store)
-    if args.host != LOCALHOST:
+    root = _root(args.root, args.store, store)
+    token = None if args.no_token else secrets.token_urlsafe(24)
+    if token is None:
         print(
-            f"warning: serving on {args.host}: the dashboard has no authentication, so anyone who can "
-            f"reach {args.host}:{args.port} can read the store {store}, and any other store folder this "
-            "user can read (the sidebar opens another store)",
+            f"warning: --no-token: anyone who can reach {args.host}:{args.port}, any user of this machine "
+            f"included, can read the store {store} and every store under {root}",
             file=sys.stderr,
         )
-    print(
-        f"perfscope dashboard: http://{args.host}:{args.port}  (store {store}; Ctrl-C stops it)", flush=True
+    url = f"http://{_display_host(args.host)}:{args.port}"
+    shown = f"{url}/?{TOKEN_PARAM}={token}" if token else url
+    print(f"perfscope dashboard: {shown}  (store {store}; Ctrl-C stops it)", flush=True)
+    hosts = allowed_hosts(args.host, args.port)
+    env = dict(
+        os.environ,
+        **{
+            ENV_STORE: str(store),
+            ENV_ROOT: root,
+            ENV_HOSTS: ",".join(sorted(hosts)) if hosts is not None else "*",
+            "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
+        },
     )
-    env = dict(os.environ, **{ENV_STORE: str(store), "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"})
+    env.pop(ENV_TOKEN, None)
+    if token:
+        env[ENV_TOKEN] = token
     child = subprocess.Popen(command(store, args.host, args.port), env=env)
 
     def forward(signum: int, frame: FrameType | None) -> None:
