@@ -15,6 +15,20 @@ footer and saves one); "after" today's tree with the manifest saved. The design 
 takes about 2.5 ms and 85 KB per segment, and a cold open reads every footer, so both run only up to
 `--before-max` segments; a manifest is built by each tree reading each distinct (hard-linked) file's
 footer once, as the cold open would have saved it.
+
+    .venv/bin/python benchmarks/store_listing.py --shape one-run       # one long run, 100,000 segments
+    .venv/bin/python benchmarks/store_listing.py --shape one-run --store-dir /tmp/one --compact
+
+`--shape one-run` measures the shape of issue 26 instead: one run of 4 ranks whose `--segments`
+segments hold 10 steps of one rank each, written with plain pyarrow as another tool would
+(build_one_run), and `--shape one-run-inflight` the same with one more segment holding a step that
+started and never ended (no step_ns, so no range: the old info queried every file for it). Each
+command is a fresh process (`python -m perfscope ...`, wall time and peak RSS from wait4): `info`
+cold (no manifest: every footer read, the manifest saved), `info` warm (best of `--repeat`), and
+`analyze --json` (on more than ANALYZE_MAX_SEGMENTS segments: the one line saying to compact first);
+with `--compact`, `perfscope compact` on a hard-linked copy and `analyze --json` after it. The
+building takes minutes (about 8 ms a segment on a loaded 2-core machine): `--store-dir` keeps the
+store and reuses it.
 """
 
 from __future__ import annotations
@@ -26,9 +40,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Mapping
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE_COMMIT = "fc72bec"
@@ -69,6 +85,44 @@ def build(root: Path, runs: int, per_run: int) -> None:
             os.link(src / f"s{i:06d}.parquet", steps / f"w-{i:06d}.parquet")
         (root / "runs" / f"run_id=r{r:04d}").mkdir(parents=True)
         os.link(src / "runs.parquet", root / "runs" / f"run_id=r{r:04d}" / "w-000000.parquet")
+
+
+def build_one_run(root: Path, segments: int, ranks: int = 4, steps_per_segment: int = 10) -> None:
+    """One long run as another tool writes it: `segments` steps segments of `steps_per_segment`
+    steps of one rank each (ranks in turn), written with plain `pyarrow.parquet.write_table` in the
+    store's schema (its metadata says table and version; default compression and statistics, no
+    perfscope writer), and one runs row. Rank r starts each step r us after rank 0."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from perfscope.schema import TABLES
+
+    schema = TABLES["steps"].arrow_schema
+    part = root / "steps" / "run_id=long"
+    part.mkdir(parents=True)
+    step_ns, t0 = 10**7, 1_700_000_000_000_000_000
+    for i in range(segments):
+        rank = i % ranks
+        step = np.arange(steps_per_segment, dtype=np.int64) + (i // ranks) * steps_per_segment
+        n = len(step)
+        columns = {
+            "rank": pa.array(np.full(n, rank, np.int32)),
+            "step": pa.array(step),
+            "start_ns": pa.array(t0 + step * step_ns + rank * 1000),
+            "step_ns": pa.array(np.full(n, step_ns - 5000, np.int64)),
+            "forward_ns": pa.array(np.full(n, step_ns // 3, np.int64)),
+            "backward_ns": pa.array(np.full(n, step_ns // 2, np.int64)),
+            "samples": pa.array(np.full(n, 32, np.int32)),
+        }
+        arrays = [columns[f.name].cast(f.type) if f.name in columns else pa.nulls(n, f.type) for f in schema]
+        pq.write_table(pa.Table.from_arrays(arrays, schema=schema), part / f"part-{i:06d}.parquet")
+    runs_row = {"experiment": "long", "source": "measured", "world_size": ranks, "backend": "nccl"}
+    (root / "runs" / "run_id=long").mkdir(parents=True)
+    names = TABLES["runs"].column_names
+    runs_table = [dict(zip(names, _row("runs", runs_row), strict=True))]
+    runs = pa.Table.from_pylist(runs_table, schema=TABLES["runs"].arrow_schema)
+    pq.write_table(runs, root / "runs" / "run_id=long" / "part-000000.parquet")
 
 
 SEED = r"""
@@ -129,13 +183,86 @@ def old_tree(commit: str, dest: Path) -> Path:
     return dest
 
 
+def command(*args: str) -> dict[str, Any]:
+    """`python -m perfscope ARGS` in a fresh process: wall time, peak RSS and exit status."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfscope", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd="/",
+    )
+    _, status, use = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"wall_s": wall, "rss_mb": use.ru_maxrss / 1024, "rc": proc.returncode, "said": err[-300:]}
+
+
+def one_run(args: argparse.Namespace) -> int:
+    """The one-long-run shapes (see the module's docstring)."""
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(args.store_dir) if args.store_dir else Path(tmp)
+        store = base / f"{args.shape}-{args.segments}" / "store"
+        if not (store / "runs").is_dir():
+            build_one_run(store, args.segments)
+            if args.shape == "one-run-inflight":
+                inflight(store)
+        results: list[tuple[str, dict[str, Any]]] = []
+        (store / ".perfscope-manifest").unlink(missing_ok=True)
+        results.append(("info, cold (no manifest)", command("info", str(store))))
+        warm = [command("info", str(store)) for _ in range(args.repeat)]
+        results.append((f"info, warm (best of {args.repeat})", min(warm, key=lambda r: r["wall_s"])))
+        results.append(("analyze --json", command("analyze", "--json", str(store))))
+        if args.compact:
+            copy = Path(tmp) / "compacted" / "store"
+            copy.parent.mkdir(parents=True)
+            subprocess.run(["cp", "-al", str(store), str(copy.parent)], check=True)
+            results.append(("compact (a hard-linked copy)", command("compact", "--grace", "0", str(copy))))
+            results.append(("analyze --json, compacted", command("analyze", "--json", str(copy))))
+    print(f"load average before the run: {load_before:.1f}")
+    print(f"| {args.shape}, {args.segments:,} segments | wall | peak RSS | exit |")
+    print("|---|---|---|---|")
+    for name, r in results:
+        print(f"| {name} | {r['wall_s']:.2f} s | {r['rss_mb']:.0f} MB | {r['rc']} |")
+    for name, r in results:
+        if r["rc"]:
+            print(f"{name} said: {r['said']}")
+    print(f"load average after the run: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+def inflight(root: Path) -> None:
+    """One more segment: a step of rank 0 that started after the last and never ended (no step_ns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from perfscope.schema import TABLES
+
+    schema = TABLES["steps"].arrow_schema
+    values = {"rank": 0, "step": 10**9, "start_ns": 1_700_000_000_000_000_000 + 10**17}
+    arrays = [pa.array([values.get(f.name)], f.type) for f in schema]
+    pq.write_table(
+        pa.Table.from_arrays(arrays, schema=schema), root / "steps" / "run_id=long" / "zz-inflight.parquet"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--segments", type=int, default=100_000, help="steps segments in the store")
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--before-max", type=int, default=10_000, help="largest store the old design opens")
     p.add_argument("--repeat", type=int, default=3, help="measurements of the store with its manifest")
+    p.add_argument("--shape", choices=["many-runs", "one-run", "one-run-inflight"], default="many-runs")
+    p.add_argument("--store-dir", help="one-run shapes: build the store here, or reuse the one built there")
+    p.add_argument(
+        "--compact", action="store_true", help="one-run shapes: also compact a copy and analyze it"
+    )
     args = p.parse_args(argv)
+    if args.shape != "many-runs":
+        return one_run(args)
     load_before = os.getloadavg()[0]
     results: list[tuple[str, int, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 warm = [measure(store, tree) for _ in range(args.repeat)]
                 best = min(warm, key=lambda r: r["cpu_s"])
                 results.append((f"{label} (best of {args.repeat})", n, best))
+            if n == args.segments:  # today's tree, the manifest saved
+                analyzed = command("analyze", "--json", str(store))
     print(f"load average before the run: {load_before:.1f}")
     print("| design | segments | open (wall) | open + info (wall) | CPU (whole process) | peak RSS |")
     print("|---|---|---|---|---|---|")
@@ -163,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         assert r["files"] == n + args.runs and r["steps"] == n, r
         cells = f"{r['open_s']:.2f} s | {r['total_s']:.2f} s | {r['cpu_s']:.2f} s | {r['rss_mb']:.0f} MB"
         print(f"| {name} | {n:,} | {cells} |")
+    said = f" ({analyzed['said']})" if analyzed["rc"] else ""
+    print(f"\nanalyze --json, {args.segments:,} segments: {analyzed['wall_s']:.2f} s, "
+          f"{analyzed['rss_mb']:.0f} MB, exit {analyzed['rc']}{said}")  # fmt: skip
     print(f"load average after the run: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -28,6 +28,7 @@ from ..terminal import (
     wrap,
 )
 from ..words import counted
+from .info import compact_first
 
 #: Bump only when a key is renamed or removed or changes meaning; adding keys keeps the version.
 #: 2: step_ns is elapsed time per step (was the median); mfu, batch_sweep, time_to_metric and
@@ -385,6 +386,9 @@ def render_findings(findings: list[Finding], colour: bool, width: int | None) ->
 def run(args: argparse.Namespace) -> int:
     sel = selection_from(args)
     with open_store(args.store) as store:
+        too_many = compact_first(store, sel.run_ids)  # 100,000 small files: minutes per query
+        if too_many:
+            raise PerfscopeError(too_many)
         rep = report(store, sel)
         if args.json:
             json.dump(to_json(store, sel, rep), sys.stdout, indent=2, allow_nan=False, default=str)

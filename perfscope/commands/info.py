@@ -13,11 +13,14 @@ import argparse
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ..schema import PARTITION_KEY
 from ..store import Block, Store, open_store, sql_text
@@ -63,50 +66,157 @@ def _held(blocks: list[Block], chosen: np.ndarray) -> list[str]:
 
 
 def _ranks_seen(store: Store, run_id: str, blocks: list[Block]) -> int:
-    """Distinct ranks in a run's steps: from the segments' rank ranges when each holds one rank,
-    else counted in the run's rows."""
+    """Distinct ranks in a run's steps: from the segments' rank ranges where a segment holds one
+    rank, and from the rank column of the others (several ranks, no range, live rows)."""
     lo, hi, ok = _ranges(blocks, "rank")
-    if not any(b.live for b in blocks) and ok.all() and (lo == hi).all():
-        return len(np.unique(lo))
-    sql = f"SELECT count(DISTINCT rank) AS n FROM steps WHERE {PARTITION_KEY} = {sql_text(run_id)}"
-    return int(store.query(sql).column("n")[0].as_py())
+    read = ~ok | (lo != hi)
+    live = _live_rows(blocks)
+    if live:
+        read |= np.isin(np.array(_held(blocks, np.arange(len(lo))), dtype=object), list(live))
+    ranks = set(np.unique(lo[~read]).tolist())
+    try:
+        with ThreadPoolExecutor(_READERS) as pool:
+            for found in pool.map(lambda f: _ranks_in(f, live), _held(blocks, np.flatnonzero(read))):
+                ranks |= found
+    except (OSError, pa.ArrowException):  # a file compacted away or unreadable meanwhile: the store decides
+        sql = f"SELECT count(DISTINCT rank) AS n FROM steps WHERE {PARTITION_KEY} = {sql_text(run_id)}"
+        return int(store.query(sql).column("n")[0].as_py())
+    return len(ranks)
+
+
+def _live_rows(blocks: list[Block]) -> dict[str, pa.Table]:
+    """The live segments' rows as the listing read them, by file."""
+    return {s.file: s.live for b in blocks if b.live for s in b.segments() if s.live is not None}
+
+
+def _read(file: str, live: dict[str, pa.Table], columns: tuple[str, ...]) -> pa.Table:
+    """`columns` of a segment (those it has), or of a live segment's rows as the listing read them."""
+    table = live.get(file)
+    if table is not None:
+        return table.select([c for c in columns if c in table.column_names])
+    with pq.ParquetFile(file) as f:
+        return f.read(columns=[c for c in columns if c in f.schema_arrow.names])
+
+
+def _ranks_in(file: str, live: dict[str, pa.Table]) -> set[int]:
+    table = _read(file, live, ("rank",))
+    return (
+        set()
+        if "rank" not in table.column_names
+        else set(pc.unique(table.column("rank")).drop_null().to_pylist())
+    )
 
 
 #: start and duration bounds beyond which their sum might not fit in int64: the rows decide
 _SAFE_NS = 1 << 62
+#: files read at once while looking for the last step's end (pyarrow reads them without the GIL)
+_READERS = 8
+
+
+def _file_span(file: str, live: dict[str, pa.Table]) -> tuple[int | None, int | None]:
+    """A steps segment's earliest start and latest end (start_ns + step_ns, as Python ints: beyond
+    int64 for hostile values), from its two columns (a live segment's rows as the listing read them)."""
+    table = _read(file, live, ("start_ns", "step_ns"))
+    if "start_ns" not in table.column_names:
+        return None, None
+    start = table.column("start_ns")
+    first = pc.min(start).as_py()
+    if "step_ns" not in table.column_names:
+        return first, None
+    try:
+        last = pc.max(pc.add_checked(start, table.column("step_ns"))).as_py()
+    except pa.ArrowInvalid:  # overflow: the same sum in Python's integers
+        ends = [s + d for s, d in zip(start.to_pylist(), table.column("step_ns").to_pylist(), strict=True)
+                if s is not None and d is not None]  # fmt: skip
+        last = max(ends, default=None)
+    return first, last
 
 
 def _span_ns(store: Store, blocks: list[Block]) -> tuple[int | None, int | None]:
-    """The first step's start and the last step's end (start_ns + step_ns): the start from the
-    segments' ranges; the end read from the few segments whose ranges allow a later end than the
-    latest one found."""
+    """The first step's start and the last step's end (start_ns + step_ns), from what the listing
+    knows: each segment's start_ns and step_ns ranges (the manifest's, or the footers'). The start is
+    the smallest start range; a segment's ends are at most its start_ns maximum plus its step_ns
+    maximum, so the end is read from the segments in the order of that bound, a few at a time, until
+    no segment left can end later than the latest end found: one or a few files of 100,000, however
+    the segments lie in time. A segment without ranges (a live one, no footer statistics, values near
+    the int64 limits) is read whole; ranges the rows contradict (a lying manifest entry) leave the
+    answer to the rows (one query over every file)."""
     full_sql = "SELECT min(start_ns) AS first_ns, max(start_ns::HUGEINT + step_ns) AS last_ns FROM steps"
-    start_lo, start_hi, start_ok = _ranges(blocks, "start_ns")
-    _, step_hi, step_ok = _ranges(blocks, "step_ns")
-    if (
-        not len(start_lo)
-        or any(b.live for b in blocks)
-        or not (start_ok.all() and step_ok.all())
-        or max(abs(int(start_lo.min())), abs(int(start_hi.max())), abs(int(step_hi.max()))) >= _SAFE_NS
-    ):
-        # HUGEINT: a start and a duration near the INT64 limits add up beyond them
+
+    def from_rows() -> tuple[int | None, int | None]:
         row = store.query(full_sql).to_pylist()[0]
         return row["first_ns"], None if row["last_ns"] is None else int(row["last_ns"])  # a Decimal
-    first_ns = int(start_lo.min())
-    bound = start_hi + step_hi
 
-    def last_end(chosen: list[str]) -> int | None:
-        files = ", ".join(sql_text(f) for f in chosen)
-        sql = f"SELECT max(start_ns::HUGEINT + step_ns) AS e FROM read_parquet([{files}])"
-        value = store.query(sql).column("e")[0].as_py()
-        return None if value is None else int(value)
+    start_lo, start_hi, start_ok = _ranges(blocks, "start_ns")
+    _, step_hi, step_ok = _ranges(blocks, "step_ns")
+    if not len(start_lo):
+        return None, None
+    live = _live_rows(blocks)
+    safe = np.maximum(np.abs(start_lo), np.abs(start_hi)) < _SAFE_NS
+    known = start_ok & step_ok & safe & (np.abs(step_hi) < _SAFE_NS)
+    if live:  # a live segment's rows may grow past its ranges: read them as the listing holds them
+        known &= ~np.isin(np.array(_held(blocks, np.arange(len(start_lo))), dtype=object), list(live))
+    bound = np.where(known, start_hi + np.where(known, step_hi, 0), 0)
+    first: int | None = int(start_lo[start_ok & safe].min()) if (start_ok & safe).any() else None
+    last: int | None = None
+    # the segments that must be read whatever the others say, then the rest by their bound
+    must = int((~known).sum())
+    order = np.concatenate(
+        [np.flatnonzero(~known), np.flatnonzero(known)[np.argsort(-bound[known], kind="stable")]]
+    )
+    pos = 0
+    try:
+        with ThreadPoolExecutor(_READERS) as pool:
+            while pos < len(order):
+                if pos >= must and last is not None and int(bound[order[pos]]) <= last:
+                    break  # no segment left can end later
+                batch = order[pos : pos + _READERS]
+                pos += len(batch)
+                spans = pool.map(lambda f: _file_span(f, live), _held(blocks, batch))
+                for i, (lo, hi) in zip(batch.tolist(), spans, strict=True):
+                    if known[i] and (
+                        (lo is not None and lo < start_lo[i]) or (hi is not None and hi > bound[i])
+                    ):
+                        return from_rows()  # the ranges lie about this file's rows
+                    if lo is not None and (first is None or lo < first):
+                        first = lo
+                    if hi is not None and (last is None or hi > last):
+                        last = hi
+    except (OSError, pa.ArrowException):  # a file compacted away or unreadable meanwhile: the store decides
+        return from_rows()
+    return first, last
 
-    latest = last_end(_held(blocks, bound.argmax(keepdims=True)))
-    chosen = np.flatnonzero(bound >= latest) if latest is not None else bound[:0]
-    if not len(chosen):  # its rows have no duration, or end past its range (an entry lying): the rows decide
-        row = store.query(full_sql).to_pylist()[0]
-        return first_ns, None if row["last_ns"] is None else int(row["last_ns"])
-    return first_ns, last_end(_held(blocks, chosen))
+
+#: Segments (files) beyond which `perfscope analyze` cannot answer within a minute: every query of
+#: its analyses opens every file of the tables it reads (20,000 small segments took 408 s and 2.9 GB,
+#: 2,000 took 32 s, on the shared 2-core machine, BENCHMARKS.md "Opening a store nobody has opened
+#: before"); `perfscope compact` merges each partition's segments into one file first.
+ANALYZE_MAX_SEGMENTS = 10_000
+#: `perfscope compact`'s wall time per segment merged, measured on that machine (100,000 one-run
+#: segments, BENCHMARKS.md): the estimate compact_first gives.
+COMPACT_S_PER_SEGMENT = 0.005
+
+
+def compact_first(store: Store, run_ids: tuple[str, ...] = ()) -> str | None:
+    """One line saying to run `perfscope compact` first, and about how long it will take, when the
+    store (the runs `run_ids`, when given) holds more than ANALYZE_MAX_SEGMENTS segments; else None.
+    Counted from the listing: nothing is read."""
+    wanted = set(run_ids)
+    n = sum(
+        len(block)
+        for blocks in store.listing.blocks.values()
+        for block in blocks
+        if not wanted or unquote(os.path.basename(block.folder[:-1]).partition("=")[2]) in wanted
+    )
+    if n <= ANALYZE_MAX_SEGMENTS:
+        return None
+    minutes = n * COMPACT_S_PER_SEGMENT / 60
+    took = f"about {max(1, round(minutes))} minute{'s' if round(minutes) > 1 else ''}"
+    return (
+        f"{store.root} holds {n:,} segments, too many small files to analyse within a minute: run "
+        f"`perfscope compact {store.root}` first ({took} on a 2-core machine; it merges them, once), "
+        "then analyze again"
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
