@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SAMPLE_STAMP := $(VENV)/.installed-sample
 
 comma := ,
-.PHONY: lock setup lint typecheck pytest test sample dashboard schema bench clean gpu-check
+.PHONY: lock setup lint typecheck pytest test test-quick sample dashboard schema bench clean gpu-check
 
 LOCK := requirements-lock.txt
 SAMPLE_LOCK := requirements-sample-lock.txt
@@ -48,6 +48,10 @@ pytest: setup
 
 # the test command: lint, types, then the whole suite
 test: lint typecheck pytest
+
+# a developer's quick answer: lint, types and every test that launches no job, process or browser
+test-quick: lint typecheck
+	$(PY) -m pytest -q -m "not slow"
 
 # the main job on the bundled sample data
 sample: $(SAMPLE_STAMP)

@@ -4,8 +4,56 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 # Never let a test talk to the outside world by accident, and keep BLAS single-threaded:
 # this suite runs multi-process jobs on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
+
+
+#: Modules whose tests launch real training jobs (multi-process gloo, torchrun, Lightning, transformers),
+#: signals and kills, namespaced nodes, Spark or a browser: marked `slow`, so `make test-quick`
+#: (`pytest -m "not slow"`) answers in a few minutes while `make test` and CI run everything.
+SLOW_MODULES = frozenset(
+    {
+        "test_collect_ddp",
+        "test_collect_demo",
+        "test_collect_dist_recorder",
+        "test_collect_gpu",
+        "test_collect_profile",
+        "test_collect_samples",
+        "test_comm_patterns",
+        "test_dashboard_browser",
+        "test_explain_measured",
+        "test_explain_one_run",
+        "test_files_per_host",
+        "test_hot_path",
+        "test_import_atomic",
+        "test_integrations_lightning",
+        "test_integrations_transformers",
+        "test_memory_limit",
+        "test_numbers_ddp",
+        "test_numbers_wall_clock",
+        "test_nvml_once_per_host",
+        "test_recording_resilience",
+        "test_recording_ux",
+        "test_rendezvous_timeout",
+        "test_report_browser",
+        "test_run_command",
+        "test_s3_store",
+        "test_spark",
+        "test_store_kill",
+        "test_threads_confound",
+        "test_threads_shown",
+        "test_trackers",
+        "test_two_nodes",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__ in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
