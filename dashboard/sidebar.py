@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from perfscope.store import Store
 from perfscope.words import counted
 
 from . import ENV_ROOT, state
+
+log = logging.getLogger("perfscope.dashboard")
 
 LIVE_INTERVALS_S = (1, 2, 5, 10, 30, 60)
 _ALL_SOURCES = "measured and simulated"
@@ -216,11 +219,32 @@ def _check(path: Path, store: Store | None, token: str) -> None:
 
 
 def report_download(render: Callable[[], bytes]) -> None:
+    """The report in two steps: made in this run (a failure, the store gone mid-build included, is said
+    here in one line), then downloaded. A deferred download that fails shows the user nothing."""
+    if not st.button(
+        "Make report (HTML)",
+        key="make_report",
+        icon=":material/description:",
+        help="the same analyses and charts as a single HTML file; takes a few seconds",
+    ):
+        return
+    try:
+        with st.spinner("Making the report…"):
+            data = render()
+    except PerfscopeError as exc:
+        st.error(f"The report could not be made: {md(exc.message)}", icon=":material/error:")
+        return
+    except Exception as exc:  # the store went away mid-build, a bug: words here, the traceback in the log
+        log.exception("perfscope dashboard: the report failed")
+        st.error(
+            f"The report could not be made: {md(type(exc).__name__)}: {md(exc)}", icon=":material/error:"
+        )
+        return
     st.download_button(
         "Download report (HTML)",
-        data=render,
+        data=data,
         file_name="perfscope-report.html",
         mime="text/html",
         icon=":material/download:",
-        help="the same analyses and charts as a single HTML file",
+        on_click="ignore",
     )

@@ -63,17 +63,20 @@ def _run(ctx: Context, text: str) -> None:
     else:
         st.caption(f"more than {SHOWN_ROWS:,} rows; the first {SHOWN_ROWS:,} are shown")
     st.dataframe(fetched.table, hide_index=True)
+    download = session_sql(ctx.store, purpose="download")
     st.download_button(
         "Download result (CSV)" if fetched.complete else f"Download up to {DOWNLOAD_ROWS:,} rows (CSV)",
-        data=lambda: _csv(session, text),
+        data=lambda: _csv(download, text),
         file_name="perfscope-query.csv",
         mime="text/csv",
         icon=":material/download:",
+        on_click="ignore",  # the page stays as it is: no rerun, no second run of the query
     )
 
 
 def _csv(session: UserSql, text: str) -> bytes:
-    """The result as CSV, made when the download is asked for, under the same time limit."""
+    """The result as CSV, made when the download is asked for, under the same time limit, on the
+    session's download connection (session_sql)."""
     try:
         table = session.fetch(text, timeout_s=TIME_LIMIT_S, max_rows=DOWNLOAD_ROWS).table
     except PerfscopeError as exc:

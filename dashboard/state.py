@@ -67,20 +67,23 @@ def forget(path: Path) -> None:
     _open.clear(str(path))
 
 
-#: where a browser session keeps its SQL connection
+#: where a browser session keeps its SQL connections
 _SESSION_SQL = "perfscope_user_sql"
 
 
-def session_sql(store: Store) -> UserSql:
+def session_sql(store: Store, purpose: str = "page") -> UserSql:
     """This browser session's own connection for user SQL: nothing one session runs reaches another,
-    and a slow query in one session holds up no other (each has its own DuckDB)."""
-    held = st.session_state.get(_SESSION_SQL)
+    and a slow query in one session holds up no other (each has its own DuckDB). One per `purpose`:
+    a CSV download runs on its own connection, so the page's next query (the download button's rerun,
+    or a new query) does not stop it, as a query on the same connection stops the one running."""
+    key = f"{_SESSION_SQL}:{purpose}"
+    held = st.session_state.get(key)
     if isinstance(held, UserSql) and held.store is store:
         return held
     if isinstance(held, UserSql):
         held.close()  # the store was reopened: a connection to the old listing is of no use
     fresh = UserSql(store)
-    st.session_state[_SESSION_SQL] = fresh
+    st.session_state[key] = fresh
     return fresh
 
 

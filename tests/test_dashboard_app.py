@@ -376,7 +376,8 @@ def test_report_download_gives_the_html_report(measured: Path) -> None:
     from perfscope.dashboard.app import report_renderer
 
     at = clean(open_page(measured))
-    assert [b.proto.label for b in at.sidebar.get("download_button")] == ["Download report (HTML)"]
+    at.sidebar.button(key="make_report").click().run()
+    assert [b.proto.label for b in clean(at).sidebar.get("download_button")] == ["Download report (HTML)"]
     with open_store(measured) as store:
         html = report_renderer(store, Selection(experiments=("gpu",)))()
     assert html.startswith(b"<!DOCTYPE html") and b"gpu-n2" in html
