@@ -194,7 +194,7 @@ def _span_ns(store: Store, blocks: list[Block]) -> tuple[int | None, int | None]
 ANALYZE_MAX_SEGMENTS = 10_000
 #: `perfscope compact`'s wall time per segment merged, measured on that machine (100,000 one-run
 #: segments, BENCHMARKS.md): the estimate compact_first gives.
-COMPACT_S_PER_SEGMENT = 0.005
+COMPACT_S_PER_SEGMENT = 0.003
 
 
 def compact_first(store: Store, run_ids: tuple[str, ...] = ()) -> str | None:
