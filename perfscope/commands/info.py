@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote
@@ -89,22 +90,29 @@ def _live_rows(blocks: list[Block]) -> dict[str, pa.Table]:
     return {s.file: s.live for b in blocks if b.live for s in b.segments() if s.live is not None}
 
 
-def _read(file: str, live: dict[str, pa.Table], columns: tuple[str, ...]) -> pa.Table:
-    """`columns` of a segment (those it has), or of a live segment's rows as the listing read them."""
+#: rows read at a time from a file: a compacted file of a billion rows is read in bounded memory
+_BATCH_ROWS = 1 << 20
+
+
+def _read(file: str, live: dict[str, pa.Table], columns: tuple[str, ...]) -> Iterator[pa.Table]:
+    """`columns` of a segment (those it has), in batches, or of a live segment's rows as the listing
+    read them."""
     table = live.get(file)
     if table is not None:
-        return table.select([c for c in columns if c in table.column_names])
+        yield table.select([c for c in columns if c in table.column_names])
+        return
     with pq.ParquetFile(file) as f:
-        return f.read(columns=[c for c in columns if c in f.schema_arrow.names])
+        present = [c for c in columns if c in f.schema_arrow.names]
+        for batch in f.iter_batches(batch_size=_BATCH_ROWS, columns=present):
+            yield pa.Table.from_batches([batch])
 
 
 def _ranks_in(file: str, live: dict[str, pa.Table]) -> set[int]:
-    table = _read(file, live, ("rank",))
-    return (
-        set()
-        if "rank" not in table.column_names
-        else set(pc.unique(table.column("rank")).drop_null().to_pylist())
-    )
+    ranks: set[int] = set()
+    for table in _read(file, live, ("rank",)):
+        if "rank" in table.column_names:
+            ranks |= set(pc.unique(table.column("rank")).drop_null().to_pylist())
+    return ranks
 
 
 #: start and duration bounds beyond which their sum might not fit in int64: the rows decide
@@ -116,19 +124,23 @@ _READERS = 8
 def _file_span(file: str, live: dict[str, pa.Table]) -> tuple[int | None, int | None]:
     """A steps segment's earliest start and latest end (start_ns + step_ns, as Python ints: beyond
     int64 for hostile values), from its two columns (a live segment's rows as the listing read them)."""
-    table = _read(file, live, ("start_ns", "step_ns"))
-    if "start_ns" not in table.column_names:
-        return None, None
-    start = table.column("start_ns")
-    first = pc.min(start).as_py()
-    if "step_ns" not in table.column_names:
-        return first, None
-    try:
-        last = pc.max(pc.add_checked(start, table.column("step_ns"))).as_py()
-    except pa.ArrowInvalid:  # overflow: the same sum in Python's integers
-        ends = [s + d for s, d in zip(start.to_pylist(), table.column("step_ns").to_pylist(), strict=True)
-                if s is not None and d is not None]  # fmt: skip
-        last = max(ends, default=None)
+    first: int | None = None
+    last: int | None = None
+    for table in _read(file, live, ("start_ns", "step_ns")):
+        if "start_ns" not in table.column_names:
+            return None, None
+        start = table.column("start_ns")
+        lo = pc.min(start).as_py()
+        first = lo if first is None or (lo is not None and lo < first) else first
+        if "step_ns" not in table.column_names:
+            continue
+        try:
+            hi = pc.max(pc.add_checked(start, table.column("step_ns"))).as_py()
+        except pa.ArrowInvalid:  # overflow: the same sum in Python's integers
+            ends = [s + d for s, d in zip(start.to_pylist(), table.column("step_ns").to_pylist(), strict=True)
+                    if s is not None and d is not None]  # fmt: skip
+            hi = max(ends, default=None)
+        last = hi if last is None or (hi is not None and hi > last) else last
     return first, last
 
 
