@@ -129,7 +129,9 @@ def _switch(root: str) -> None:
         if path is None:  # the same words whatever is there: nothing outside the root is told
             st.session_state[_SWITCH_ERROR] = f"only stores under {one_line(root)} can be opened here"
             return
-        is_dir, exists = path.is_dir(), path.exists()
+        # an s3:// store's mirror is made by its first sync, once the prefix was listed
+        is_dir = objectstore.is_s3_url(typed) or path.is_dir()
+        exists = is_dir or path.exists()
     except PerfscopeError as exc:
         st.session_state[_SWITCH_ERROR] = one_line(exc.message)
         return

@@ -47,6 +47,14 @@ _MAX_DEPTH = 3
 #: letters and digits of any script (run ids keep them), '_', and '.=+-' after the first character
 _SAFE_PART = re.compile(r"\w[\w.=+-]{0,199}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+#: the most folders a store's prefix may have: its mirror is as deep (a store is rarely more than 4 down)
+MAX_PREFIX_DEPTH = 16
+#: a prefix part that looks like a credential (`aws_secret_access_key=...`, an access key id): typed by
+#: mistake, it must never become a folder name or be echoed back
+_SECRET_PART = re.compile(
+    r"(?i)(?:^|[_.+=-])(?:secret|password|passwd|token|credentials?|access_?key(?:_?id)?|api_?key|"
+    r"signature|private_?key)(?:$|[_.+=-])|(?:AKIA|ASIA)[0-9A-Z]{16}"
+)
 _STATE = ".perfscope-mirror.json"
 _LOCK = ".perfscope-mirror.lock"
 
@@ -78,6 +86,17 @@ def parse_url(url: str) -> S3Location:
         raise StoreError(f"{one_line(url)} is not an s3://bucket/prefix address")
     bucket, _, prefix = url[5:].partition("/")
     prefix = prefix.strip("/")
+    if _SECRET_PART.search(prefix):
+        raise StoreError(
+            f"s3://{one_line(bucket)}/...: the prefix looks like it holds a credential (a secret, token, "
+            "password or access key); it is not used. Give the store's address alone: credentials come "
+            "from AWS_* variables"
+        )
+    if prefix.count("/") >= MAX_PREFIX_DEPTH:
+        raise StoreError(
+            f"s3://{one_line(bucket)}/...: the prefix is more than {MAX_PREFIX_DEPTH} folders deep; a "
+            "store's address is a few"
+        )
     if not _BUCKET.fullmatch(bucket):
         raise StoreError(
             f"{one_line(url)}: {one_line(bucket)!r} is not a bucket name (3 to 63 lower-case letters, "
@@ -162,11 +181,10 @@ def mirror_dir(loc: S3Location) -> Path:
 
 
 def mirror_path(url: str) -> Path:
-    """The mirror folder of `url`, made if missing (not synced): a path that `open_store` reads as
-    the store at `url`, for code that passes stores around as folders (the dashboard)."""
-    path = mirror_dir(parse_url(url))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The mirror folder of `url` (not made: the first sync makes it once the prefix was listed): a
+    path that `open_store` reads as the store at `url`, for code that passes stores around as folders
+    (the dashboard)."""
+    return mirror_dir(parse_url(url))
 
 
 def mirror_source(path: str | os.PathLike[str]) -> str | None:
@@ -575,6 +593,6 @@ def open_mirrored(url: str, *, allow_empty: bool = False, warn: bool = True) -> 
             sync_mirror(url)
             super().refresh()
 
-    mirror = mirror_dir(parse_url(url))
-    mirror.mkdir(parents=True, exist_ok=True)
-    return MirroredStore(mirror, allow_empty=allow_empty, warn=warn)
+    # the folder is made by the store's first refresh (sync_mirror), once the prefix was listed: an
+    # address that cannot be read leaves nothing behind in the cache
+    return MirroredStore(mirror_dir(parse_url(url)), allow_empty=allow_empty, warn=warn)

@@ -510,3 +510,35 @@ def test_a_cache_folder_that_cannot_be_written_stages_in_the_temporary_folder(
         assert staging.is_dir() and not staging.is_relative_to(blocked)
     finally:
         staging.rmdir()
+
+
+@pytest.mark.parametrize(
+    "prefix, words",
+    [
+        ("aws_secret_access_key=SeCrEt", "looks like it holds a credential"),
+        ("x/AKIAABCDEFGHIJKLMNOP/y", "looks like it holds a credential"),
+        ("/".join(f"d{i}" for i in range(50)), "folders deep"),
+        ("no-such-store/here", "holds no perfscope store files"),  # listed, and empty
+    ],
+)
+def test_an_address_that_cannot_be_read_leaves_nothing_in_the_cache(
+    prefix: str, words: str, s3env: dict[str, str], small_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Typed into the dashboard's "open another store" box (issue 25): one line, nothing written under
+    the cache, and a secret is neither a folder name nor echoed back."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    cache = Path(s3env[objectstore.CACHE_ENV])
+    monkeypatch.setenv("PERFSCOPE_DASHBOARD_ROOT", f"s3://{s3env['BUCKET']}")
+    at = AppTest.from_function(_dashboard, args=(str(small_store),), default_timeout=120).run()
+    at.sidebar.text_input(key="store_switch").input(f"s3://{s3env['BUCKET']}/{prefix}").run()
+    assert not at.exception
+    errors = [re.sub(r"\\(.)", r"\1", e.value) for e in at.sidebar.error]  # the Markdown, unescaped
+    assert len(errors) == 1 and words in errors[0] and "\n" not in errors[0], errors
+    assert "SeCrEt" not in errors[0] and "AKIAABCDEFGHIJKLMNOP" not in errors[0]
+    left = [str(p.relative_to(cache)) for p in cache.rglob("*")] if cache.exists() else []
+    assert left == [], left
+    with pytest.raises(StoreError):  # the CLI alike, before anything is made
+        open_store(f"s3://{s3env['BUCKET']}/{prefix}")
+    assert not cache.exists() or list(cache.rglob("*")) == []
