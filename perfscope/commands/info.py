@@ -13,20 +13,21 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..schema import PARTITION_KEY
 from ..store import Block, Store, open_store, sql_text
 from ..terminal import format_table, heading, printable, terminal_width, use_colour, wrap
 from ..words import counted
+
+T = TypeVar("T")
 
 _RUNS_SQL = f"""
 SELECT run_id, experiment, source, world_size, backend, cluster, batch_size_per_rank AS batch_per_rank
@@ -76,13 +77,21 @@ def _ranks_seen(store: Store, run_id: str, blocks: list[Block]) -> int:
         read |= np.isin(np.array(_held(blocks, np.arange(len(lo))), dtype=object), list(live))
     ranks = set(np.unique(lo[~read]).tolist())
     try:
-        with ThreadPoolExecutor(_READERS) as pool:
-            for found in pool.map(lambda f: _ranks_in(f, live), _held(blocks, np.flatnonzero(read))):
-                ranks |= found
+        for found in _each(lambda f: _ranks_in(f, live), _held(blocks, np.flatnonzero(read))):
+            ranks |= found
     except (OSError, pa.ArrowException):  # a file compacted away or unreadable meanwhile: the store decides
         sql = f"SELECT count(DISTINCT rank) AS n FROM steps WHERE {PARTITION_KEY} = {sql_text(run_id)}"
         return int(store.query(sql).column("n")[0].as_py())
     return len(ranks)
+
+
+def _each(fn: Callable[[str], T], files: list[str]) -> list[T]:
+    """`fn` of each file, in order: several files read at once in threads (pyarrow reads without
+    the GIL), one in this thread (threads cost their memory arenas: 10 MB on every `info`)."""
+    if len(files) <= 1:
+        return [fn(f) for f in files]
+    with ThreadPoolExecutor(_READERS) as pool:
+        return list(pool.map(fn, files))
 
 
 def _live_rows(blocks: list[Block]) -> dict[str, pa.Table]:
@@ -108,6 +117,8 @@ def _read(file: str, live: dict[str, pa.Table], columns: tuple[str, ...]) -> Ite
 
 
 def _ranks_in(file: str, live: dict[str, pa.Table]) -> set[int]:
+    import pyarrow.compute as pc  # only when a file is read: its import costs 10 MB on every open
+
     ranks: set[int] = set()
     for table in _read(file, live, ("rank",)):
         if "rank" in table.column_names:
@@ -124,6 +135,8 @@ _READERS = 8
 def _file_span(file: str, live: dict[str, pa.Table]) -> tuple[int | None, int | None]:
     """A steps segment's earliest start and latest end (start_ns + step_ns, as Python ints: beyond
     int64 for hostile values), from its two columns (a live segment's rows as the listing read them)."""
+    import pyarrow.compute as pc
+
     first: int | None = None
     last: int | None = None
     for table in _read(file, live, ("start_ns", "step_ns")):
@@ -178,22 +191,19 @@ def _span_ns(store: Store, blocks: list[Block]) -> tuple[int | None, int | None]
     )
     pos = 0
     try:
-        with ThreadPoolExecutor(_READERS) as pool:
-            while pos < len(order):
-                if pos >= must and last is not None and int(bound[order[pos]]) <= last:
-                    break  # no segment left can end later
-                batch = order[pos : pos + _READERS]
-                pos += len(batch)
-                spans = pool.map(lambda f: _file_span(f, live), _held(blocks, batch))
-                for i, (lo, hi) in zip(batch.tolist(), spans, strict=True):
-                    if known[i] and (
-                        (lo is not None and lo < start_lo[i]) or (hi is not None and hi > bound[i])
-                    ):
-                        return from_rows()  # the ranges lie about this file's rows
-                    if lo is not None and (first is None or lo < first):
-                        first = lo
-                    if hi is not None and (last is None or hi > last):
-                        last = hi
+        while pos < len(order):
+            if pos >= must and last is not None and int(bound[order[pos]]) <= last:
+                break  # no segment left can end later
+            batch = order[pos : pos + (1 if pos == must == 0 else _READERS)]  # mostly one file is enough
+            pos += len(batch)
+            spans = _each(lambda f: _file_span(f, live), _held(blocks, batch))
+            for i, (lo, hi) in zip(batch.tolist(), spans, strict=True):
+                if known[i] and ((lo is not None and lo < start_lo[i]) or (hi is not None and hi > bound[i])):
+                    return from_rows()  # the ranges lie about this file's rows
+                if lo is not None and (first is None or lo < first):
+                    first = lo
+                if hi is not None and (last is None or hi > last):
+                    last = hi
     except (OSError, pa.ArrowException):  # a file compacted away or unreadable meanwhile: the store decides
         return from_rows()
     return first, last
