@@ -190,7 +190,10 @@ def live_controls(path: Path, store: Store | None, token: str) -> None:
     )
     if not live:
         if st.button(
-            "Reload store", icon=":material/refresh:", help="pick up segments written since the page opened"
+            "Reload store",
+            key="reload_store",
+            icon=":material/refresh:",
+            help="pick up segments written since the page opened",
         ):
             _check(path, store, token)
             st.toast("No new segments since the page was drawn.")

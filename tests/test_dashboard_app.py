@@ -351,7 +351,7 @@ def test_live_mode_picks_up_a_run_written_meanwhile(tmp_path: Path) -> None:
     assert metric(clean(at), "Runs") == "2"
     make_run(root, "third", world_size=4, experiment="live")
     at.sidebar.toggle(key="live").set_value(False).run()
-    at.sidebar.button[0].click().run()  # "Reload store" when live mode is off
+    at.sidebar.button(key="reload_store").click().run()  # shown when live mode is off
     assert metric(clean(at), "Runs") == "3"
 
 
