@@ -35,9 +35,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..store import Store
+from .comm_patterns import P2P_OPS
 from .registry import analysis
 from .selection import Selection, sql_literal
-from .steady import runs_table
+from .steady import runs_table, thresholds_table
 
 #: an op that ends this little after another starts still counts as before it (clock rounding: the
 #: study's float32 seconds hold 2 s to about 0.1 µs, its ops' recorded ends drift by up to ~10 µs)
@@ -48,7 +49,11 @@ NONE_BELOW = 1.03
 MAJOR_SHARE = 0.5
 #: a stage's share that counts as small beside the imbalanced one
 MINOR_SHARE = 0.1
-#: compute of one op differs across dp ranks beyond noise (median relative spread)
+#: compute differs across dp ranks beyond noise: the time by which ops differ from the median of the same
+#: op at their dp peers, over the compute time (a share of time: a tiny op's jitter, large relative to
+#: itself, is not the job's work differing; the median of per-op relative spreads read the scheduling
+#: noise of a recorded DDP job's 0.2 ms optimizer and 1 ms backward on a loaded machine as data
+#: imbalance)
 DATA_SPREAD = 0.05
 #: a dp rank slowest in more than this share of (step, stage) cells is a fixed worker
 FIXED_SLOWEST = 0.6
@@ -371,31 +376,67 @@ def _causes(
         same_op = _codes(g.step_code, cols["name"], cols["nth"], stage)
         took = cols["dur_ns"].astype(np.float64)
         med = _medians(same_op[compute], took[compute])
-        spread = np.abs(took[compute] - med) / np.maximum(med, 1.0)
+        spread = float(np.abs(took[compute] - med).sum() / max(float(med.sum()), 1.0))
         slowest = np.argmax(work, axis=1).reshape(-1)
         fixed = np.bincount(slowest, minlength=n_dp).max() / max(len(slowest), 1)
-        if np.median(spread) > DATA_SPREAD and fixed < FIXED_SLOWEST:
+        if spread > DATA_SPREAD and fixed < FIXED_SLOWEST:
             out.append("data-imbalance")
     return out
 
 
 def _laid_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
-    """The selected runs with more than one rank whose coordinates are known, with their source."""
+    """The selected runs with more than one rank whose coordinates are known, with their source, and
+    (`dp_only`) the pure data-parallel runs read as such (see `_dp_only_runs`)."""
     runs = runs_table(store, sel)
-    return store.query(
+    laid = store.query(
         f"""
-        SELECT k.run_id, any_value(r.source) AS source
+        SELECT k.run_id, any_value(r.source) AS source, false AS dp_only
         FROM (SELECT DISTINCT run_id, rank FROM ranks WHERE dp_rank IS NOT NULL AND pp_stage IS NOT NULL) k
         JOIN {runs} r USING (run_id)
         GROUP BY k.run_id HAVING count(*) > 1 ORDER BY k.run_id
         """
     ).to_pylist()
+    return sorted(laid + _dp_only_runs(store, runs), key=lambda r: r["run_id"])
 
 
-def _run_ops(store: Store, run_id: str) -> pa.Table:
+def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
+    """Runs without a layout (no rank has dp_rank or pp_stage, none a role other than 'worker') that
+    are pure data-parallel jobs: more than one rank, at least one collective, every collective on
+    the whole world (its group_size and group_ranks, where recorded, the run's world size) and no
+    point-to-point transfer. Every rank is then a data-parallel rank at stage 0 (a recorded DDP,
+    Horovod or hand-written allreduce job). A run with a pipeline's send/recv or collectives on
+    sub-groups is not read this way: its layout cannot be told from what was recorded."""
+    return store.query(
+        f"""
+        WITH k AS (SELECT run_id, count(DISTINCT rank) AS n,
+                          count(dp_rank) + count(pp_stage) + count(tp_rank) + count(cp_rank) AS laid,
+                          count(*) FILTER (WHERE role IS NOT NULL AND role <> 'worker') AS roles
+                   FROM ranks WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id),
+        c AS (SELECT c.run_id, count(*) AS calls,
+                     count(*) FILTER (
+                         WHERE c.peer IS NOT NULL OR c.op IN {P2P_OPS}
+                            OR coalesce(c.group_size, r.world_size) <> r.world_size
+                            OR coalesce(len(string_split(c.group_ranks, ',')), r.world_size) <> r.world_size
+                     ) AS partial
+              FROM comm c JOIN {runs} r USING (run_id) GROUP BY c.run_id)
+        SELECT r.run_id, r.source, true AS dp_only
+        FROM {runs} r JOIN k USING (run_id) JOIN c USING (run_id)
+        WHERE k.n > 1 AND k.laid = 0 AND k.roles = 0 AND c.calls > 0 AND c.partial = 0
+        ORDER BY r.run_id
+        """
+    ).to_pylist()
+
+
+def _run_ops(store: Store, run_id: str, *, dp_only: bool = False, first_step: int = 0) -> pa.Table:
     """One run's ops (spans of depth 1 and comm rows) with their rank's coordinates, in step, rank and
-    start order; a literal run id, so only that run's partitions are read."""
+    start order; a literal run id, so only that run's partitions are read. A pure data-parallel run
+    (`dp_only`): every rank is dp rank = its rank at stage 0, its ops each step's phases from the
+    `steps` row and its collectives (all on one group, the world), from `first_step` (its first
+    steady step: the warm-up steps, which every other analysis of a recorded run leaves out, are not
+    the job's step)."""
     run = sql_literal(run_id)
+    if dp_only:
+        return store.query(_dp_ops_sql(run, int(first_step)))
     return store.query(
         f"""
         WITH k AS (SELECT rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
@@ -419,6 +460,39 @@ def _run_ops(store: Store, run_id: str) -> pa.Table:
         ORDER BY step, o.rank, start_ns, dur_ns, name, peer, is_send, compute
         """
     )
+
+
+def _dp_ops_sql(run: str, first_step: int) -> str:
+    """The ops of a pure data-parallel run. The `steps` row gives each phase's own time (its exposed
+    communication left out): data, forward and backward one after the other from the step's start,
+    the optimizer ending at the step's end (the exposed sync wait and the rest of the step before it,
+    between the last collective and the optimizer). The comm rows (DDP buckets, allreduces) are
+    collectives of the whole world, matched across ranks by their index in the step (`seq`)."""
+    return f"""
+        WITH s AS (SELECT rank, step, start_ns AS t0, step_ns,
+                          coalesce(data_ns, 0) AS d, coalesce(forward_ns, 0) AS f,
+                          coalesce(backward_ns, 0) AS b, coalesce(optimizer_ns, 0) AS o
+                   FROM steps WHERE run_id = {run} AND start_ns IS NOT NULL AND step_ns IS NOT NULL
+                         AND step >= {first_step}),
+        ops AS (
+            SELECT rank, step, 'data' AS name, t0 AS start_ns, d AS dur_ns, 0 AS ord, true AS compute FROM s
+            UNION ALL SELECT rank, step, 'forward', t0 + d, f, 0, true FROM s
+            UNION ALL SELECT rank, step, 'backward', t0 + d + f, b, 0, true FROM s
+            UNION ALL SELECT rank, step, 'optimizer', t0 + greatest(step_ns - o, d + f + b), o, 0, true FROM s
+            UNION ALL
+            SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(seq, 0), false FROM comm
+            WHERE run_id = {run} AND step >= {first_step}
+        )
+        SELECT rank, step, name, start_ns, dur_ns, -1 AS peer,
+               CASE WHEN compute THEN NULL ELSE 'world' END AS grp, false AS is_send,
+               compute AND name <> 'data' AS compute,
+               rank AS dp_rank, 0 AS pp_stage,
+               row_number() OVER (PARTITION BY step, rank, name ORDER BY ord, start_ns, dur_ns) - 1 AS nth,
+               0 AS pnth
+        FROM ops
+        WHERE start_ns IS NOT NULL AND dur_ns IS NOT NULL AND step IS NOT NULL
+        ORDER BY step, rank, start_ns, dur_ns, name
+        """
 
 
 def _columns(t: pa.Table) -> dict[str, np.ndarray]:
@@ -464,8 +538,14 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     sorted by slowdown, largest first), cause and second_cause (slow-worker, stage-imbalance,
     data-imbalance, none)."""
     rows = []
-    for run in _laid_runs(store, sel):
-        t = _run_ops(store, run["run_id"])
+    laid = _laid_runs(store, sel)
+    first: dict[str, int] = {}
+    if any(r["dp_only"] for r in laid):
+        thr = thresholds_table(store, sel)
+        first = {r["run_id"]: r["first_steady_step"] for r in store.query(
+            f"SELECT run_id, first_steady_step FROM {thr}").to_pylist()}  # fmt: skip
+    for run in laid:
+        t = _run_ops(store, run["run_id"], dp_only=run["dp_only"], first_step=first.get(run["run_id"]) or 0)
         row = analyse_run(_columns(t)) if t.num_rows else None
         if row is not None:
             rows.append({"run_id": run["run_id"], "source": run["source"], **row})
