@@ -401,10 +401,12 @@ def _laid_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
 
 def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
     """Runs without a layout (no rank has dp_rank or pp_stage, none a role other than 'worker') that
-    are pure data-parallel jobs: more than one rank, at least one collective, every collective on
-    the whole world (its group_size and group_ranks, where recorded, the run's world size) and no
-    point-to-point transfer. Every rank is then a data-parallel rank at stage 0 (a recorded DDP,
-    Horovod or hand-written allreduce job). A run with a pipeline's send/recv or collectives on
+    are pure data-parallel jobs in lockstep: more than one rank, a collective in every step of every
+    rank, every collective on the whole world (its group_size and group_ranks, where recorded, the
+    run's world size) and no point-to-point transfer. (Ranks that synchronise only every k-th step,
+    parameter averaging, drift apart in between: step k of one rank is not step k of another, so a
+    step has no dependency graph to replay.) Every rank is then a data-parallel rank at stage 0 (a
+    recorded DDP, Horovod or hand-written allreduce job). A run with a pipeline's send/recv or collectives on
     sub-groups is not read this way: its layout cannot be told from what was recorded."""
     return store.query(
         f"""
@@ -412,7 +414,9 @@ def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
                           count(dp_rank) + count(pp_stage) + count(tp_rank) + count(cp_rank) AS laid,
                           count(*) FILTER (WHERE role IS NOT NULL AND role <> 'worker') AS roles
                    FROM ranks WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id),
-        c AS (SELECT c.run_id, count(*) AS calls,
+        st AS (SELECT run_id, count(*) AS rank_steps FROM steps
+               WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id),
+        c AS (SELECT c.run_id, count(*) AS calls, count(DISTINCT (c.rank, c.step)) AS rank_steps,
                      count(*) FILTER (
                          WHERE c.peer IS NOT NULL OR c.op IN {P2P_OPS}
                             OR coalesce(c.group_size, r.world_size) <> r.world_size
@@ -420,8 +424,9 @@ def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
                      ) AS partial
               FROM comm c JOIN {runs} r USING (run_id) GROUP BY c.run_id)
         SELECT r.run_id, r.source, true AS dp_only
-        FROM {runs} r JOIN k USING (run_id) JOIN c USING (run_id)
+        FROM {runs} r JOIN k USING (run_id) JOIN c USING (run_id) JOIN st USING (run_id)
         WHERE k.n > 1 AND k.laid = 0 AND k.roles = 0 AND c.calls > 0 AND c.partial = 0
+          AND c.rank_steps >= st.rank_steps
         ORDER BY r.run_id
         """
     ).to_pylist()
