@@ -126,6 +126,7 @@ def test_a_recorded_ddp_job_with_a_slow_rank_gets_the_ideal_of_the_job_without_i
         if f["rule"] == "what-if" and delayed in f["evidence"]["run_ids"]
     ]
     assert "rank 1" in f["title"] and f["numbers"]["dp_rank"] == 1
+    assert "pipeline" not in f["text"]  # a job without a pipeline has no stages to balance
     cost = f["numbers"]["cost_ns"]
     assert cost == pytest.approx(d["actual_step_ns"] - d["ideal_step_ns"], rel=0.10)
     # ... which is the injected delay (the ideal takes each op's faster rank: on a loaded machine a

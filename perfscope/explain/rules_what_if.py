@@ -34,10 +34,12 @@ def what_if_cause(ctx: Context) -> list[Finding]:
         actual, ideal, s = r["actual_step_ns"], r["ideal_step_ns"], r["slowdown"]
         lost = 1.0 - 1.0 / s if s > 0 else 0.0
         run = r["run_id"]
+        # a data-parallel job without a pipeline (one stage) has no stages to balance
+        staged = ", balanced over the pipeline stages," if len(r["by_stage"]) > 1 else ""
         base = (
             f"Replaying run {run}'s {r['steps']} steps through their dependencies (replay error "
             f"{pct(r['replay_error'])}), a step takes {dur(actual)}; with every op at the typical time of "
-            f"its data-parallel peers, balanced over the pipeline stages, it would take {dur(ideal)}: "
+            f"its data-parallel peers{staged} it would take {dur(ideal)}: "
             f"a slowdown of {num(s)} ({pct(lost)} of each step, {dur(actual - ideal)} per step)."
         )
         numbers: dict[str, float | int | str | None] = {
