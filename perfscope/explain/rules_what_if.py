@@ -9,6 +9,7 @@ from typing import Any
 from .context import Context
 from .finding import Finding
 from .rulebook import cause_severity, make_finding, rule
+from .rules_placement import crowded_hosts
 from .words import dur, listing, num, pct
 
 
@@ -27,9 +28,13 @@ def _cost(row: dict[str, Any], slowdown: float) -> float:
 @rule("what-if", None, "What-if: what a slow worker, stage or data imbalance costs each step")
 def what_if_cause(ctx: Context) -> list[Finding]:
     out = []
+    # on a host where other processes took CPU, or with more ranks than cores, work that varies across
+    # ranks from step to step is what the contention or oversubscription finding already explains: no
+    # sequence-packing advice for it
+    contended = {c["run_id"] for c in ctx.rows("contention") if c["contended"]} | set(crowded_hosts(ctx))
     for r in ctx.rows("what_if"):
         cause = r["cause"]
-        if cause in (None, "none"):
+        if cause in (None, "none") or (cause == "data-imbalance" and r["run_id"] in contended):
             continue
         actual, ideal, s = r["actual_step_ns"], r["ideal_step_ns"], r["slowdown"]
         lost = 1.0 - 1.0 / s if s > 0 else 0.0
