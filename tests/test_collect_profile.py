@@ -72,6 +72,11 @@ def test_every_runs_column_can_be_given_by_keyword(tmp_path: Path) -> None:
         "world_size": 8,
         "nodes": 2,
         "gpus_per_node": 4,
+        # the parallel layout's sizes (schema v3): 8 ranks = 4 data-parallel x 2 pipeline stages
+        "dp_size": 4,
+        "pp_size": 2,
+        "tp_size": 1,
+        "cp_size": 1,
         "param_count": 25_000_000,
         "grad_bytes": 100_000_000,
         "hostname": "node-1",

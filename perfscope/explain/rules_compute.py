@@ -50,10 +50,17 @@ def straggler(ctx: Context) -> list[Finding]:
     groups = ctx.scaling_groups()
     singles = [[r] for r in ctx.rows("scaling") if r["group_id"] not in groups]
     victims = pattern_runs(ctx)  # pipelines, parameter servers: their rules name who is slow
+    # a run whose every host had other processes taking its CPU: which rank came last says more about
+    # the scheduler than about a rank (the contention finding says so); one busy host among quiet ones
+    # still names its rank
+    busy: dict[str, list[bool]] = defaultdict(list)
+    for c in ctx.rows("contention"):
+        busy[c["run_id"]].append(bool(c["contended"]))
+    all_busy = {run for run, flags in busy.items() if flags and all(flags)}
     for rows in [*groups.values(), *singles]:
         hits = []
         for r in rows:
-            if r["world_size"] < 2 or r["run_id"] in victims:
+            if r["world_size"] < 2 or r["run_id"] in victims or r["run_id"] in all_busy:
                 continue
             p = pop.get(r["run_id"], {})
             lb = p.get("load_balance")
