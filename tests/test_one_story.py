@@ -28,6 +28,7 @@ from perfscope.cli import main
 from perfscope.explain import explain
 from perfscope.report import collect
 from perfscope.report.model import ChartBlock, Ref, Section, TableBlock
+from perfscope.report.text import literal
 from perfscope.store import open_store
 
 
@@ -147,7 +148,8 @@ def test_dashboard_stragglers_tab_says_the_finding(tmp_path: Path) -> None:
     at = clean(open_page(tmp_path, "run", run="lb-n2", run_tab="Stragglers"))
     with open_store(tmp_path) as store:
         found = [f for top in explain(store, Selection()) for f in top.flatten() if f.rule == "straggler"]
-    assert [w.value for w in at.warning] == [f"**{found[0].title}.** {found[0].text}"]
+    # store text is shown literally (escaped for Markdown: issue 25)
+    assert [w.value for w in at.warning] == [f"**{literal(found[0].title)}.** {literal(found[0].text)}"]
     assert not any("No straggler finding" in c.value for c in at.caption)
 
 
@@ -328,5 +330,5 @@ def test_dashboard_compare_says_an_unrecorded_setting_in_words(tmp_path: Path) -
     at.selectbox(key="compare_b").set_value("batch32-n2")
     at = clean(at.run())
     said = [m.value for m in at.markdown if m.value.startswith("**A and B differ in**")]
-    assert said and "`batch_size_per_rank: not recorded → 32`" in said[0]
+    assert said and literal("batch_size_per_rank: not recorded → 32") in said[0]
     assert not _placeholders(said[0])

@@ -235,7 +235,7 @@ SAME_ID_CHILD = textwrap.dedent(
 
 def _same_id_run(root: Path, steps: int, **env: str) -> tuple[str, list[str]]:
     """A separate process (its own count of ids claimed) recording `steps` steps as run 'exp-1':
-    (the run id it got, its PerfscopeWarning lines)."""
+    (the run id it got, its perfscope warning lines: one plain line each, 'perfscope: ...')."""
     done = subprocess.run(
         [sys.executable, "-c", SAME_ID_CHILD, str(root), str(steps)],
         capture_output=True,
@@ -244,7 +244,7 @@ def _same_id_run(root: Path, steps: int, **env: str) -> tuple[str, list[str]]:
         env={**os.environ, **env},
         check=True,
     )
-    return done.stdout.strip(), [ln for ln in done.stderr.splitlines() if "PerfscopeWarning" in ln]
+    return done.stdout.strip(), [ln for ln in done.stderr.splitlines() if ln.startswith("perfscope: ")]
 
 
 def test_a_run_id_already_in_the_store_is_made_distinct(tmp_path: Path) -> None:

@@ -30,10 +30,10 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 #: steps, sharded data parallelism, a pipeline, a parameter server) is the root cause of the run's
 #: wait on communication, which is then its symptom.
 #: The what-if replay, when it names a cause (a long stage, a slow worker, data imbalance), explains
-#: the run's waits too: the ranks that wait on the long stage, and the rank "last in most
-#: collectives" that is that stage, are its symptoms, not causes of their own.
+#: the run's waits too: the ranks that wait on the long stage are its symptom, not a cause of their
+#: own. (The straggler finding stays its own: the report's and dashboard's Stragglers views say it.)
 RUN_ROOTS: dict[str, tuple[str, ...]] = {
-    "what-if": ("communication-share", "straggler"),
+    "what-if": ("communication-share",),
     "pipeline-bubble": ("communication-share",),
     "parameter-server": ("communication-share",),
     "periodic-sync": ("communication-share",),
