@@ -114,7 +114,8 @@ def test_predictions_are_drawn_and_labelled(tables: dict[str, pa.Table]) -> None
         if r["kind"] == "prediction"
     }
     assert expected and predicted == expected
-    assert "model predictions: hollow diamonds, dashed" in json.dumps(with_pred.to_dict())
+    subtitle = " ".join(with_pred.to_dict()["title"]["subtitle"])  # lines wrapped to the chart's width
+    assert "model predictions: hollow diamonds, dashed" in subtitle
     without = speedup_chart(tables["scaling"])
     assert not [r for r in _datasets(without) if r.get("source") == "prediction"]
 

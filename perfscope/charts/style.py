@@ -3,6 +3,7 @@ the theme, and the "no data" chart."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Final, TypeAlias
 
 import altair as alt
@@ -144,10 +145,15 @@ def _theme_config() -> dict[str, Any]:
     }
 
 
+#: characters of an 11 px subtitle line that fit the narrowest chart with a browser's wider font
+SUBTITLE_CHARS = 80
+
+
 def finish(chart: Any, title: str, subtitle: str | list[str] = "", *, legend_offset: int = 18) -> Any:
     """Give a chart its title (and subtitle lines) and the shared theme; the result is top level."""
     lines = [subtitle] if isinstance(subtitle, str) else list(subtitle)
-    lines = [s for s in lines if s]
+    # a subtitle line is not wrapped by the renderer: longer than the narrowest chart it is cut off
+    lines = [part for s in lines if s for part in textwrap.wrap(s, SUBTITLE_CHARS)]
     t = alt.Title(text=title, subtitle=lines) if lines else alt.Title(text=title)
     config = _theme_config()
     config["legend"]["offset"] = legend_offset
