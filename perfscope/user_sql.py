@@ -37,6 +37,11 @@ FETCH_MAX_BYTES = 256 * 2**20
 #: exit status of every refused query (a write, several statements, a file outside the store):
 #: PerfscopeError's default, the status of a usage error; a query that fails while it runs exits 1
 REFUSED_EXIT = 2
+#: user queries running at once in one process (the dashboard's sessions share them), and how long a
+#: query waits for one before it is refused
+RUNNING_QUERIES = 2
+SLOT_WAIT_S = 10.0
+_slots = threading.BoundedSemaphore(RUNNING_QUERIES)
 #: the largest query planned (planning ignores the time limit): characters, tokens, SELECTs (a
 #: UNION ALL of 1,000 SELECTs planned in 0.75 s, of 3,000 in 7 s) and parentheses deep
 MAX_QUERY_CHARS = 100_000
@@ -204,6 +209,15 @@ class UserSql:
         # and again, as an interrupt that arrives before it starts executing is lost.
         while not self._lock.acquire(timeout=0.1):
             self._interrupt_running()
+        # every session's query takes one of the process's slots: a dashboard's total memory is
+        # bounded by RUNNING_QUERIES x (DuckDB's limit + FETCH_MAX_BYTES), however many tabs are open
+        if not _slots.acquire(timeout=SLOT_WAIT_S):
+            self._lock.release()
+            raise PerfscopeError(
+                f"{RUNNING_QUERIES} queries are already running on this server, its bound on queries at "
+                f"once (each may hold {self._memory_limit} in DuckDB); try again when one ends",
+                exit_code=1,
+            )
         self._timed_out = False
         timer = threading.Timer(timeout_s, self._interrupt) if timeout_s is not None else None
         rows = Rows(self, timer, timeout_s)
@@ -348,6 +362,7 @@ class Rows:
             self._timer.cancel()
         if self._reader is not None:
             self._reader.close()
+        _slots.release()
         self._session._lock.release()
 
     def __enter__(self) -> Rows:

@@ -165,3 +165,41 @@ def test_queries_too_large_to_plan_in_time_are_refused_before_duckdb_plans_them(
         # the largest that is allowed still runs
         ok = "SELECT 1" + " UNION ALL SELECT 1" * 199
         assert session.fetch(ok, timeout_s=30).table.num_rows == 200
+
+
+def test_queries_at_once_are_bounded_across_sessions(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each dashboard tab has its own connection and DuckDB memory limit; three tabs running a big
+    query took the server to 4.9 GB. At most RUNNING_QUERIES run at once in a process: another
+    session's query waits for a slot, then is refused in one line; a slot comes back when a query ends."""
+    import threading
+    import time
+
+    from perfscope import user_sql
+
+    monkeypatch.setattr(user_sql, "SLOT_WAIT_S", 0.5)
+    slow = "SELECT count(*) FROM range(10000000000) a"
+    with open_store(store) as s:
+        sessions = [UserSql(s) for _ in range(user_sql.RUNNING_QUERIES + 1)]
+        errors: list[str] = []
+
+        def run(session: UserSql) -> None:
+            try:
+                session.fetch(slow, timeout_s=5)
+            except PerfscopeError as exc:
+                errors.append(exc.message)
+
+        busy = [threading.Thread(target=run, args=(x,)) for x in sessions[:-1]]
+        for t in busy:
+            t.start()
+        deadline = time.monotonic() + 30
+        while user_sql._slots._value > 0 and time.monotonic() < deadline:  # both slow ones have a slot
+            time.sleep(0.01)
+        with pytest.raises(PerfscopeError, match="already running on this server") as err:
+            sessions[-1].fetch("SELECT 1 AS x")
+        assert "\n" not in err.value.message
+        for t in busy:
+            t.join()
+        assert all("time limit" in e for e in errors), errors  # the slow ones ran, and were stopped
+        assert sessions[-1].fetch("SELECT 1 AS x").table.num_rows == 1  # the slots came back
+        for x in sessions:
+            x.close()
