@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..words import counted
-from .context import Context, Row, baseline, largest, lost_share
+from .context import Context, Row, all_hosts_contended, baseline, largest, lost_share
 from .finding import Finding
 from .hardware import setup_of
 from .rulebook import cause_severity, make_finding, rule
@@ -50,13 +50,7 @@ def straggler(ctx: Context) -> list[Finding]:
     groups = ctx.scaling_groups()
     singles = [[r] for r in ctx.rows("scaling") if r["group_id"] not in groups]
     victims = pattern_runs(ctx)  # pipelines, parameter servers: their rules name who is slow
-    # a run whose every host had other processes taking its CPU: which rank came last says more about
-    # the scheduler than about a rank (the contention finding says so); one busy host among quiet ones
-    # still names its rank
-    busy: dict[str, list[bool]] = defaultdict(list)
-    for c in ctx.rows("contention"):
-        busy[c["run_id"]].append(bool(c["contended"]))
-    all_busy = {run for run, flags in busy.items() if flags and all(flags)}
+    all_busy = all_hosts_contended(ctx)
     for rows in [*groups.values(), *singles]:
         hits = []
         for r in rows:
