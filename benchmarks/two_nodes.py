@@ -14,57 +14,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from nodes import Node, Nodes, unavailable
-
-BIN = Path(sys.executable).parent
-
-JOB = """
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = DDP(nn.Sequential(nn.Linear(1024, 896), nn.ReLU(), nn.Linear(896, 8)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loss_fn = nn.CrossEntropyLoss()
-for step in range(STEPS):
-    x, y = torch.randn(32, 1024), torch.randint(0, 8, (32,))
-    loss = loss_fn(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-dist.barrier()
-del model, opt
-dist.destroy_process_group()
-"""
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFSCOPE_")}
-    env.update(OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
-    return env
-
-
-def _record(store: Path, script: Path, name: str, placement: list[tuple[Node, int]], port: int) -> None:
-    """One run: `nproc` ranks on each (node, nproc), rendezvous on the first node."""
-    first = placement[0][0]
-    procs = []
-    for node, nproc in placement:
-        torchrun = [str(BIN / "torchrun"), "--nnodes", str(len(placement)), "--nproc_per_node", str(nproc)]
-        torchrun += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{first.address}:{port}"]
-        torchrun += ["--rdzv_id", name, "--local_addr", node.address, str(script)]
-        run = [str(BIN / "perfscope"), "run", "--store", str(store), "--experiment", "two-nodes", "--"]
-        procs.append(node.popen([*run, *torchrun], cwd=script.parent, env=_env()))
-    for p in procs:
-        out = p.communicate(timeout=600)[0]
-        if p.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{out}")
+from nodes import BIN, Nodes, job_script, record, unavailable
 
 
 def main() -> None:
@@ -78,12 +31,11 @@ def main() -> None:
         raise SystemExit(f"two_nodes: {why}")
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or Path(tmp) / "S"
-        script = Path(tmp) / "train.py"
-        script.write_text(f"STEPS = {args.steps}\n" + textwrap.dedent(JOB))
+        script = job_script(Path(tmp), args.steps)
         with Nodes(2, rate=args.rate) as (a, b):
-            _record(store, script, "n1", [(a, 1)], 29541)
-            _record(store, script, "n2-one-node", [(a, 2)], 29542)
-            _record(store, script, "n2-two-nodes", [(a, 1), (b, 1)], 29543)
+            record(store, script, [(a, 1)], "n1", 600)
+            record(store, script, [(a, 2)], "n2-one-node", 600)
+            record(store, script, [(a, 1), (b, 1)], "n2-two-nodes", 600)
         analyze = [str(BIN / "perfscope"), "analyze", str(store), "--json"]
         out = subprocess.run(analyze, capture_output=True, text=True, check=True).stdout
         print(f"link {args.rate}, load {os.getloadavg()[0]:.1f}, store {store}")

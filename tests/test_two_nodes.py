@@ -6,97 +6,32 @@ N=2 with one rank on each node, the study a team makes when the second node disa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from nodes import Node, Nodes, unavailable
+from nodes import BIN, Nodes, job_script, record, unavailable
 
 from perfscope.store import open_store
 from perfscope.writer import host_tag
 
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "nodes available")
 
-BIN = Path(sys.executable).parent
 TIMEOUT_S = 300
 STEPS = 24
 #: what the link carries each way: tbf at 100 Mbit/s
 LINK_BYTES_PER_S = 100e6 / 8
 
-# about 3.6 MB of gradients a step: about 0.3 s over 100 Mbit/s, tens of ms within a node
-DDP_JOB = """
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = DDP(nn.Sequential(nn.Linear(1024, 896), nn.ReLU(), nn.Linear(896, 8)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loss_fn = nn.CrossEntropyLoss()
-for step in range(STEPS):
-    x, y = torch.randn(32, 1024), torch.randint(0, 8, (32,))
-    loss = loss_fn(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-dist.barrier()
-del model, opt
-dist.destroy_process_group()
-print(f"rank {rank} done", flush=True)
-"""
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFSCOPE_")}
-    env.update(OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
-    return env
-
-
-def _launch(
-    store: Path, script: Path, first: Node, node: Node, nnodes: int, nproc: int, rdzv: str
-) -> list[str]:
-    """`perfscope run -- torchrun --nnodes ...` as typed on `node`, rendezvous on `first`."""
-    torchrun = [str(BIN / "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc)]
-    torchrun += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{first.address}:29531", "--rdzv_id", rdzv]
-    torchrun += ["--local_addr", node.address]
-    perfscope = [str(BIN / "perfscope"), "run", "--store", str(store), "--experiment", "two-nodes", "--"]
-    return [*perfscope, *torchrun, str(script)]
-
-
-def _record(tmp: Path, store: Path, script: Path, placement: list[tuple[Node, int]], rdzv: str) -> None:
-    first = placement[0][0]
-    procs = [
-        node.popen(_launch(store, script, first, node, len(placement), n, rdzv), cwd=tmp, env=_env())
-        for node, n in placement
-    ]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=TIMEOUT_S)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    assert [p.returncode for p in procs] == [0] * len(procs), "\n---\n".join(outs)
-
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("two-nodes")
-    script = tmp / "train.py"
-    script.write_text(f"STEPS = {STEPS}\n" + textwrap.dedent(DDP_JOB))
+    script = job_script(tmp, STEPS)
     store = tmp / "S"
     with Nodes(2, rate="100mbit", offsets=(0, 3600)) as (a, b):
-        _record(tmp, store, script, [(a, 1)], "n1")
-        _record(tmp, store, script, [(a, 2)], "n2-one-node")
-        _record(tmp, store, script, [(a, 1), (b, 1)], "n2-two-nodes")
+        record(store, script, [(a, 1)], "n1", TIMEOUT_S)
+        record(store, script, [(a, 2)], "n2-one-node", TIMEOUT_S)
+        record(store, script, [(a, 1), (b, 1)], "n2-two-nodes", TIMEOUT_S)
     return store
 
 
