@@ -139,25 +139,6 @@ def test_load_imbalance_is_a_straggler_too(tmp_path):
     assert len(f) == 1 and f[0].numbers["load_balance"] == pytest.approx(33 / 39)
 
 
-def test_no_straggler_on_a_run_whose_every_host_is_busy_with_other_processes(tmp_path):
-    """Other processes taking CPU on every host of a run (a shared or loaded machine): which rank
-    computes longest is the scheduler's doing, and the contention finding says so; no rank is blamed.
-    The same imbalance on quiet hosts is a straggler (test above)."""
-    busy = Host(proc_cpu_pct=100.0, sys_cpu_pct=90.0)  # of 8 cores: 6.2 busy with other processes
-    make_run(tmp_path, "n1", world_size=1, host=busy, cpu_count=8)
-    make_run(
-        tmp_path,
-        "n4",
-        world_size=4,
-        host=busy,
-        cpu_count=8,
-        phase_fn=lambda r, s: {"forward": 18 * MS} if r == 3 else {},
-    )
-    found = _findings(tmp_path)
-    assert _rule(found, "contention")
-    assert not _rule(found, "straggler")
-
-
 def test_input_bound(tmp_path, healthy):
     for n in (1, 2, 4):
         make_run(tmp_path, f"n{n}", world_size=n, phases={**DEFAULT_PHASES, "data": 3 * MS * n})

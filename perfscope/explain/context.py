@@ -82,13 +82,3 @@ def lost_share(row: Row, *phases: str) -> float | None:
         return None
     part = sum(row.get(f"lost_{p}_ns") or 0.0 for p in phases)
     return max(0.0, min(1.0, part / lost))
-
-
-def all_hosts_contended(ctx: Context) -> set[str]:
-    """Runs whose every host had other processes taking its CPU: which rank or worker came last there
-    says more about the scheduler than about a rank (the contention finding says so); one busy host
-    among quiet ones still names its rank."""
-    busy: dict[str, list[bool]] = {}
-    for c in ctx.rows("contention"):
-        busy.setdefault(c["run_id"], []).append(bool(c["contended"]))
-    return {run for run, flags in busy.items() if flags and all(flags)}

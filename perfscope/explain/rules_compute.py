@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..words import counted
-from .context import Context, Row, all_hosts_contended, baseline, largest, lost_share
+from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .hardware import setup_of
 from .rulebook import cause_severity, make_finding, rule
@@ -50,11 +50,10 @@ def straggler(ctx: Context) -> list[Finding]:
     groups = ctx.scaling_groups()
     singles = [[r] for r in ctx.rows("scaling") if r["group_id"] not in groups]
     victims = pattern_runs(ctx)  # pipelines, parameter servers: their rules name who is slow
-    all_busy = all_hosts_contended(ctx)
     for rows in [*groups.values(), *singles]:
         hits = []
         for r in rows:
-            if r["world_size"] < 2 or r["run_id"] in victims or r["run_id"] in all_busy:
+            if r["world_size"] < 2 or r["run_id"] in victims:
                 continue
             p = pop.get(r["run_id"], {})
             lb = p.get("load_balance")

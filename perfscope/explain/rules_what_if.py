@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import Context, all_hosts_contended
+from .context import Context
 from .finding import Finding
 from .rulebook import cause_severity, make_finding, rule
 from .rules_placement import crowded_hosts
@@ -32,12 +32,9 @@ def what_if_cause(ctx: Context) -> list[Finding]:
     # ranks from step to step is what the contention or oversubscription finding already explains: no
     # sequence-packing advice for it
     contended = {c["run_id"] for c in ctx.rows("contention") if c["contended"]} | set(crowded_hosts(ctx))
-    all_busy = all_hosts_contended(ctx)
     for r in ctx.rows("what_if"):
         cause = r["cause"]
         if cause in (None, "none") or (cause == "data-imbalance" and r["run_id"] in contended):
-            continue
-        if r["run_id"] in all_busy:  # which worker was slow is the scheduler's doing there
             continue
         actual, ideal, s = r["actual_step_ns"], r["ideal_step_ns"], r["slowdown"]
         lost = 1.0 - 1.0 / s if s > 0 else 0.0
