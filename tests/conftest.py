@@ -15,7 +15,8 @@ os.environ.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
 
 #: Modules whose tests launch real training jobs (multi-process gloo, torchrun, Lightning, transformers),
 #: signals and kills, namespaced nodes, Spark or a browser: marked `slow`, so `make test-quick`
-#: (`pytest -m "not slow"`) answers in a few minutes while `make test` and CI run everything.
+#: (`pytest -m "not slow"`) leaves them out (1,064 of 1,293 tests run; its time is not yet measured)
+#: while `make test` and CI run everything.
 SLOW_MODULES = frozenset(
     {
         "test_collect_ddp",
