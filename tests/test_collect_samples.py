@@ -40,7 +40,9 @@ def size():
 
 
 def done():
-    print(f"COUNTS {RANK} {json.dumps(counts)}", flush=True)
+    # a file per rank: torchrun interleaves the ranks' stdout without line breaks between them
+    with open(f"counts-{RANK}.json", "w") as f:
+        json.dump(counts, f)
 """
 
 SHAPES = {
@@ -364,7 +366,7 @@ def _env() -> dict[str, str]:
 def _record(
     tmp_path: Path, body: str, launch: list[str], *flags: str, **consts: object
 ) -> dict[int, list[int]]:
-    """Run the script under `perfscope run`; the script's own counts by rank (one line per rank)."""
+    """Run the script under `perfscope run`; the script's own counts by rank (one file per rank)."""
     import subprocess
 
     consts = {"STEPS": STEPS, **consts}
@@ -383,12 +385,7 @@ def _record(
     assert out.returncode == 0, out.stderr[-3000:]
     (tmp_path / "stdout.txt").write_text(out.stdout)
     assert "Traceback" not in out.stderr and "recording stopped" not in out.stderr, out.stderr[-3000:]
-    own = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("COUNTS "):
-            _, rank, counts = line.split(" ", 2)
-            own[int(rank)] = json.loads(counts)
-    return own
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("counts-*.json")}
 
 
 def _stored(tmp_path: Path) -> dict[int, list[int]]:

@@ -231,3 +231,33 @@ def test_causes_whose_shares_add_past_the_loss_say_they_overlap() -> None:
     assert "overlaps that of communication-bound on g1" in by_rule["input-bound"].text
     assert "overlaps" not in by_rule["straggler"].text  # alone on its group: nothing to overlap
     assert [f.rule for f in found] == ["communication-bound", "straggler", "input-bound"]
+
+
+def _one_run(rule: str, loss: float) -> Finding:
+    return Finding(
+        id=f"{rule}-r1",
+        rule=rule,
+        severity="warning",
+        category="cause",
+        title=rule,
+        text=rule,
+        evidence=Evidence(("r1",), ("steps",)),
+        recommendation="",
+        confidence=0.8,
+        explained_loss=loss,
+    )
+
+
+@pytest.mark.parametrize(("slow_worker", "merged"), [(0.10, False), (0.30, True)])
+def test_a_what_if_cause_takes_the_runs_wait_only_when_it_explains_most_of_it(
+    slow_worker: float, merged: bool
+) -> None:
+    # a slow worker costing 10% of a step beside a 45% wait on a big allreduce: the wait is the
+    # allreduce's own and leads; at 30% the slow worker explains most of the wait, which is its symptom
+    out = root_causes([_one_run("what-if", slow_worker), _one_run("communication-share", 0.45)])
+    if merged:
+        assert [f.rule for f in out] == ["what-if"]
+        assert [s.rule for s in out[0].symptoms] == ["communication-share"]
+    else:
+        assert [f.rule for f in out] == ["communication-share", "what-if"]
+        assert all(not f.symptoms for f in out)

@@ -60,11 +60,25 @@ def merge_run_symptoms(findings: list[Finding]) -> list[Finding]:
     out: list[Finding] = []
     for f in findings:
         root = roots.get((f.evidence.run_ids[0], f.rule)) if len(f.evidence.run_ids) == 1 else None
-        if root is None:
+        if root is None or not _covers(root, f):
             out.append(f)
         else:
             attached.setdefault(id(root), []).append(f)
     return [replace(f, symptoms=f.symptoms + tuple(attached[id(f)])) if id(f) in attached else f for f in out]
+
+
+#: the share of a run's wait that a what-if cause must account for to take the wait as its symptom
+WHAT_IF_COVERS = 0.5
+
+
+def _covers(root: Finding, symptom: Finding) -> bool:
+    """A what-if cause (a slow worker costing 10% of a step, say) explains a run's wait only when it
+    accounts for at least half of it: a 40% wait on a big allreduce beside it is the allreduce's own,
+    and both findings stand, each ranked by what it explains. The structural roots (a pipeline, a
+    parameter server, periodic or sharded sync) explain the wait by what they are."""
+    if root.rule != "what-if" or not symptom.explained_loss:
+        return True
+    return (root.explained_loss or 0.0) >= WHAT_IF_COVERS * symptom.explained_loss
 
 
 def mark_overlaps(findings: list[Finding]) -> list[Finding]:
