@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -69,7 +70,8 @@ def test_lightning_ddp_two_ranks_with_accumulation(tmp_path: Path) -> None:
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert sorted(out.stdout.split()) == ["0", "1", "fitted", "fitted"]
+    # the ranks share one stdout: their lines may interleave
+    assert sorted(re.findall(r"fitted (\d)", out.stdout)) == ["0", "1"], out.stdout
     with perfscope.open_store(tmp_path / "S") as store:
         runs = store.query("SELECT experiment, world_size, backend, param_count FROM runs").to_pylist()
         assert runs == [
