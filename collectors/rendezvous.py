@@ -9,7 +9,6 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 from perfscope.errors import warn_once
 
 from . import identity as ids
+from .clocks import align, timed_barriers
 from .faults import Faults
 from .identity import Identity
 
@@ -82,6 +82,8 @@ class Placement:
     exchanged: bool
     #: False when the offset could not be measured (0 is then a guess, and the ranks row says NULL)
     clock_offset_known: bool = True
+    #: the offset's error bound (see clocks.Alignment); None when not measured
+    clock_error_ns: int | None = None
     #: this rank writes the run's `runs` row: rank 0, or the lowest rank heard when rank 0 was not
     writes_runs_row: bool = True
 
@@ -218,12 +220,21 @@ class StoreExchange:
         for r in ranks:
             try:
                 raw = self.store.get(keys[r])
-                value: Any = Peer.from_json(raw) if peer else int(json.loads(raw))
+                value: Any = Peer.from_json(raw) if peer else _ints(json.loads(raw))
             except Exception:  # garbage under our key: that rank is not heard
                 continue
             if not peer or value.rank == r:
                 out[r] = value
         return out
+
+
+def _ints(value: Any) -> int | list[int]:
+    """An int or a list of ints (clock readings) from the store; ValueError for anything else."""
+    if isinstance(value, list) and len(value) <= 64 and all(type(x) is int for x in value):
+        return value
+    if type(value) is int:
+        return value
+    raise ValueError("not clock readings")
 
 
 class HorovodExchange:
@@ -290,36 +301,46 @@ def find_exchange(*, on_gpu: bool = False) -> Exchange | None:
     return None
 
 
-def agree(exchange: Exchange, me: Peer, *, rounds: int = 3) -> Placement:
+def agree(exchange: Exchange, me: Peer, *, rounds: int = 4) -> Placement:
     """Gather every rank's Peer, take rank 0's run id, place ranks on hosts, estimate clock offsets.
     Raises ExchangeIncomplete when a rank does not answer in time.
 
-    Clock offset: after a barrier every rank reads its wall clock at (nearly) the same instant and
-    the readings are gathered; offset = rank 0's reading minus this rank's. Ranks on one host share
-    one clock, so ranks on rank 0's host get exactly 0 and the others the median over all rounds and
-    all ranks of their host (the barrier's exit skew, tens of microseconds, is the error)."""
+    Clock offset (clocks.timed_barriers, clocks.align): every rank reads its wall clock just before
+    and just after each of `rounds` back-to-back barriers, and the readings are gathered once. One
+    instant lies inside every rank's window of a round, so each host's offset to rank 0's host lies
+    in an interval; its midpoint is the offset and its half-width the error bound (about half the
+    barrier's round trip), both the same for every rank of a host. Ranks on rank 0's host share its
+    clock: offset and error exactly 0."""
     peers: list[Peer] = exchange.all_gather(me)
     host_of = {p.rank: p.hostname for p in peers}
-    same_host: list[int] = []  # offset samples of every rank on this host
+    offset, error = 0, 0
     # every rank sees the same host list, so all skip the rounds together on a single host
-    for _ in range(rounds if len(set(host_of.values())) > 1 else 0):
+    if len(set(host_of.values())) > 1:
         try:
-            exchange.barrier()
-            now = time.time_ns()
-            readings = exchange.all_gather(now)
+            marks = exchange.all_gather(timed_barriers(exchange.barrier, rounds))
         except ExchangeIncomplete:
             raise ExchangeIncomplete({p.rank: p for p in peers}, "the clock exchange") from None
-        same_host += [int(readings[0]) - int(t) for r, t in enumerate(readings) if host_of[r] == me.hostname]
-    # ranks of one host share one clock: rank 0's host is exact, others pool their samples
-    offset = 0 if me.hostname == host_of[0] else int(statistics.median(same_host))
-    return _placement(exchange, me, peers, clock_offset_ns=offset, exchanged=True)
+        if me.hostname != host_of[0]:
+            on = [r for r, h in sorted(host_of.items()) if h == me.hostname]
+            ref = [r for r, h in sorted(host_of.items()) if h == host_of[0]]
+            found = align(marks, ref, on)
+            if found is None:  # unusable readings: the offset is not known
+                return _placement(exchange, me, peers, clock_offset_ns=None, exchanged=True)
+            offset, error = found.offset_ns, found.error_ns
+    return _placement(exchange, me, peers, clock_offset_ns=offset, exchanged=True, clock_error_ns=error)
 
 
 def _placement(
-    exchange: Exchange, me: Peer, peers: list[Peer], *, clock_offset_ns: int | None, exchanged: bool
+    exchange: Exchange,
+    me: Peer,
+    peers: list[Peer],
+    *,
+    clock_offset_ns: int | None,
+    exchanged: bool,
+    clock_error_ns: int | None = None,
 ) -> Placement:
     """Hosts in order of their lowest rank; the run id of the lowest rank heard from.
-    `clock_offset_ns` None: not measured (0, marked unknown)."""
+    `clock_offset_ns` None: not measured (0, marked unknown, and no error)."""
     ordered = sorted(peers, key=lambda p: p.rank)
     hosts = list(dict.fromkeys(p.hostname for p in ordered))
     on_host = [p for p in ordered if p.hostname == me.hostname]
@@ -339,6 +360,7 @@ def _placement(
         backend=exchange.backend,
         exchanged=exchanged,
         clock_offset_known=clock_offset_ns is not None,
+        clock_error_ns=clock_error_ns if clock_offset_ns is not None else None,
         writes_runs_row=ordered[0].rank == me.rank,
     )
 
@@ -351,7 +373,7 @@ def _without_all(exchange: Exchange, me: Peer, exc: ExchangeIncomplete, faults: 
     rank0 = heard.get(0)
     # one clock per host: a rank on rank 0's host knows its offset (0) without measuring it
     offset = 0 if rank0 is not None and rank0.hostname == me.hostname else None
-    placement = _placement(exchange, me, peers, clock_offset_ns=offset, exchanged=False)
+    placement = _placement(exchange, me, peers, clock_offset_ns=offset, exchanged=False, clock_error_ns=0)
     missing = [r for r in range(exchange.world_size) if r not in heard]
     shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
     why = f"no answer from rank(s) {shown} (they never opened perfscope.profile, or started late)"
@@ -397,6 +419,8 @@ def alone(identity: Identity, run_id: str) -> Placement:
         clock_offset_ns=0,
         backend="none",
         exchanged=False,
+        # the process is its own reference when alone or rank 0; another rank's 0 is a guess
+        clock_error_ns=0 if identity.rank == 0 or identity.world_size <= 1 else None,
         writes_runs_row=identity.rank == 0,
     )
 

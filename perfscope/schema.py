@@ -214,6 +214,16 @@ RANKS = Table(
         _c("pp_stage", i32, "", "pipeline stage, from 0; NULL when the layout is unknown", since=3),
         _c("tp_rank", i32, "", "tensor-parallel rank; NULL when the layout is unknown", since=3),
         _c("cp_rank", i32, "", "context-parallel rank; NULL when the layout is unknown", since=3),
+        _c(
+            "clock_error_ns",
+            i64,
+            "ns",
+            "bound on the error of clock_offset_ns: the true offset lies within clock_offset_ns ± this "
+            "(half the round trip of the best clock exchange with rank 0's host); 0 on rank 0's host, "
+            "which shares its clock; NULL when the offset was not measured, and in stores written "
+            "before it was recorded",
+            since=3,
+        ),
     ),
 )
 
