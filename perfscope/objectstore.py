@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -57,6 +59,17 @@ _SECRET_PART = re.compile(
 )
 _STATE = ".perfscope-mirror.json"
 _LOCK = ".perfscope-mirror.lock"
+#: in a staging folder: who writes it (pid, host, process start, address, endpoint), so that a later
+#: writer can tell a killed one's folder (upload what it holds, then remove it) from a live one's
+_OWNER = ".perfscope-owner.json"
+_RECOVER_LOCK = ".perfscope-recover.lock"
+#: set by `perfscope run` for its job: a tag in each staging folder's owner record, so that it can
+#: find the folders its job left (uploads that failed) once the job has ended
+RUN_TAG_ENV = "PERFSCOPE_S3_RUN_TAG"
+_STAGING_TMP_PREFIX = "perfscope-s3-staging-"
+#: the user info (`id:secret@`) of a URL, and a query string (`?X-Amz-Signature=...`): never printed
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#@]*@")
+_URL_QUERY = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s?#]*)\?[^\s#'\"]*")
 
 
 def is_s3_url(store: object) -> bool:
@@ -82,31 +95,38 @@ class S3Location:
 
 def parse_url(url: str) -> S3Location:
     """s3://bucket/prefix, checked: a bucket name S3 accepts and a prefix of plain names."""
+    said = redact(one_line(url))  # the address as messages show it
     if not is_s3_url(url):
-        raise StoreError(f"{one_line(url)} is not an s3://bucket/prefix address")
+        raise StoreError(f"{said} is not an s3://bucket/prefix address")
     bucket, _, prefix = url[5:].partition("/")
     prefix = prefix.strip("/")
+    shown_bucket = redact(one_line(bucket.partition("?")[0])) + ("?***" if "?" in bucket else "")
+    if "@" in bucket:
+        raise StoreError(
+            f"s3://***@{redact(one_line(bucket.rpartition('@')[2]))}/...: an s3:// address holds no user "
+            "name or password; credentials come from AWS_* variables"
+        )
     if _SECRET_PART.search(prefix):
         raise StoreError(
-            f"s3://{one_line(bucket)}/...: the prefix looks like it holds a credential (a secret, token, "
+            f"s3://{shown_bucket}/...: the prefix looks like it holds a credential (a secret, token, "
             "password or access key); it is not used. Give the store's address alone: credentials come "
             "from AWS_* variables"
         )
     if prefix.count("/") >= MAX_PREFIX_DEPTH:
         raise StoreError(
-            f"s3://{one_line(bucket)}/...: the prefix is more than {MAX_PREFIX_DEPTH} folders deep; a "
+            f"s3://{shown_bucket}/...: the prefix is more than {MAX_PREFIX_DEPTH} folders deep; a "
             "store's address is a few"
         )
     if not _BUCKET.fullmatch(bucket):
         raise StoreError(
-            f"{one_line(url)}: {one_line(bucket)!r} is not a bucket name (3 to 63 lower-case letters, "
+            f"{said}: {shown_bucket!r} is not a bucket name (3 to 63 lower-case letters, "
             "digits, dots and dashes)"
         )
     if prefix:
         for part in prefix.split("/"):
             if not _SAFE_PART.fullmatch(part):
                 raise StoreError(
-                    f"{one_line(url)}: the prefix part {one_line(part)!r} is not a plain name "
+                    f"{said}: the prefix part {redact(one_line(part))!r} is not a plain name "
                     "(letters, digits, '_', '.', '=', '+', '-'; not starting with a dot)"
                 )
     return S3Location(bucket, prefix)
@@ -114,8 +134,36 @@ def parse_url(url: str) -> S3Location:
 
 def endpoint_url() -> str | None:
     """The S3 endpoint from the environment (AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL): pyarrow
-    does not read these itself."""
+    does not read these itself. May hold credentials (`http://id:secret@host`): print it only
+    through `redact`."""
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def redact(text: str) -> str:
+    """`text` with the user info (`id:secret@`) and the query string (a signed URL's token) of every
+    URL in it masked, and the endpoint's own user info wherever it appears: what every message that
+    shows an endpoint, an address or an error of the S3 client goes through."""
+    text = _URL_USERINFO.sub(r"\1***@", text)
+    text = _URL_QUERY.sub(r"\1?***", text)
+    endpoint = endpoint_url()
+    if endpoint and "@" in endpoint:
+        userinfo = _split_endpoint(endpoint)[1].netloc.rpartition("@")[0]
+        for secret in {userinfo, *userinfo.split(":")}:
+            if len(secret) >= 4:  # a word this short would mask ordinary text, and is no secret
+                text = text.replace(secret, "***")
+    return text
+
+
+def _split_endpoint(endpoint: str) -> tuple[str, Any]:
+    """(host[:port], the parsed URL) of an endpoint, the user info left out of the host."""
+    parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    return parts.netloc.rpartition("@")[2], parts
+
+
+def shown_endpoint() -> str:
+    """The endpoint as messages show it: credentials and query masked."""
+    endpoint = endpoint_url()
+    return redact(one_line(endpoint)) if endpoint else "AWS"
 
 
 def filesystem() -> Any:
@@ -133,8 +181,10 @@ def filesystem() -> Any:
     }
     endpoint = endpoint_url()
     if endpoint:
-        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
-        kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
+        # user info in the address is no credential the SDK takes (it would be read as a host name
+        # and echoed in its errors): credentials come from the AWS_* variables
+        host, parts = _split_endpoint(endpoint)
+        kwargs["endpoint_override"] = host + parts.path.rstrip("/")
         kwargs["scheme"] = parts.scheme or "https"
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
@@ -145,8 +195,12 @@ def filesystem() -> Any:
 
 
 def _s3_problem(loc: S3Location, exc: BaseException) -> str:
-    text = one_line(str(exc)).strip() or type(exc).__name__
-    return f"{loc.url}: {text[:400]} (endpoint {endpoint_url() or 'AWS'}; credentials from AWS_* variables)"
+    text = redact(one_line(str(exc)).strip()) or type(exc).__name__
+    endpoint = endpoint_url()
+    ignored = ""
+    if endpoint and "@" in _split_endpoint(endpoint)[1].netloc:
+        ignored = "; user info in the endpoint address is not used"
+    return f"{loc.url}: {text[:400]} (endpoint {shown_endpoint()}{ignored}; credentials from AWS_* variables)"
 
 
 def _limit(name: str, default: int) -> int:
@@ -170,9 +224,15 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "perfscope"
 
 
+def _endpoint_name() -> str:
+    """The endpoint as a folder name: its host and port (never its user info), else 'aws'."""
+    endpoint = endpoint_url()
+    host = _split_endpoint(endpoint)[0] if endpoint else ""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", host) if host else "aws"
+
+
 def _endpoint_dir() -> Path:
-    host = urlsplit(endpoint_url() or "").netloc or "aws"
-    return cache_root() / "s3" / re.sub(r"[^A-Za-z0-9._-]", "_", host)
+    return cache_root() / "s3" / _endpoint_name()
 
 
 def mirror_dir(loc: S3Location) -> Path:
@@ -223,7 +283,7 @@ def refuse_s3(store: object, doing: str) -> None:
     """For the commands that write or rewrite a local folder (simulate, demo, import, compact): an
     s3:// store is refused in one line saying what to do instead."""
     if is_s3_url(store):
-        url = one_line(str(store))
+        url = redact(one_line(str(store)))
         raise StoreError(
             f"{url}: {doing} needs a local folder; do it in one and copy that to S3 (aws s3 sync FOLDER "
             f"{url}). Recording (perfscope.profile, perfscope run) and reading (info, analyze, report, "
@@ -232,6 +292,29 @@ def refuse_s3(store: object, doing: str) -> None:
 
 
 # -- reading: the mirror ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def _try_lock(path: Path) -> Iterator[bool]:
+    """An exclusive lock on the file `path`, if no other process holds it: True when taken (the
+    kernel lets go of it when its holder dies). False where it cannot be made or there is no flock."""
+    try:
+        import fcntl
+
+        f = open(path, "a+b")  # noqa: SIM115 (held across the yield)
+    except (ImportError, OSError):
+        yield False
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """One sync of a mirror at a time across processes (the CLI and a dashboard may share one)."""
@@ -249,31 +332,162 @@ def _locked(folder: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@dataclass(frozen=True)
+class _Object:
+    """An object of a listing: its path as pyarrow names it (bucket/key), size and modification time."""
+
+    path: str
+    size: int
+    mtime_ns: int | None
+
+
+def _list_objects(s3: Any, loc: S3Location) -> list[_Object]:
+    """Every object under the prefix. The SDK behind pyarrow lists without `encoding-type=url`, so one
+    key holding a character XML 1.0 cannot carry (a NUL, a control character) makes the whole listing
+    fail to parse: then the prefix is listed again, URL-encoded, and such a key is one more that
+    `key_problem` names and the mirror skips."""
+    from pyarrow import fs
+
+    try:
+        infos = s3.get_file_info(fs.FileSelector(loc.base, recursive=True, allow_not_found=True))
+    except OSError as exc:
+        if "XML" not in str(exc):
+            raise
+        return _list_url_encoded(loc)
+    return [_Object(i.path, i.size or 0, i.mtime_ns) for i in infos if i.type == fs.FileType.File]
+
+
+#: objects one page of a ListObjectsV2 answer holds at most (S3's own cap), and its XML namespace
+_S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+def _credentials() -> tuple[str, str, str | None]:
+    """(access key id, secret, session token): the AWS_* variables, else the AWS SDK's chain
+    (profiles, instance roles) when botocore is installed."""
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return key, secret, os.environ.get("AWS_SESSION_TOKEN") or None
+    try:
+        import botocore.session
+
+        found = botocore.session.get_session().get_credentials()
+    except Exception:
+        found = None
+    if found is None:
+        raise OSError(
+            "no credentials for a URL-encoded listing (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        )
+    frozen = found.get_frozen_credentials()
+    return frozen.access_key, frozen.secret_key, frozen.token or None
+
+
+def _signed_headers(
+    host: str, uri: str, query: str, region: str, credentials: tuple[str, str, str | None], stamp: str
+) -> dict[str, str]:
+    """The headers of a GET of `uri?query` (both already URI-encoded, the query's pairs sorted) on
+    `host`, signed with AWS signature version 4 at `stamp` (YYYYMMDDTHHMMSSZ)."""
+    import hashlib
+    import hmac
+
+    key_id, secret, token = credentials
+    scope = f"{stamp[:8]}/{region}/s3/aws4_request"
+    empty = hashlib.sha256(b"").hexdigest()
+    headers = {"host": host, "x-amz-content-sha256": empty, "x-amz-date": stamp}
+    if token:
+        headers["x-amz-security-token"] = token
+    signed = ";".join(sorted(headers))
+    canonical = "\n".join(
+        ["GET", uri, query, *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed, empty]
+    )
+    to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    key = f"AWS4{secret}".encode()
+    for part in (stamp[:8], region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={key_id}/{scope}, SignedHeaders={signed}, Signature={signature}"
+    )
+    return headers
+
+
+def _list_url_encoded(loc: S3Location) -> list[_Object]:
+    """ListObjectsV2 with `encoding-type=url`, signed with AWS signature version 4, path-style as
+    pyarrow addresses buckets; keys decoded (a byte that is not UTF-8 kept as its escape)."""
+    import datetime
+    import urllib.error
+    import urllib.request
+    import xml.etree.ElementTree as ET
+    from urllib.parse import quote, unquote_plus
+
+    key_id, secret, token = _credentials()
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    endpoint = endpoint_url()
+    if endpoint:
+        host, parts = _split_endpoint(endpoint)
+        scheme, path = parts.scheme or "https", parts.path.rstrip("/")
+        if scheme not in ("http", "https"):
+            raise OSError(f"the endpoint {shown_endpoint()} is not an http:// or https:// address")
+    else:
+        scheme, host, path = "https", f"s3.{region}.amazonaws.com", ""
+    uri = quote(f"{path}/{loc.bucket}", safe="/-_.~")
+    found: list[_Object] = []
+    after: str | None = None
+    while True:
+        query = {"list-type": "2", "encoding-type": "url", "prefix": f"{loc.prefix}/" if loc.prefix else ""}
+        if after is not None:
+            query["continuation-token"] = after
+        canonical_query = "&".join(
+            f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(query.items())
+        )
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+        headers = _signed_headers(host, uri, canonical_query, region, (key_id, secret, token), stamp)
+        del headers["host"]  # urllib sends the same one, from the URL
+        req = urllib.request.Request(f"{scheme}://{host}{uri}?{canonical_query}", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as answer:  # http(s) only, checked above
+                body = answer.read(64 << 20)
+        except urllib.error.HTTPError as exc:
+            raise OSError(f"ListObjectsV2 (URL-encoded) answered HTTP {exc.code}") from None
+        root = ET.fromstring(body)
+        for item in root.iter(f"{_S3_NS}Contents"):
+            key = unquote_plus(item.findtext(f"{_S3_NS}Key") or "", errors="backslashreplace")
+            if not key or key.endswith("/"):
+                continue  # a folder marker
+            when = item.findtext(f"{_S3_NS}LastModified")
+            mtime_ns = None
+            if when:
+                with contextlib.suppress(ValueError):
+                    moment = datetime.datetime.fromisoformat(when)
+                    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+                    mtime_ns = (moment - epoch) // datetime.timedelta(microseconds=1) * 1000
+            size = int(item.findtext(f"{_S3_NS}Size") or 0)
+            found.append(_Object(f"{loc.bucket}/{key}", size, mtime_ns))
+        if (root.findtext(f"{_S3_NS}IsTruncated") or "").lower() != "true":
+            return found
+        after = root.findtext(f"{_S3_NS}NextContinuationToken")
+        if not after:
+            return found
+
+
 def sync_mirror(url: str) -> Path:
     """Bring the mirror of `url` up to date and return its folder. StoreError, in one line, when the
     prefix cannot be listed, holds no store files, or exceeds the caps."""
-    import json
-
     loc = parse_url(url)
     mirror = mirror_dir(loc)
     max_bytes = _limit(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)
     max_objects = _limit(MAX_OBJECTS_ENV, DEFAULT_MAX_OBJECTS)
-    from pyarrow import fs
-
     try:
         s3 = filesystem()
-        infos = s3.get_file_info(fs.FileSelector(loc.base, recursive=True, allow_not_found=True))
+        infos = _list_objects(s3, loc)
     except Exception as exc:
         raise StoreError(f"cannot list {_s3_problem(loc, exc)}") from None
     wanted: dict[str, Any] = {}
     odd: list[str] = []
     for info in infos:
-        if info.type != fs.FileType.File:
-            continue
         rel = info.path[len(loc.base) + 1 :] if loc.base else info.path
         problem = key_problem(rel)
         if problem:
-            odd.append(f"{one_line(rel)!r} {problem}")
+            odd.append(f"'{one_line(rel)}' {problem}")
         else:
             wanted[rel] = info
     if len(wanted) > max_objects:
@@ -314,7 +528,7 @@ def sync_mirror(url: str) -> Path:
             results = list(pool.map(lambda t: _download(s3, loc, root, t[1], t[2], budget), todo))
         for (rel, info, _), problem in zip(todo, results, strict=True):
             if problem:
-                odd.append(f"{one_line(rel)!r} {problem}")
+                odd.append(f"'{one_line(rel)}' {problem}")
                 state.pop(rel, None)
             else:
                 state[rel] = [info.size, info.mtime_ns]
@@ -403,7 +617,149 @@ def staging_dir(loc: S3Location) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     except OSError:
-        return Path(tempfile.mkdtemp(prefix=f"perfscope-s3-staging-{prefix}"))
+        return Path(tempfile.mkdtemp(prefix=f"{_STAGING_TMP_PREFIX}{prefix}"))
+
+
+def _write_owner(folder: Path, loc: S3Location) -> None:
+    """The owner record of a staging folder (pid, host, process start, address, endpoint, the tag of
+    `perfscope run`): with it a later writer can tell this one's folder, once it is killed, from a
+    live writer's and clean it up (`Uploader.recover_staging`); a folder without one is never
+    touched."""
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": _process_start(os.getpid()),
+        "url": loc.url,
+        "endpoint": _endpoint_name(),
+        "tag": os.environ.get(RUN_TAG_ENV) or None,
+    }
+    tmp = folder / f"{_OWNER}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, folder / _OWNER)
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started, as a mark that a later process of the same pid cannot have: the
+    boot id and the start time in clock ticks since boot (Linux), else psutil's start time to the
+    millisecond; None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}:{int(fields[19])}"  # field 22 of stat(5); the split starts at field 3
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return f"t:{psutil.Process(pid).create_time():.3f}"
+    except Exception:
+        return None
+
+
+def _owner_dead(record: dict[str, Any]) -> bool:
+    """Whether the writer of an owner record has ended: on this host, and its pid is gone, a zombie,
+    or a later process's. Anything in doubt (another host, a record of another shape, a start time
+    that cannot be read) is alive: a live writer's folder is never touched."""
+    pid, started = record.get("pid"), record.get("started")
+    if record.get("host") != socket.gethostname() or type(pid) is not int or not isinstance(started, str):
+        return False
+    try:
+        import psutil
+
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return True
+    except psutil.NoSuchProcess:
+        return True
+    except Exception:
+        return False
+    now = _process_start(pid)
+    return now is not None and now != started
+
+
+def _staging_folders() -> list[Path]:
+    """Every staging folder of this user: in the cache folder and in the temporary folder."""
+    found: list[Path] = []
+    for parent, prefix in (
+        (cache_root() / "s3-staging", ""),
+        (Path(tempfile.gettempdir()), _STAGING_TMP_PREFIX),
+    ):
+        try:
+            with os.scandir(parent) as it:
+                for e in it:
+                    if (
+                        e.name.startswith(prefix)
+                        and e.is_dir(follow_symlinks=False)
+                        and e.stat(follow_symlinks=False).st_uid == os.getuid()
+                    ):
+                        found.append(Path(e.path))
+        except OSError:
+            continue
+    return found
+
+
+def _owner(folder: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((folder / _OWNER).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def kept_staging(tag: str) -> list[tuple[Path, int]]:
+    """The staging folders left by the writers `perfscope run` tagged `tag` (their upload failed, or
+    they were killed), with how many store files each holds."""
+    kept = []
+    for folder in _staging_folders():
+        record = _owner(folder)
+        if record is not None and record.get("tag") == tag:
+            kept.append((folder, len(_store_files(folder))))
+    return sorted(kept)
+
+
+def _store_files(folder: Path, odd: list[tuple[str, str]] | None = None) -> dict[str, tuple[int, int]]:
+    """The files of a staging folder an upload sends: relative path -> (size, mtime_ns); those whose
+    name no object key of a store may have go to `odd` as (path, why) instead."""
+    found: dict[str, tuple[int, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            path = Path(dirpath) / name
+            if name.startswith(".") or name.endswith(".tmp"):
+                continue  # being written
+            rel = path.relative_to(folder).as_posix()
+            problem = key_problem(rel)
+            if problem:
+                if odd is not None:
+                    odd.append((rel, problem))
+                continue
+            try:
+                st = path.lstat()
+            except OSError:
+                continue  # removed meanwhile
+            if os.path.isfile(path) and not path.is_symlink():
+                found[rel] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def _complete(path: Path) -> bool:
+    """Whether a file a killed writer left is a whole store file: a Parquet segment with its footer,
+    a live segment with at least one complete batch (its torn tail is left out by every reader)."""
+    from .live import LIVE_SUFFIX, read_live
+
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.read_metadata(path)
+            return True
+        if path.suffix == LIVE_SUFFIX:
+            return read_live(path) is not None
+    except Exception:
+        return False
+    return True
 
 
 class Uploader:
@@ -432,6 +788,9 @@ class Uploader:
         self._not_before: dict[str, float] = {}
         self._s3: Any = None
         self._stop = threading.Event()
+        #: set at interpreter exit: the clean-up of killed writers' folders stops between two files
+        #: (a close waits for it: the next writer would otherwise find the same folders again)
+        self._abandon = threading.Event()
         self._pass_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -451,33 +810,72 @@ class Uploader:
         """An upload pass at interpreter exit, for an owner that never closes. Not a close: the
         profiler's own exit hook may still write the run's last rows and close us after this."""
         self._stop.set()  # no pass of the thread may run into pyarrow's S3 finaliser
+        self._abandon.set()
         if self._thread is not None:
             self._thread.join(60.0)
         self.sync_once(final=True)
 
     def _run(self) -> None:
+        with contextlib.suppress(Exception):  # a clean-up of others' folders never stops ours
+            self.recover_staging()
         while not self._stop.wait(self.interval_s):
             self.sync_once()
 
+    def recover_staging(self) -> list[Path]:
+        """Clean up after killed writers of this user and endpoint: each staging folder whose owner
+        has ended (see `_owner_dead`) has its whole store files uploaded to the address it was made
+        for (those already there, by size, are not sent again) and is then removed; a folder whose
+        upload fails is kept for the next writer. Returns the folders removed."""
+        removed = []
+        for folder in _staging_folders():
+            if self._abandon.is_set():
+                break
+            record = _owner(folder)
+            if (
+                folder == self.staging
+                or record is None
+                or record.get("endpoint") != _endpoint_name()
+                or not _owner_dead(record)
+            ):
+                continue
+            with _try_lock(folder / _RECOVER_LOCK) as mine:  # one recovering writer per folder
+                if mine and folder.is_dir() and self._recover(folder, str(record.get("url"))):
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder)
+        return removed
+
+    def _recover(self, folder: Path, url: str) -> bool:
+        """Upload what a killed writer's folder holds that is not on S3 yet; True when all of it is."""
+        from pyarrow import fs
+
+        try:
+            loc = parse_url(url)
+            if self._s3 is None:
+                self._s3 = filesystem()
+            files = _store_files(folder)
+            for rel, (size, _) in sorted(files.items()):
+                if self._abandon.is_set():
+                    return False
+                path = folder / rel
+                if path.suffix == ".arrows" and path.with_suffix(".parquet").name in os.listdir(path.parent):
+                    continue  # sealed: its Parquet twin holds its rows
+                remote = self._s3.get_file_info(f"{loc.base}/{rel}")
+                if remote.type == fs.FileType.File and remote.size == size:
+                    continue  # uploaded before the kill
+                if not _complete(path):
+                    continue  # a file torn by the kill: no reader could use it
+                data = path.read_bytes()
+                with self._s3.open_output_stream(f"{loc.base}/{rel}") as out:
+                    out.write(data)
+            return True
+        except Exception:
+            return False  # kept: the next writer tries again
+
     def _local_files(self) -> dict[str, tuple[int, int]]:
-        found: dict[str, tuple[int, int]] = {}
-        for dirpath, dirnames, filenames in os.walk(self.staging):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                path = Path(dirpath) / name
-                rel = path.relative_to(self.staging).as_posix()
-                if name.startswith(".") or name.endswith(".tmp"):
-                    continue  # being written
-                problem = key_problem(rel)
-                if problem:  # readers would skip it too: say so once, not silently
-                    self._warn("s3_upload_skipped", f"perfscope: {rel!r} is not uploaded: it {problem}")
-                    continue
-                try:
-                    st = path.lstat()
-                except OSError:
-                    continue  # removed meanwhile
-                if os.path.isfile(path) and not path.is_symlink():
-                    found[rel] = (st.st_size, st.st_mtime_ns)
+        odd: list[tuple[str, str]] = []
+        found = _store_files(self.staging, odd)
+        for rel, problem in odd:  # readers would skip it too: say so once, not silently
+            self._warn("s3_upload_skipped", f"perfscope: {rel!r} is not uploaded: it {problem}")
         return found
 
     def sync_once(self, *, final: bool = False) -> bool:
@@ -576,9 +974,13 @@ def _in_parallel(put: Callable[[str], str], rels: list[str]) -> list[str]:
 
 
 def start_upload(url: str, warn: Callable[[str, str], object] | None = None) -> Uploader:
-    """The uploader of a new staging folder for `url`, started: record into `uploader.staging`."""
+    """The uploader of a new staging folder for `url`, started: record into `uploader.staging`. Its
+    thread first cleans up the folders of killed writers (`Uploader.recover_staging`)."""
     loc = parse_url(url)
-    return Uploader(url, staging_dir(loc), warn=warn).start()
+    staging = staging_dir(loc)
+    with contextlib.suppress(OSError):  # without a record the folder is only never cleaned up by others
+        _write_owner(staging, loc)
+    return Uploader(url, staging, warn=warn, interval_s=UPLOAD_INTERVAL_S).start()
 
 
 def open_mirrored(url: str, *, allow_empty: bool = False, warn: bool = True) -> Any:

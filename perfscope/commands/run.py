@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import select
 import shutil
 import signal
@@ -172,11 +173,15 @@ def run(args: argparse.Namespace) -> int:
     options = profile_options(args)  # every flag checked before anything is made or started
     _startable(command[0])
     from ..collectors.profiler import DISABLE_ENV
-    from ..objectstore import is_s3_url, parse_url
+    from ..objectstore import RUN_TAG_ENV, is_s3_url, parse_url
 
     if is_s3_url(args.store):  # each process uploads its own staging folder; checked before the job
         parse_url(args.store)
-        return _wait(args, command, environment(args.store, options), args.store, None)
+        env = environment(args.store, options)
+        # the job's staging folders carry this tag: those still there at its end hold what it could
+        # not upload (a clean close removes its folder once all of it is on S3)
+        env[RUN_TAG_ENV] = secrets.token_hex(8)
+        return _wait(args, command, env, args.store, None)
     store = Path(args.store).expanduser().resolve()
     if store.exists() and not store.is_dir():
         raise PerfscopeError(f"--store {args.store!r} is a file, not a store folder")
@@ -262,10 +267,29 @@ def _wait(
     args.job_signal = -code if code < 0 else None
     if code < 0:  # killed by a signal: the shell's convention
         code = 128 - code
-    if store is None or (store.is_dir() and any(store.iterdir())):
-        where = store or given
-        print(f"perfscope run: recorded into {where}; next: perfscope analyze {given}", file=sys.stderr)
+    if store is None:
+        print(_s3_outcome(given, env), file=sys.stderr)
+    elif store.is_dir() and any(store.iterdir()):
+        print(f"perfscope run: recorded into {store}; next: perfscope analyze {given}", file=sys.stderr)
     return code
+
+
+def _s3_outcome(url: str, env: dict[str, str]) -> str:
+    """The last line for a job recorded to `url`: where it went, or, when some of its processes could
+    not upload all they recorded, how much is left and where (the job's status is not changed)."""
+    from ..objectstore import RUN_TAG_ENV, kept_staging
+    from ..words import counted
+
+    kept = [(folder, n) for folder, n in kept_staging(env[RUN_TAG_ENV]) if n]
+    if not kept:
+        return f"perfscope run: recorded into {url}; next: perfscope analyze {url}"
+    files = sum(n for _, n in kept)
+    where = str(kept[0][0]) if len(kept) == 1 else f"{len(kept)} folders under {kept[0][0].parent}"
+    return (
+        f"perfscope run: the recording did not all reach {url} (its upload failed): "
+        f"{counted(files, 'file')} of it kept in {one_line(where)} (upload them with any S3 tool, e.g. "
+        f"aws s3 sync FOLDER {url}, or read them there with perfscope analyze FOLDER)"
+    )
 
 
 def _wait_awake(child: subprocess.Popen[bytes]) -> int:
