@@ -43,6 +43,7 @@ SLOW_MODULES = frozenset(
         "test_rendezvous_timeout",
         "test_report_browser",
         "test_run_command",
+        "test_s3_hostile",
         "test_s3_store",
         "test_spark",
         "test_store_kill",
@@ -50,6 +51,7 @@ SLOW_MODULES = frozenset(
         "test_threads_shown",
         "test_trackers",
         "test_two_nodes",
+        "test_what_if_pipeline",
     }
 )
 

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..store import Store
-from .comm_patterns import P2P_OPS
+from .comm_patterns import P2P_OPS, roles_table
 from .registry import analysis
 from .selection import Selection, sql_literal
 from .steady import runs_table, thresholds_table
@@ -241,21 +241,39 @@ def replay(g: Graph, x: np.ndarray, gap: np.ndarray) -> np.ndarray:
     return last - g.step_start
 
 
-def ideal(g: Graph, cols: dict[str, np.ndarray], values: np.ndarray) -> np.ndarray:
+def ideal(
+    g: Graph, cols: dict[str, np.ndarray], values: np.ndarray, *, across_stages: bool = True
+) -> np.ndarray:
     """Each op's ideal value: the typical value of the same op (name, position in the step) at its
-    data-parallel peers (same stage, same step), then the mean of those over the stages that run the
-    op in that step: a balanced pipeline holds the same work, shared evenly.
+    data-parallel peers (same stage, same step), then (`across_stages`) the mean of those over the
+    stages that run the op in that step: a balanced pipeline holds the same work, shared evenly.
 
     Typical is the lower median: of an even count of peers the lower middle value, so that of two
     data-parallel ranks the slow one never sets what the op should take (a mean of the two would
-    keep half of a straggler's excess in the ideal)."""
-    at_stage = _codes(g.step_code, cols["name"], cols["nth"], cols["pp_stage"])
-    typical = _medians(at_stage, values, lower=True)
-    op = _codes(g.step_code, cols["name"], cols["nth"])
-    first = np.unique(at_stage, return_index=True)[1]
-    total = np.bincount(op[first], weights=typical[first])
-    stages = np.bincount(op[first])
-    return (total / np.maximum(stages, 1))[op]
+    keep half of a straggler's excess in the ideal).
+
+    An op cut into pieces (a recorded phase around blocking transfers: `cols["unit"]` names the
+    phase of each piece) is one op here: its pieces' total is what is compared, and each piece gets
+    its share of the ideal total in proportion to its recorded value (an equal share when all are 0)."""
+    unit = cols["unit"]
+    _, first_op, inv = np.unique(unit, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    total = np.bincount(inv, weights=values)
+    count = np.bincount(inv)
+    u_step, u_name, u_nth = g.step_code[first_op], cols["name"][first_op], cols["nth"][first_op]
+    at_stage = _codes(u_step, u_name, u_nth, cols["pp_stage"][first_op])
+    typical = _medians(at_stage, total, lower=True)
+    if across_stages:
+        op = _codes(u_step, u_name, u_nth)
+        first = np.unique(at_stage, return_index=True)[1]
+        sums = np.bincount(op[first], weights=typical[first])
+        stages = np.bincount(op[first])
+        typical = (sums / np.maximum(stages, 1))[op]
+    if len(first_op) == len(unit):  # no op in pieces
+        return typical[inv]
+    own = total[inv]
+    share = np.where(own > 0, values / np.where(own > 0, own, 1.0), 1.0 / count[inv])
+    return typical[inv] * share
 
 
 def _ratio(t: np.ndarray, ideal: np.ndarray) -> float:
@@ -272,7 +290,10 @@ def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
     g = build(cols)
     if g is None:
         return None
-    x_ideal, gap_ideal = ideal(g, cols, g.x), ideal(g, cols, g.gap)
+    # launch gaps are the host's, not the stage's work: typical among the dp peers at the same stage
+    # (a stage's first op of a step waits, as recorded, for the other stage's end of the last step:
+    # averaged over the stages, that offset would be spread over another stage's ops)
+    x_ideal, gap_ideal = ideal(g, cols, g.x), ideal(g, cols, g.gap, across_stages=False)
     t_rec = g.recorded_step
     t_act = replay(g, g.x, g.gap)
     t_ideal = replay(g, x_ideal, gap_ideal)
@@ -368,7 +389,9 @@ def _causes(
         peers = [i for i, k in enumerate(keys) if k[1] == st and k != (d, st)]
         top_major = (step_shares[top_w] >= MAJOR_SHARE).mean() > 0.5 and (best == top_w).mean() > 0.5
         peer_share = max((float(np.median(step_shares[i])) for i in peers), default=0.0)
-        if top_major and peer_share < MAJOR_SHARE * float(np.median(step_shares[top_w])):
+        # a worker without data-parallel peers (one per stage) is its stage: which of the two is slow,
+        # the worker or the work, cannot be told (the stage rule speaks for it)
+        if peers and top_major and peer_share < MAJOR_SHARE * float(np.median(step_shares[top_w])):
             out.append("slow-worker")
 
     # data imbalance: the same op varies across dp ranks, and the slowest dp rank keeps changing
@@ -386,17 +409,50 @@ def _causes(
 
 def _laid_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
     """The selected runs with more than one rank whose coordinates are known, with their source, and
-    (`dp_only`) the pure data-parallel runs read as such (see `_dp_only_runs`)."""
+    the pure data-parallel runs (`kind` 'dp', see `_dp_only_runs`) and recorded pipelines (`kind`
+    'staged', see `_staged_runs`) read as such."""
     runs = runs_table(store, sel)
     laid = store.query(
         f"""
-        SELECT k.run_id, any_value(r.source) AS source, false AS dp_only
+        SELECT k.run_id, any_value(r.source) AS source, 'laid' AS kind
         FROM (SELECT DISTINCT run_id, rank FROM ranks WHERE dp_rank IS NOT NULL AND pp_stage IS NOT NULL) k
         JOIN {runs} r USING (run_id)
         GROUP BY k.run_id HAVING count(*) > 1 ORDER BY k.run_id
         """
     ).to_pylist()
-    return sorted(laid + _dp_only_runs(store, runs), key=lambda r: r["run_id"])
+    return sorted(
+        laid + _dp_only_runs(store, runs) + _staged_runs(store, sel, runs), key=lambda r: r["run_id"]
+    )
+
+
+def _staged_runs(store: Store, sel: Selection, runs: str) -> list[dict[str, Any]]:
+    """Recorded pipelines: runs without coordinates (no rank has dp_rank, pp_stage, tp_rank or
+    cp_rank) whose every rank is a pipeline stage, 'stage:K' as given with profile(role=...) or as
+    `comm_roles` infers it (point-to-point with fixed peers and no collective), with at least two
+    stages, and a transfer in every steady step of every rank. A stage's ranks are its data-parallel
+    ranks, in rank order (the recorder knows no tensor or context parallelism)."""
+    roles = roles_table(store, sel)
+    thr = thresholds_table(store, sel)
+    return store.query(
+        f"""
+        WITH k AS (SELECT run_id, count(DISTINCT rank) AS n,
+                          count(dp_rank) + count(pp_stage) + count(tp_rank) + count(cp_rank) AS laid
+                   FROM ranks WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id),
+        ro AS (SELECT run_id, count(*) AS n, count(*) FILTER (WHERE role LIKE 'stage:%') AS staged,
+                      count(DISTINCT role) FILTER (WHERE role LIKE 'stage:%') AS stages
+               FROM {roles} GROUP BY run_id),
+        st AS (SELECT s.run_id, count(*) AS rank_steps FROM steps s JOIN {thr} t
+                   ON s.run_id = t.run_id AND s.step >= t.first_steady_step GROUP BY s.run_id),
+        c AS (SELECT c.run_id, count(DISTINCT (c.rank, c.step)) AS rank_steps FROM comm c JOIN {thr} t
+                  ON c.run_id = t.run_id AND c.step >= t.first_steady_step GROUP BY c.run_id)
+        SELECT r.run_id, r.source, 'staged' AS kind
+        FROM {runs} r JOIN k USING (run_id) JOIN ro USING (run_id) JOIN st USING (run_id)
+             JOIN c USING (run_id)
+        WHERE k.n > 1 AND k.laid = 0 AND ro.staged = ro.n AND ro.n = k.n AND ro.stages > 1
+          AND c.rank_steps >= st.rank_steps
+        ORDER BY r.run_id
+        """
+    ).to_pylist()
 
 
 def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
@@ -423,7 +479,7 @@ def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
                             OR coalesce(len(string_split(c.group_ranks, ',')), r.world_size) <> r.world_size
                      ) AS partial
               FROM comm c JOIN {runs} r USING (run_id) GROUP BY c.run_id)
-        SELECT r.run_id, r.source, true AS dp_only
+        SELECT r.run_id, r.source, 'dp' AS kind
         FROM {runs} r JOIN k USING (run_id) JOIN c USING (run_id) JOIN st USING (run_id)
         WHERE k.n > 1 AND k.laid = 0 AND k.roles = 0 AND c.calls > 0 AND c.partial = 0
           AND c.rank_steps >= st.rank_steps
@@ -432,16 +488,20 @@ def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
     ).to_pylist()
 
 
-def _run_ops(store: Store, run_id: str, *, dp_only: bool = False, first_step: int = 0) -> pa.Table:
+def _run_ops(
+    store: Store, sel: Selection, run_id: str, *, kind: str = "laid", first_step: int = 0
+) -> pa.Table:
     """One run's ops (spans of depth 1 and comm rows) with their rank's coordinates, in step, rank and
     start order; a literal run id, so only that run's partitions are read. A pure data-parallel run
     (`dp_only`): every rank is dp rank = its rank at stage 0, its ops each step's phases from the
     `steps` row and its collectives (all on one group, the world), from `first_step` (its first
     steady step: the warm-up steps, which every other analysis of a recorded run leaves out, are not
-    the job's step)."""
+    the job's step). A recorded pipeline (`kind` 'staged'): see `_staged_ops_sql`."""
     run = sql_literal(run_id)
-    if dp_only:
+    if kind == "dp":
         return store.query(_dp_ops_sql(run, int(first_step)))
+    if kind == "staged":
+        return store.query(_staged_ops_sql(run, int(first_step), roles_table(store, sel)))
     return store.query(
         f"""
         WITH k AS (SELECT rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
@@ -500,6 +560,68 @@ def _dp_ops_sql(run: str, first_step: int) -> str:
         """
 
 
+def _staged_ops_sql(run: str, first_step: int, roles: str) -> str:
+    """The ops of a recorded pipeline, from its first steady step. Each rank's stage is its role's
+    K, its dp rank its place among the stage's ranks. Its ops are its phases (spans of depth 0:
+    forward, backward ... as the job named them) and its transfers. A phase holds the blocking
+    transfers made inside it (a GPipe forward receives and sends every micro-batch's activations):
+    it is cut at them into pieces of compute, each waiting for the transfer before it, all one op
+    (`unit`) to the ideal. A point-to-point transfer is named by its phase and function
+    ('forward-send', 'backward-recv', as Megatron-LM names them), a collective by its function; a
+    collective of the whole world is matched across ranks, one of a sub-group is not (the recorder
+    does not say which ranks it ran on)."""
+    return f"""
+        WITH k AS (SELECT rank, CAST(split_part(role, ':', 2) AS INTEGER) AS pp_stage
+                   FROM {roles} WHERE run_id = {run}),
+        kd AS (SELECT rank, pp_stage, row_number() OVER (PARTITION BY pp_stage ORDER BY rank) - 1 AS dp_rank
+               FROM k),
+        w AS (SELECT max(world_size) AS world FROM runs WHERE run_id = {run}),
+        ph AS (SELECT row_number() OVER (ORDER BY rank, step, start_ns, dur_ns, name) AS unit, rank, step,
+                      name, start_ns AS s0, start_ns + dur_ns AS s1,
+                      dense_rank() OVER (PARTITION BY step, rank, name ORDER BY start_ns, dur_ns) - 1 AS nth
+               FROM spans
+               WHERE run_id = {run} AND depth = 0 AND step >= {first_step} AND start_ns IS NOT NULL
+                     AND dur_ns IS NOT NULL),
+        cm AS (SELECT rank, step, start_ns, dur_ns, peer, op, is_async,
+                      coalesce(name, CASE WHEN peer IS NOT NULL OR op IN {P2P_OPS}
+                                          THEN coalesce(phase, 'other') || '-' || op ELSE op END) AS name,
+                      CASE WHEN peer IS NULL AND NOT op IN {P2P_OPS}
+                           THEN coalesce(group_ranks, CASE WHEN group_size = (SELECT world FROM w)
+                                                           OR group_size IS NULL THEN 'world' END) END AS grp
+               FROM comm
+               WHERE run_id = {run} AND step >= {first_step} AND start_ns IS NOT NULL AND dur_ns IS NOT NULL),
+        cut AS (SELECT ph.unit, cm.start_ns AS c0, least(cm.start_ns + cm.dur_ns, ph.s1) AS c1
+                FROM ph JOIN cm ON ph.rank = cm.rank AND ph.step = cm.step
+                     AND cm.start_ns >= ph.s0 AND cm.start_ns < ph.s1
+                WHERE NOT coalesce(cm.is_async, false)),
+        pieces AS (
+            SELECT unit, coalesce(lag(c1) OVER (PARTITION BY unit ORDER BY c0, c1), -1) AS p0, c0 AS p1
+            FROM cut
+            UNION ALL
+            SELECT ph.unit, coalesce(max(cut.c1), -1), ph.s1
+            FROM ph LEFT JOIN cut USING (unit) GROUP BY ph.unit, ph.s1
+        ),
+        ops AS (
+            SELECT ph.rank, ph.step, ph.name, CASE WHEN p.p0 < 0 THEN ph.s0 ELSE p.p0 END AS start_ns,
+                   greatest(p.p1 - CASE WHEN p.p0 < 0 THEN ph.s0 ELSE p.p0 END, 0) AS dur_ns,
+                   -1 AS peer, NULL AS grp, false AS is_send, ph.name <> 'data' AS compute, ph.unit,
+                   ph.nth, 0 AS pnth
+            FROM pieces p JOIN ph USING (unit)
+            UNION ALL
+            SELECT rank, step, name, start_ns, dur_ns, coalesce(peer, -1), grp, op IN ('send', 'isend'),
+                   false, NULL,
+                   row_number() OVER (PARTITION BY step, rank, name ORDER BY start_ns, dur_ns) - 1,
+                   row_number() OVER (PARTITION BY step, rank, peer, op IN ('send', 'isend')
+                                      ORDER BY start_ns, dur_ns) - 1
+            FROM cm
+        )
+        SELECT o.rank, o.step, o.name, o.start_ns, o.dur_ns, o.peer, o.grp, o.is_send, o.compute,
+               kd.dp_rank, kd.pp_stage, o.nth, o.pnth, o.unit
+        FROM ops o JOIN kd USING (rank)
+        ORDER BY o.step, o.rank, o.start_ns, o.dur_ns, o.name, o.peer, o.is_send, o.compute
+        """
+
+
 def _columns(t: pa.Table) -> dict[str, np.ndarray]:
     cols = {c: np.asarray(t.column(c).to_numpy(zero_copy_only=False)) for c in
             ("rank", "step", "start_ns", "dur_ns", "peer", "is_send", "compute", "dp_rank", "pp_stage", "nth",
@@ -513,6 +635,16 @@ def _columns(t: pa.Table) -> dict[str, np.ndarray]:
     cols["names"] = np.asarray(name.dictionary.to_pylist(), dtype=object)
     grp = t.column("grp").cast(pa.string()).combine_chunks().dictionary_encode()
     cols["grp"] = np.asarray(grp.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    # the phase each piece of a cut phase belongs to (staged runs); every other op is one of its own
+    n = t.num_rows
+    unit = (
+        np.array(t.column("unit").fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        if "unit" in t.column_names
+        else np.full(n, -1, dtype=np.int64)
+    )
+    alone = unit < 0
+    unit[alone] = int(unit.max(initial=-1)) + 1 + np.arange(int(alone.sum()))
+    cols["unit"] = unit
     return cols
 
 
@@ -545,12 +677,12 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     rows = []
     laid = _laid_runs(store, sel)
     first: dict[str, int] = {}
-    if any(r["dp_only"] for r in laid):
+    if any(r["kind"] != "laid" for r in laid):
         thr = thresholds_table(store, sel)
         first = {r["run_id"]: r["first_steady_step"] for r in store.query(
             f"SELECT run_id, first_steady_step FROM {thr}").to_pylist()}  # fmt: skip
     for run in laid:
-        t = _run_ops(store, run["run_id"], dp_only=run["dp_only"], first_step=first.get(run["run_id"]) or 0)
+        t = _run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=first.get(run["run_id"]) or 0)
         row = analyse_run(_columns(t)) if t.num_rows else None
         if row is not None:
             rows.append({"run_id": run["run_id"], "source": run["source"], **row})
