@@ -84,7 +84,9 @@ class Node:
 class Nodes:
     """`with Nodes(2, rate="100mbit", offsets=(0, 3600)) as nodes:` ... nodes[0].popen(...)"""
 
-    def __init__(self, n: int = 2, *, rate: str | None = "100mbit", offsets: Sequence[int] = ()) -> None:
+    def __init__(
+        self, n: int = 2, *, rate: str | None = "100mbit", offsets: Sequence[int] = (), burst: str = "64kb"
+    ) -> None:
         tag = os.getpid() % 100000
         self._hub = f"ps{tag}hub"
         self._subnet = f"10.231.{tag % 250}"
@@ -99,6 +101,7 @@ class Nodes:
             for i in range(n)
         ]
         self._rate = rate
+        self._burst = burst
 
     def __enter__(self) -> list[Node]:
         try:
@@ -127,7 +130,7 @@ class Nodes:
                     # what leaves each node is shaped: the link carries `rate` each way
                     _run(
                         "ip", "netns", "exec", node.netns, "tc", "qdisc", "add", "dev", node.ifname,
-                        "root", "tbf", "rate", self._rate, "burst", "64kb", "latency", "400ms",
+                        "root", "tbf", "rate", self._rate, "burst", self._burst, "latency", "400ms",
                     )  # fmt: skip
         except BaseException:
             self.__exit__()
@@ -175,15 +178,64 @@ def job_script(folder: Path, steps: int) -> Path:
     return script
 
 
+#: message sizes of the allreduce job: 16 KB to 4 MB, what an alpha-beta fit needs across a link
+ALLREDUCE_BYTES = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+#: hand-written allreduces, one of each size a step (largest first: each one finds the link's token
+#: bucket drained, as a stream of gradient buckets does), recorded by perfscope.profile into STORE.
+#: The largest is also timed on the job's own clock (perf_counter around the call, after a barrier so
+#: both ranks enter together); each rank writes its timings to its own file, OUT/rank<R>.json.
+ALLREDUCE_JOB = """
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import perfscope
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+tensors = [torch.ones(n // 4) for n in sorted(SIZES, reverse=True)]  # float32: n bytes each
+own_ns = []
+with perfscope.profile(STORE, experiment="allreduce-sizes") as prof:
+    for step in range(STEPS):
+        with prof.step():
+            dist.barrier()
+            start = time.perf_counter_ns()
+            dist.all_reduce(tensors[0])
+            own_ns.append(time.perf_counter_ns() - start)
+            for t in tensors[1:]:
+                dist.all_reduce(t)
+dist.barrier()
+dist.destroy_process_group()
+with open(os.path.join(OUT, f"rank{rank}.json.tmp"), "w") as f:
+    json.dump({"rank": rank, "world_size": world, "bytes": max(SIZES), "own_ns": own_ns}, f)
+os.replace(os.path.join(OUT, f"rank{rank}.json.tmp"), os.path.join(OUT, f"rank{rank}.json"))
+"""
+
+
+def allreduce_script(folder: Path, store: Path, steps: int, sizes: Sequence[int] = ALLREDUCE_BYTES) -> Path:
+    """The allreduce job, recording into `store`, its own timings into `folder`."""
+    script = folder / "allreduce.py"
+    head = f"STEPS = {steps}\nSIZES = {list(sizes)!r}\nSTORE = {str(store)!r}\nOUT = {str(folder)!r}\n"
+    script.write_text(head + textwrap.dedent(ALLREDUCE_JOB))
+    return script
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERFSCOPE_")}
     env.update(OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
     return env
 
 
-def record(store: Path, script: Path, placement: list[tuple[Node, int]], rdzv: str, timeout_s: float) -> None:
+def record(
+    store: Path | None, script: Path, placement: list[tuple[Node, int]], rdzv: str, timeout_s: float
+) -> None:
     """One run: `perfscope run -- torchrun` typed on each node of `placement` with its number of
-    ranks, rendezvous on the first node; raises with every node's output if one fails."""
+    ranks, rendezvous on the first node; raises with every node's output if one fails. With no
+    `store`, plain torchrun: the script records itself with perfscope.profile."""
     first = placement[0][0]
     procs = []
     for node, nproc in placement:
@@ -191,7 +243,9 @@ def record(store: Path, script: Path, placement: list[tuple[Node, int]], rdzv: s
         torchrun += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{first.address}:29531", "--rdzv_id", rdzv]
         torchrun += ["--local_addr", node.address, str(script)]
         run = [str(BIN / "perfscope"), "run", "--store", str(store), "--experiment", "two-nodes", "--"]
-        procs.append(node.popen([*run, *torchrun], cwd=script.parent, env=_env()))
+        procs.append(
+            node.popen([*(run if store is not None else []), *torchrun], cwd=script.parent, env=_env())
+        )
     outs = []
     try:
         for p in procs:
