@@ -857,7 +857,7 @@ class Uploader:
                 if self._abandon.is_set():
                     return False
                 path = folder / rel
-                if path.suffix == ".arrows" and path.with_suffix(".parquet").name in os.listdir(path.parent):
+                if rel.endswith(".arrows") and f"{rel.removesuffix('.arrows')}.parquet" in files:
                     continue  # sealed: its Parquet twin holds its rows
                 remote = self._s3.get_file_info(f"{loc.base}/{rel}")
                 if remote.type == fs.FileType.File and remote.size == size:
@@ -944,6 +944,9 @@ class Uploader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():  # still cleaning up killed writers' folders: stop between files
+                self._abandon.set()
+                self._thread.join(timeout_s)
         if self.sync_once(final=True) and not self._local_files().keys() - self.uploaded.keys():
             shutil.rmtree(self.staging, ignore_errors=True)
         elif not self._warned:  # the one warning already said where the recording is
