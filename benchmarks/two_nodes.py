@@ -43,21 +43,25 @@ def study(rate: str, steps: int, store: Path, tmp: Path) -> None:
 
 
 def fit(rate: str, burst: str, tmp: Path) -> None:
+    """The allreduce job with one rank on each node, then both ranks on node a, into one store:
+    perfscope's inter- and intra-node fits, each against the job's own clock."""
     store = tmp / "sizes"
-    script = allreduce_script(tmp, store, FIT_STEPS)
-    with Nodes(2, rate=rate, burst=burst) as (a, b):
-        record(None, script, [(a, 1), (b, 1)], "sizes", 600)
-    load = os.getloadavg()[0]
-    with open_store(store) as s:
-        fits = [r for r in run_analysis("allreduce_fit", s).to_pylist() if r["scope"] == "inter-node"]
-    own = [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
-    seconds = max(statistics.median(r["own_ns"][10:]) for r in own) / 1e9
-    measured = own[0]["bytes"] / seconds  # busbw at p=2: bytes·2(p−1)/p = bytes
-    for f in fits:
+    placements = {"inter-node": lambda a, b: [(a, 1), (b, 1)], "intra-node": lambda a, b: [(a, 2)]}
+    for scope, placed in placements.items():
+        folder = tmp / scope
+        folder.mkdir()
+        with Nodes(2, rate=rate, burst=burst) as (a, b):
+            record(None, allreduce_script(folder, store, FIT_STEPS), placed(a, b), scope, 600)
+        load = os.getloadavg()[0]
+        with open_store(store) as s:
+            (f,) = [r for r in run_analysis("allreduce_fit", s).to_pylist() if r["scope"] == scope]
+        own = [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
+        seconds = max(statistics.median(r["own_ns"][10:]) for r in own) / 1e9
+        measured = own[0]["bytes"] / seconds  # busbw at p=2: bytes·2(p−1)/p = bytes
         alpha = "refused" if f["alpha_refused"] else f"{f['alpha_s'] * 1e6:.0f} us"
         bw, ceiling = f["bandwidth_gb_per_s"] * 1e3, f["alpha_ceiling_s"] * 1e6
         print(
-            f"link {rate} (burst {burst}), load {load:.1f}: inter-node fit {bw:.2f} MB/s, "
+            f"link {rate} (burst {burst}), load {load:.1f}: {scope} fit {bw:.2f} MB/s, "
             f"alpha {alpha} (ceiling {ceiling:.0f} us), SMAPE {f['smape_pct']:.1f}%, {f['points']} points; "
             f"job's own clock, {own[0]['bytes'] >> 20} MB allreduce: {seconds * 1e3:.1f} ms, "
             f"busbw {measured / 1e6:.2f} MB/s"
