@@ -19,6 +19,7 @@ os.environ.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
 #: while `make test` and CI run everything.
 SLOW_MODULES = frozenset(
     {
+        "test_clock_alignment",
         "test_collect_ddp",
         "test_collect_demo",
         "test_collect_dist_recorder",
