@@ -20,9 +20,12 @@ imbalance costs agrees with the injected delay: with p = 2 stages and M micro-ba
 forward takes M·DELAY_S more than stage 0's, a balanced pipeline (M + 1)·DELAY_S/2 more than an
 undelayed one, so the imbalance costs (M − 1)·DELAY_S/2 a step.
 
-Measured (see the test's printed line) at load 1.1-3.5 on the shared 2 cores: the imbalanced job's
-replay error under 0.1%, its cost 15.3-16.4 ms against the 15 ms expected, its ideal 0.2-1.5% from the
-balanced job's step; the balanced job's slowdown 1.00-1.01 with no cause.
+Measured (the test's printed line), 8 runs at load 4.7-11 on the shared 2 cores: the imbalanced job's
+replay error under 0.01%, its cost 52-60 ms against the 52-61 ms its own clock predicts (1-14% under
+it; 60 ms injected), its ideal 0.0-1.0% from the balanced job's step (about 345 against 405 ms),
+stage 1 alone as recorded 1.19-1.23 times the ideal, stage 0 alone 0.93-0.94; the balanced job's
+slowdown 0.994-1.002 with no cause. (With half this delay, at load 12, one run in eight found no cause
+and its two jobs' steps differed by 20%: the delay is now twice the noise that run saw.)
 """
 
 from __future__ import annotations
@@ -44,13 +47,13 @@ from perfscope import open_store
 from perfscope.analysis import Selection, run_analysis
 from perfscope.cli import main
 
-#: 10 warm-up steps (left out, as every analysis of a recorded run does), 20 steady ones
-STEPS = 30
+#: 10 warm-up steps (left out, as every analysis of a recorded run does), 30 steady ones
+STEPS, WARMUP = 40, 10
 MICRO = 4
 #: each stage's work per micro-batch, in forward and again in backward (a sleep: steady under load)
 WORK_S = 0.020
 #: stage 1's extra forward work per micro-batch in the imbalanced job
-DELAY_S = 0.020
+DELAY_S = 0.040
 HIDDEN = 32
 
 
@@ -107,7 +110,7 @@ def pipeline_job(rank: int, world_size: int, store: str, balanced: bool) -> dict
                 opt.zero_grad()
             prof.step()
     dist.destroy_process_group()
-    steady = forward_s[len(forward_s) // 3 :]  # the steady steps' (the first 10 of 30 are warm-up)
+    steady = forward_s[WARMUP * MICRO :]  # the steady steps
     return {"run_id": run_id, "forward_s": sum(steady) / len(steady)}
 
 
@@ -138,7 +141,8 @@ def test_a_recorded_pipeline_with_a_long_stage_is_stage_imbalance_of_that_stage(
         f"imbalanced: actual {d['actual_step_ns'] / 1e6:.2f} ms, ideal {d['ideal_step_ns'] / 1e6:.2f} ms, "
         f"S {d['slowdown']:.3f}, cost {cost / 1e6:.2f} ms (expected {expected_cost / 1e6:.2f}; stage 1's "
         f"forward {longer_ns / 1e6:.2f} ms longer), replay error {d['replay_error']:.4f}; balanced: actual "
-        f"{b['actual_step_ns'] / 1e6:.2f} ms, S {b['slowdown']:.3f}"
+        f"{b['actual_step_ns'] / 1e6:.2f} ms, S {b['slowdown']:.3f}; by stage {d['by_stage']}, "
+        f"cause {d['cause']}"
     )
     # the stages: inferred for the job that gave no role, as given for the other
     assert roles[(slow, 0)] == ("stage:0", "inferred") and roles[(slow, 1)] == ("stage:1", "inferred")
@@ -155,11 +159,11 @@ def test_a_recorded_pipeline_with_a_long_stage_is_stage_imbalance_of_that_stage(
     assert d["cause"] == "stage-imbalance" and d["second_cause"] is None
     assert [s["stage"] for s in d["by_stage"]] == [1, 0]
     assert d["by_stage"][0]["slowdown"] > 1 + 0.5 * (d["slowdown"] - 1)
-    # what it costs agrees with the injected delay as the job timed it ...
+    # what it costs agrees with the injected delay as the job timed it (measured 1-14% under) ...
     assert cost == pytest.approx(expected_cost, rel=0.25)
     # ... and with the delay as injected
     assert cost == pytest.approx((MICRO - 1) * DELAY_S / 2 * 1e9, rel=0.25)
-    # the ideal step is the balanced job's step
+    # the ideal step is the balanced job's step (the issue's 10%; measured within 1%)
     assert d["ideal_step_ns"] == pytest.approx(b["actual_step_ns"], rel=0.10)
     # the finding names stage 1, its cost, and the stage to move layers to
     (f,) = [
