@@ -24,6 +24,9 @@ LIMIT 50"""
 
 #: Rows drawn in the page: the browser holds every row it shows; `perfscope sql -o` writes them all.
 SHOWN_ROWS = 10_000
+#: ... and at most this many bytes of them: a page of wide rows is read in the download, and each
+#: session's table is held by the server while the page is drawn (benchmarks/dashboard_memory.py)
+SHOWN_BYTES = 32 * 2**20
 #: a query of the page is stopped after this long
 TIME_LIMIT_S = 30.0
 #: rows in the CSV download: the server holds the file while the browser fetches it
@@ -51,7 +54,7 @@ def render(ctx: Context) -> None:
 def _run(ctx: Context, text: str) -> None:
     session = session_sql(ctx.store)
     try:
-        fetched = session.fetch(text, timeout_s=TIME_LIMIT_S, max_rows=SHOWN_ROWS)
+        fetched = session.fetch(text, timeout_s=TIME_LIMIT_S, max_rows=SHOWN_ROWS, max_bytes=SHOWN_BYTES)
     except PerfscopeError as exc:
         st.error(md(exc.message), icon=":material/block:")
         return
@@ -59,7 +62,9 @@ def _run(ctx: Context, text: str) -> None:
     if fetched.complete:
         st.caption(counted(n, "row"))
     elif fetched.bound:
-        st.caption(f"the first {n:,} rows are shown: {fetched.bound}, the most one query may hold here")
+        st.caption(
+            f"the first {n:,} rows are shown: {fetched.bound}, the most this page shows; download the rest"
+        )
     else:
         st.caption(f"more than {SHOWN_ROWS:,} rows; the first {SHOWN_ROWS:,} are shown")
     st.dataframe(fetched.table, hide_index=True)

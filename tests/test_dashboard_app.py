@@ -312,6 +312,21 @@ def test_sql_runs_a_select_and_refuses_writes_and_outside_files(seed: Path) -> N
     assert not at.exception and at.error and not at.dataframe
 
 
+def test_sql_page_shows_wide_rows_up_to_its_byte_bound(seed: Path) -> None:
+    """10,000 rows of 10 KB would be 100 MB in the server and the browser per session: the page stops at
+    its byte bound, says so, and points at the download."""
+    from perfscope.dashboard.sql import SHOWN_BYTES
+
+    at = clean(open_page(seed, "sql"))
+    at.text_area(key="sql_text").input("SELECT repeat('x', 10000) AS s FROM range(10000)")
+    at.button[0].click().run()
+    clean(at)
+    shown = at.dataframe[0].value
+    assert 0 < len(shown) < 10000 and len(shown) * 10000 < SHOWN_BYTES + 2048 * 10100
+    said = [c.value for c in at.caption]
+    assert any(f"passed {SHOWN_BYTES >> 20} MB" in c and "download the rest" in c for c in said), said
+
+
 def test_missing_path_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     for page in ("overview", "scaling", "sql"):
         at = open_page(tmp_path / "nowhere", page)
