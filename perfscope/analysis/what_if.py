@@ -431,6 +431,16 @@ def _staged_runs(store: Store, sel: Selection, runs: str) -> list[dict[str, Any]
     `comm_roles` infers it (point-to-point with fixed peers and no collective), with at least two
     stages, and a transfer in every steady step of every rank. A stage's ranks are its data-parallel
     ranks, in rank order (the recorder knows no tensor or context parallelism)."""
+    bare = store.query(
+        f"""
+        SELECT count(*) AS n FROM (
+            SELECT run_id FROM ranks WHERE run_id IN (SELECT run_id FROM {runs}) GROUP BY run_id
+            HAVING count(DISTINCT rank) > 1
+               AND count(dp_rank) + count(pp_stage) + count(tp_rank) + count(cp_rank) = 0)
+        """
+    ).to_pylist()[0]["n"]
+    if not bare:  # every run has its layout (an imported op table): no roles to work out
+        return []
     roles = roles_table(store, sel)
     thr = thresholds_table(store, sel)
     return store.query(
