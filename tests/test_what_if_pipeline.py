@@ -177,3 +177,50 @@ def test_a_recorded_pipeline_with_a_long_stage_is_stage_imbalance_of_that_stage(
     assert not [
         f for f in _findings(out["findings"]) if f["rule"] == "what-if" and even in f["evidence"]["run_ids"]
     ]
+
+
+def test_an_op_table_on_one_clock_keeps_its_times_and_one_restarting_each_step_is_laid_end_to_end(
+    tmp_path: Path,
+) -> None:
+    """A pipeline's op table on one clock: the last stage ends step k after the first stage has begun
+    step k + 1, so the steps overlap at their edges. That is no clock restarting at every step: the
+    import keeps the times as they are, and warns of nothing. The same table with each step's clock
+    restarted (the straggler study's) is laid end to end, with a warning."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_what_if import _cli, synthetic
+
+    table = synthetic(2, 2, steps=6)
+    step = np.asarray(table.column("step"))
+    start = np.asarray(table.column("start_ts"))
+    end = start + np.asarray(table.column("duration"))
+    lo = np.array([start[step == k].min() for k in range(6)])
+    hi = np.array([end[step == k].max() for k in range(6)])
+    assert (lo[1:] < hi[:-1]).all()  # the steps overlap at their edges
+    restarted = table.set_column(
+        table.schema.get_field_index("start_ts"), "start_ts", pa.array(start - lo[step])
+    )
+    compute = np.isin(
+        np.asarray(table.column("optype")), ["forward-compute", "backward-compute", "optimizer"]
+    )
+    for name, t in (("one-clock", table), ("restarting", restarted)):
+        pq.write_table(t, tmp_path / f"{name}.parquet")
+        store = tmp_path / f"store-{name}"
+        res = _cli("import", "op-table", tmp_path / f"{name}.parquet", "--dp", 2, "--pp", 2, "--store", store)
+        assert res.returncode == 0, res.stderr
+        with open_store(store) as s:
+            spans = s.query("SELECT step, start_ns, dur_ns FROM spans WHERE depth = 1").to_pydict()
+        got = np.asarray(spans["start_ns"], dtype=np.float64)
+        if name == "one-clock":
+            assert "restarts" not in res.stderr
+            # every compute op where the table has it (to the ns rounding of float seconds)
+            want = np.sort((start[compute] - start.min()) * 1e9)
+            assert np.allclose(np.sort(got - got.min()), want, atol=2_000)
+        else:
+            assert "restarts at every step" in res.stderr
+            ends = got + np.asarray(spans["dur_ns"], dtype=np.float64)
+            steps = np.asarray(spans["step"])
+            first = np.array([got[steps == k].min() for k in range(6)])
+            last = np.array([ends[steps == k].max() for k in range(6)])
+            assert (first[1:] >= last[:-1] - 2_000).all()  # end to end

@@ -11,7 +11,9 @@ process group (`comm.group_ranks`). Every rank's coordinates go to `ranks`, the 
 
 Ranks are laid out as Megatron-LM does: rank = ((stage·dp + dp_rank)·cp + cp_rank)·tp + tp_rank, so
 tp_rank = rank mod tp and cp_rank = (rank div tp) mod cp. A table whose start_ts restarts at every
-step (the study's does) has its steps laid end to end in step order.
+step (the study's does: a step starts before the one before it is half done) has its steps laid end to
+end in step order; one clock for the whole trace is kept as it is, where one rank's next step starts
+before another rank's step ends (pipeline stages do).
 """
 
 from __future__ import annotations
@@ -257,7 +259,10 @@ def import_op_table(
     hi = np.zeros(len(steps))
     np.minimum.at(lo, order, start)
     np.maximum.at(hi, order, end)
-    overlapping = len(steps) > 1 and bool((lo[1:] < hi[:-1]).any())
+    # a clock restarted at each step: a step starts before the one before it is half done (on one clock,
+    # steps of different ranks overlap only at their edges: the last stage ends step k after the
+    # first has begun step k + 1)
+    overlapping = len(steps) > 1 and bool((lo[1:] < (lo[:-1] + hi[:-1]) / 2).any())
     offsets = np.concatenate([[0.0], np.cumsum(hi - lo)[:-1]]) - lo if overlapping else np.zeros(len(steps))
     if float((hi + offsets).max()) > MAX_SECONDS:
         raise PerfscopeError(
