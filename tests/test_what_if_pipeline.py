@@ -20,9 +20,9 @@ imbalance costs agrees with the injected delay: with p = 2 stages and M micro-ba
 forward takes M·DELAY_S more than stage 0's, a balanced pipeline (M + 1)·DELAY_S/2 more than an
 undelayed one, so the imbalance costs (M − 1)·DELAY_S/2 a step.
 
-Measured (the test's printed line), 8 runs at load 4.7-11 on the shared 2 cores: the imbalanced job's
-replay error under 0.01%, its cost 52-60 ms against the 52-61 ms its own clock predicts (1-14% under
-it; 60 ms injected), its ideal 0.0-1.0% from the balanced job's step (about 345 against 405 ms),
+Measured (the test's printed line), 13 runs at load 4.1-11 on the shared 2 cores: the imbalanced job's
+replay error under 0.01%, its cost 52-60 ms against the 52-62 ms its own clock predicts (0.4-14% under
+it; 60 ms injected), its ideal 0.0-4.9% from the balanced job's step (about 345 against 405 ms),
 stage 1 alone as recorded 1.19-1.23 times the ideal, stage 0 alone 0.93-0.94; the balanced job's
 slowdown 0.994-1.002 with no cause. (With half this delay, at load 12, one run in eight found no cause
 and its two jobs' steps differed by 20%: the delay is now twice the noise that run saw.)
@@ -163,7 +163,7 @@ def test_a_recorded_pipeline_with_a_long_stage_is_stage_imbalance_of_that_stage(
     assert cost == pytest.approx(expected_cost, rel=0.25)
     # ... and with the delay as injected
     assert cost == pytest.approx((MICRO - 1) * DELAY_S / 2 * 1e9, rel=0.25)
-    # the ideal step is the balanced job's step (the issue's 10%; measured within 1%)
+    # the ideal step is the balanced job's step (the issue's 10%; measured within 5%)
     assert d["ideal_step_ns"] == pytest.approx(b["actual_step_ns"], rel=0.10)
     # the finding names stage 1, its cost, and the stage to move layers to
     (f,) = [
