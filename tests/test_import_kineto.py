@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -596,6 +597,25 @@ def test_reading_is_streamed_and_memory_stays_flat(tmp_path: Path) -> None:
     assert big_peak < 2 * small_peak, (small_peak, big_peak)
 
 
+def test_a_file_of_millions_of_steps_is_held_as_numbers(tmp_path: Path) -> None:
+    """Issue 22: a 0.9 MB gzip of 4 M copies of one ProfilerStep range took 906 MB (an object per range;
+    now 258 MB for the whole `perfscope import`, BENCHMARKS.md). Ranges are held as arrays of numbers:
+    100,000 of them, read and analysed, peak under 100 bytes each (an object each took about 170)."""
+    n = 100_000
+    path = tmp_path / "steps.json.gz"
+    ev = '{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","pid":1,"tid":1,"ts":100,"dur":10}'
+    with gzip.open(path, "wt") as f:
+        f.write('{"traceEvents":[' + ",".join([ev] * n) + "]}")
+    tracemalloc.start()
+    try:
+        steps = analyse(read_trace(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(steps) == 1  # the copies overlap: the first is the step
+    assert peak < 100 * n, f"{peak / n:.0f} bytes per range"
+
+
 def test_interval_arithmetic() -> None:
     from perfscope.importers.intervals import clip, length, merge, overlap, subtract
 
@@ -794,13 +814,13 @@ def test_analysis_time_grows_as_n_log_n(tmp_path: Path) -> None:
     _gpu_trace(small, 10_000)
     _gpu_trace(big, 40_000)
     traces = {p: read_trace(p) for p in (small, big)}
-    best = {}
-    for p, t in traces.items():
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
+    best = {p: math.inf for p in traces}
+    # interleaved, the best of five each, in this process's CPU time: a loaded machine's pauses (CI
+    # failed the wall-clock best of three at load 6) fall on both sizes alike or on neither
+    for _ in range(5):
+        for p, t in traces.items():
+            t0 = time.process_time()
             steps = analyse(t)
-            times.append(time.perf_counter() - t0)
-        best[p] = min(times)
-        assert len(steps) == len(t.steps) and all(s.sync_exposed_us > 0 for s in steps)
+            best[p] = min(best[p], time.process_time() - t0)
+            assert len(steps) == len(t.st_start) and all(s.sync_exposed_us > 0 for s in steps)
     assert best[big] < 8 * best[small], best

@@ -191,9 +191,14 @@ class RankTrace:
     truncated: str | None = None
     events: int = 0
     last_us: float = -math.inf  # end of the latest event
-    steps: list[_Step] = field(default_factory=list)
-    data: list[tuple[float, float]] = field(default_factory=list)
-    optimizer: list[tuple[float, float]] = field(default_factory=list)
+    # ProfilerStep#N ranges: N, start, end, thread index (arrays: a file of millions of them stays small)
+    st_index: array = field(default_factory=lambda: array("q"))
+    st_start: array = field(default_factory=lambda: array("d"))
+    st_end: array = field(default_factory=lambda: array("d"))
+    st_tid: array = field(default_factory=lambda: array("i"))
+    # data-loading and optimizer ranges: start, end, start, end, ...
+    data: array = field(default_factory=lambda: array("d"))
+    optimizer: array = field(default_factory=lambda: array("d"))
     backward_start: array = field(default_factory=lambda: array("d"))
     backward_end: array = field(default_factory=lambda: array("d"))
     # GPU compute kernels: start, end, correlation id
@@ -202,7 +207,10 @@ class RankTrace:
     k_corr: array = field(default_factory=lambda: array("q"))
     comm_kernels: list[tuple[_Comm, int]] = field(default_factory=list)  # with correlation id
     comm_ranges: list[_Comm] = field(default_factory=list)  # CPU-side transfers (gloo ...)
-    comm_calls: list[tuple[Any, float, float]] = field(default_factory=list)  # thread, c10d::/nccl: ... call
+    # c10d::/nccl: ... calls on the CPU: thread index, start, end
+    cc_tid: array = field(default_factory=lambda: array("i"))
+    cc_start: array = field(default_factory=lambda: array("d"))
+    cc_end: array = field(default_factory=lambda: array("d"))
     # CPU launches: correlation id and CPU time
     l_corr: array = field(default_factory=lambda: array("q"))
     l_ts: array = field(default_factory=lambda: array("d"))
@@ -214,8 +222,25 @@ class RankTrace:
     cpu_end: array = field(default_factory=lambda: array("d"))
     _open: dict[int, list[float]] = field(default_factory=dict)
 
+    def thread(self, tid: Any) -> int:
+        """The index of a thread id (any JSON value: one that is not a number or a string counts by its
+        text, cut short)."""
+        if isinstance(tid, bool) or not isinstance(tid, (int, float, str, type(None))):
+            tid = str(tid)[:64]
+        return self.threads.setdefault(tid, len(self.threads))
+
+    def step(self, index: int, start: float, end: float, tid: Any) -> None:
+        self.st_index.append(index)
+        self.st_start.append(start)
+        self.st_end.append(end)
+        self.st_tid.append(self.thread(tid))
+
+    @property
+    def has_steps(self) -> bool:
+        return len(self.st_start) > 0
+
     def busy(self, tid: Any, start: float, end: float) -> None:
-        i = self.threads.setdefault(tid, len(self.threads))
+        i = self.thread(tid)
         cur = self._open.get(i)
         if cur is not None and cur[0] <= start <= cur[1]:
             cur[1] = max(cur[1], end)
@@ -405,17 +430,19 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
         return
     m = _STEP_RE.match(name)
     if m:
-        t.steps.append(_Step(int(m.group(1)), ts, end, ev.get("tid")))
+        t.step(int(m.group(1)), ts, end, ev.get("tid"))
         return
     if name.startswith(_COMM_CPU_PREFIXES):
         if name.startswith(_COMM_RANGE_PREFIXES):
             t.comm_ranges.append(_Comm(op_name(name), _nbytes(args), ts, end, ts))
-        t.comm_calls.append((ev.get("tid"), ts, end))
+        t.cc_tid.append(t.thread(ev.get("tid")))
+        t.cc_start.append(ts)
+        t.cc_end.append(end)
         return
     if name.startswith(_DATA_PREFIXES):
-        t.data.append((ts, end))
+        t.data.extend((ts, end))
     elif name.startswith(_OPT_PREFIXES):
-        t.optimizer.append((ts, end))
+        t.optimizer.extend((ts, end))
     elif name.startswith(_BACKWARD_PREFIX):
         t.backward_start.append(ts)
         t.backward_end.append(end)
@@ -453,22 +480,16 @@ class StepResult:
 
 def analyse(t: RankTrace) -> list[StepResult]:
     """Per-step compute, phases and collectives of one rank (pure: tests check it directly)."""
-    steps = sorted(t.steps, key=lambda s: s.start)
-    # nested or overlapping ProfilerStep ranges cannot both be steps: keep the earlier
-    kept: list[_Step] = []
-    for s in steps:
-        if not kept or s.start >= kept[-1].end:
-            kept.append(s)
-    steps = kept
+    steps = _kept_steps(t)
     s_start = np.array([s.start for s in steps])
     s_end = np.array([s.end for s in steps])
-    main_tids = {s.tid for s in steps}
+    main_idx = {s.tid for s in steps}
     bwd_s = np.frombuffer(t.backward_start, dtype=np.float64) if t.backward_start else np.empty(0)
     bwd_e = np.frombuffer(t.backward_end, dtype=np.float64) if t.backward_end else np.empty(0)
     order = np.argsort(bwd_s, kind="stable")
     bwd, bwd_e = bwd_s[order], bwd_e[order]
-    data_all = merge(np.array(t.data).reshape(-1, 2))
-    opt_all = merge(np.array(t.optimizer).reshape(-1, 2))
+    data_all = merge(_pairs(t.data))
+    opt_all = merge(_pairs(t.optimizer))
 
     gpu = t.has_gpu
     if gpu:
@@ -485,10 +506,15 @@ def analyse(t: RankTrace) -> list[StepResult]:
     else:
         cpu_s = np.frombuffer(t.cpu_start, dtype=np.float64)
         cpu_e = np.frombuffer(t.cpu_end, dtype=np.float64)
-        main_idx = {t.threads[tid] for tid in main_tids if tid in t.threads}
         on_main = np.isin(np.frombuffer(t.cpu_tid, dtype=np.int32), list(main_idx))
         busy = merge(np.stack([cpu_s[on_main], cpu_e[on_main]], axis=1))
-        calls = merge(np.array([(a, b) for tid, a, b in t.comm_calls if tid in main_tids]).reshape(-1, 2))
+        cc_main = np.isin(np.frombuffer(t.cc_tid, dtype=np.int32), list(main_idx))
+        calls = merge(
+            np.stack(
+                [np.frombuffer(t.cc_start, dtype=np.float64), np.frombuffer(t.cc_end, dtype=np.float64)],
+                axis=1,
+            )[cc_main]
+        )
         all_compute = subtract(subtract(busy, data_all), calls)
         comms = list(t.comm_ranges)
     c_anchor = np.array([c.anchor for c in comms])
@@ -548,6 +574,26 @@ def analyse(t: RankTrace) -> list[StepResult]:
             )
         )  # fmt: skip
     return out
+
+
+def _kept_steps(t: RankTrace) -> list[_Step]:
+    """The file's steps by start; of nested or overlapping ProfilerStep ranges, which cannot both be
+    steps, the earlier (a file of 4 M copies of one range keeps one, without holding 4 M objects)."""
+    starts = np.frombuffer(t.st_start, dtype=np.float64) if t.st_start else np.empty(0)
+    ends = np.frombuffer(t.st_end, dtype=np.float64) if t.st_end else np.empty(0)
+    order = np.argsort(starts, kind="stable")
+    kept: list[_Step] = []
+    end = -math.inf
+    for chunk in np.array_split(order, max(1, len(order) // 65536)):  # never millions of ints at once
+        for i in chunk.tolist():
+            if starts[i] >= end:
+                end = float(ends[i])
+                kept.append(_Step(int(t.st_index[i]), float(starts[i]), end, int(t.st_tid[i])))
+    return kept
+
+
+def _pairs(flat: array) -> np.ndarray:
+    return np.frombuffer(flat, dtype=np.float64).reshape(-1, 2) if flat else np.empty((0, 2))
 
 
 def _by_step(step_of: np.ndarray, n: int) -> list[np.ndarray]:
@@ -634,7 +680,7 @@ def _assign_ranks(traces: list[RankTrace], opts: ImportOptions) -> int:
 
 def _talks(t: RankTrace) -> bool:
     """Whether the trace holds any communication: kernels, transfers or collective calls."""
-    return bool(t.comm_kernels or t.comm_ranges or t.comm_calls)
+    return bool(t.comm_kernels or t.comm_ranges or t.cc_start)
 
 
 def _anchor_clocks(traces: list[RankTrace]) -> str:
@@ -645,7 +691,11 @@ def _anchor_clocks(traces: list[RankTrace]) -> str:
     missing = [t for t in traces if t.base_ns is None]
     if not missing:
         return "baseTimeNanoseconds"
-    epoch = [t for t in missing if t.steps and all(_EPOCH_US[0] <= s.start <= _EPOCH_US[1] for s in t.steps)]
+    epoch = [
+        t
+        for t in missing
+        if t.has_steps and _EPOCH_US[0] <= min(t.st_start) and max(t.st_start) <= _EPOCH_US[1]
+    ]
     if len(epoch) == len(missing):  # traces before baseTimeNanoseconds: the timestamps are wall-clock
         for t in missing:
             t.base_ns = 0
@@ -666,7 +716,7 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
             if not t.events:
                 raise PerfscopeError(f"{p}: not a Kineto JSON trace: {t.truncated}")
             warnings.append(f"{p}: {t.truncated}; imported the {t.events:,} events before it")
-        if not t.steps:
+        if not t.has_steps:
             raise PerfscopeError(
                 f"{p}: no ProfilerStep#N ranges, so no steps to import; record with "
                 "torch.profiler.profile(schedule=...) and call prof.step() once per step"
@@ -683,12 +733,12 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
         for t in traces:
             rank = t.rank or 0
             results = analyse(t)
-            first = t.to_ns(min(s.start for s in t.steps))
+            first = t.to_ns(min(t.st_start))
             run.rank(rank, hostname=t.hostname, device_name=t.device_model or ("cuda" if gpu else "cpu"),
                      device_index=None, started_ns=first)  # fmt: skip
             for r in results:
                 _write_step(run, rank, t, r, clock, world)
-            last = t.to_ns(max(s.end for s in t.steps))
+            last = t.to_ns(max(t.st_end))
             started = first if started is None else min(started, first)
             ended = last if ended is None else max(ended, last)
         for w in warnings:
