@@ -2,7 +2,9 @@
 op type (DESIGN.md, "Parallel layout and what-if"; the method of the public straggler study).
 
 For every run whose ranks have coordinates (ranks.dp_rank, pp_stage) and op-level rows (spans of
-depth 1 and comm rows), each step's dependency graph is built from what was recorded:
+depth 1 and comm rows), every recorded pure data-parallel run (`_dp_only_runs`) and every recorded
+pipeline (`_staged_runs`: its phases cut at the blocking transfers inside them), each step's
+dependency graph is built from what was recorded:
 
 - each rank's ops in recorded order: an op waits for the latest op of its rank that ended before it
   started (ops that overlap, a compute and a transfer on another stream, run side by side), plus the
