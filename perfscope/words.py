@@ -14,9 +14,14 @@ def plural(noun: str, n: int) -> str:
     if n == 1:
         return noun
     head, _, last = noun.rpartition(" ")
-    last = _IRREGULAR.get(
-        last, last[:-1] + "ies" if last.endswith("y") and last[-2:-1] not in "aeiou" else last + "s"
-    )
+    if last in _IRREGULAR:
+        last = _IRREGULAR[last]
+    elif last.endswith("y") and last[-2:-1] not in "aeiou":
+        last = last[:-1] + "ies"
+    elif last.endswith(("s", "x", "z", "ch", "sh")):
+        last += "es"  # 'micro-batch' -> 'micro-batches', 'pass' -> 'passes'
+    else:
+        last += "s"
     return f"{head} {last}" if head else last
 
 

@@ -58,6 +58,7 @@ def test_counts_read_as_words() -> None:
     assert counted(3, "world size") == "3 world sizes"
     assert plural("analysis", 2) == "analyses" and plural("category", 2) == "categories"
     assert plural("is", 1) == "is" and plural("is", 3) == "are"
+    assert counted(4, "micro-batch") == "4 micro-batches" and plural("pass", 2) == "passes"
 
 
 def test_terminal_width_follows_columns(monkeypatch: pytest.MonkeyPatch) -> None:

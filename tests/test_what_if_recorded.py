@@ -128,9 +128,11 @@ def test_a_recorded_ddp_job_with_a_slow_rank_gets_the_ideal_of_the_job_without_i
     assert "rank 1" in f["title"] and f["numbers"]["dp_rank"] == 1
     assert "pipeline" not in f["text"]  # a job without a pipeline has no stages to balance
     cost = f["numbers"]["cost_ns"]
-    assert cost == pytest.approx(d["actual_step_ns"] - d["ideal_step_ns"], rel=0.10)
-    # ... which is the injected delay (the ideal takes each op's faster rank: on a loaded machine a
-    # little more than the delay, 16-17 ms for 15 measured at load 6-10)
+    # at most the whole excess over the ideal (under load the excess also holds other ranks' noise:
+    # 19 ms of cost in 24 ms of excess at load 9-10) ...
+    assert 0 < cost <= d["actual_step_ns"] - d["ideal_step_ns"] + 1
+    # ... and the injected delay, by the job's own sleep (the ideal takes each op's faster rank: on a
+    # loaded machine a little more than the delay, 16-17 ms for 15 measured at load 6-10)
     assert 0.5 * DELAY_S * 1e9 < cost < 1.5 * DELAY_S * 1e9
     # the undelayed job: no straggler worth a finding
     assert p["cause"] == "none" and p["slowdown"] < 1.10
