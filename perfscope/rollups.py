@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from .errors import PerfscopeWarning
 from .schema import PARTITION_KEY
+from .warmup import default_cut_sql
 from .words import counted
 
 if TYPE_CHECKING:
@@ -130,14 +131,6 @@ def _sources(segs: Iterable[Segment]) -> list[dict[str, object]]:
     )
 
 
-def _default_cut_sql(n_steps: str) -> str:
-    """steady.thresholds_table's warm-up rule without an override (the first steady step offset)."""
-    from .analysis.steady import MIN_STEADY_STEPS, WARMUP_FRACTION, WARMUP_MIN_STEPS
-
-    warmup = f"greatest({WARMUP_MIN_STEPS}, ceil({WARMUP_FRACTION} * {n_steps}))::BIGINT"
-    return f"CASE WHEN {n_steps} - {warmup} < {MIN_STEADY_STEPS} THEN {n_steps} // 2 ELSE {warmup} END"
-
-
 def write_rollups(
     root: str | os.PathLike[str],
     *,
@@ -173,7 +166,7 @@ def write_rollups(
             con.execute("SET enable_progress_bar=false")
             con.execute(f"CREATE TEMP VIEW steps AS {_view_sql('steps', segs)}")
             n = "(max(step) - min(step) + 1)"
-            row = con.execute(f"SELECT min(step) + {_default_cut_sql(n)} FROM steps").fetchone()
+            row = con.execute(f"SELECT min(step) + {default_cut_sql(n)} FROM steps").fetchone()
             if row is None or row[0] is None:
                 continue
             anchor = int(row[0])

@@ -11,7 +11,7 @@ from ..store import Store
 from .cache import temp_table
 from .registry import analysis
 from .selection import Selection
-from .steady import runs_table, thresholds_table
+from .steady import roles_table, runs_table, thresholds_table
 
 #: a periodic sync keeps its amortised cost under this share of the mean step (DESIGN.md)
 PERIODIC_TARGET_SHARE = 0.10
@@ -63,71 +63,6 @@ def _steady_steps(store: Store, sel: Selection) -> str:
         SELECT s.run_id, s.rank, s.step, s.step_ns
         FROM steps s JOIN {thr} t ON s.run_id = t.run_id AND s.step >= t.first_steady_step
         WHERE s.run_id IN (SELECT DISTINCT run_id FROM comm)
-        """,
-    )
-
-
-def roles_table(store: Store, sel: Selection) -> str:
-    """Per run and rank: its role, recorded with profile(role=...) or inferred from what it did:
-    a rank with point-to-point traffic and no collective is a server when it has no steps, or when
-    it computes no forward or backward while another rank of its run does (a server that ends each
-    turn of a loop shared with its workers with prof.step() has steps, but trains nothing);
-    point-to-point with fixed peers and no collective is a pipeline stage (numbered by rank),
-    unless its peers are servers (a worker)."""
-    runs = runs_table(store, sel)
-    steps = rank_sums_sql(
-        store,
-        thresholds_table(store, sel),
-        ("rows_all", "forward_sum", "backward_sum"),
-        steady=False,
-    )
-    return temp_table(
-        store,
-        ("roles", sel),
-        f"""
-        WITH st AS (
-            SELECT run_id, rank, rows_all::BIGINT AS steps,
-                   coalesce(forward_sum, 0) + coalesce(backward_sum, 0) > 0 AS trains
-            FROM ({steps})
-        ), rk AS (
-            SELECT run_id, rank FROM ranks WHERE run_id IN (SELECT run_id FROM {runs})
-            UNION SELECT run_id, rank FROM st
-            UNION SELECT run_id, rank FROM comm WHERE run_id IN (SELECT run_id FROM {runs})
-        ), recorded AS (
-            SELECT run_id, rank, max(role) AS role FROM ranks GROUP BY ALL
-        ), c AS (
-            SELECT run_id, rank, count(*) FILTER (WHERE peer IS NOT NULL) AS p2p,
-                   count(*) FILTER (WHERE peer IS NULL) AS collectives
-            FROM comm GROUP BY ALL
-        ), f AS (
-            SELECT rk.run_id, rk.rank, rec.role AS recorded_role, coalesce(st.steps, 0) AS steps,
-                   coalesce(st.trains, false) AS trains,
-                   coalesce(c.p2p, 0) AS p2p, coalesce(c.collectives, 0) AS collectives
-            FROM rk LEFT JOIN recorded rec USING (run_id, rank) LEFT JOIN st USING (run_id, rank)
-            LEFT JOIN c USING (run_id, rank)
-        ), srv AS (
-            SELECT *, coalesce(
-                       recorded_role = 'server',
-                       p2p > 0 AND (steps = 0 OR (collectives = 0 AND NOT trains
-                                                  AND bool_or(trains) OVER (PARTITION BY run_id)))
-                   ) AS is_server
-            FROM f
-        ), run_has_server AS (
-            SELECT run_id, bool_or(is_server) AS has_server FROM srv GROUP BY run_id
-        ), cand AS (
-            SELECT srv.*, h.has_server,
-                   NOT is_server AND recorded_role IS NULL AND p2p > 0 AND collectives = 0
-                   AND NOT h.has_server AS is_stage
-            FROM srv JOIN run_has_server h USING (run_id)
-        )
-        SELECT run_id, rank, steps, p2p, collectives,
-               CASE WHEN recorded_role IS NOT NULL THEN recorded_role
-                    WHEN is_server THEN 'server'
-                    WHEN is_stage THEN 'stage:' || (row_number() OVER (
-                        PARTITION BY run_id, is_stage ORDER BY rank) - 1)::VARCHAR
-                    ELSE 'worker' END AS role,
-               CASE WHEN recorded_role IS NOT NULL THEN 'recorded' ELSE 'inferred' END AS role_source
-        FROM cand
         """,
     )
 

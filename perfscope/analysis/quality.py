@@ -9,13 +9,14 @@ import pyarrow as pa
 
 from ..rollups import rank_sums_sql
 from ..store import Store
+from ..warmup import MIN_STEADY_STEPS
 from ..words import joined, ordinal
 from .fitting import MIN_POINTS
 from .groups import group_name
 from .registry import analysis, run_analysis
 from .scaling import scaling_table
 from .selection import Selection, sql_literal
-from .steady import MIN_STEADY_STEPS, PHASES, run_stats_table, runs_table, thresholds_table
+from .steady import PHASES, run_stats_table, runs_table, thresholds_table
 
 HIGH_CV = 0.25
 #: share of slow steps (steady.SLOW_STEP_RATIO × median) that makes two kinds of step: bimodal

@@ -5,14 +5,9 @@ from __future__ import annotations
 
 from ..rollups import by_step_sql, rank_sums_sql, step_bounds_sql
 from ..store import Store
+from ..warmup import cut_sql, fallback_sql, warmup_sql
 from .cache import temp_table
 from .selection import Selection
-
-#: DESIGN: drop the first 10 steps or the first 5%, whichever is larger.
-WARMUP_MIN_STEPS = 10
-WARMUP_FRACTION = 0.05
-#: Fewer steady steps than this and the warm-up rule falls back to dropping the first half.
-MIN_STEADY_STEPS = 5
 
 #: A steady step slower than this multiple of the median is a slow step; when they recur at one
 #: step distance (at least MIN_PERIODS times, PERIOD_SHARE of their gaps) the run is periodic.
@@ -80,8 +75,8 @@ def thresholds_table(store: Store, sel: Selection) -> str:
         warmup = f"{int(sel.warmup_steps)}"
         fallback = "false"
     else:
-        warmup = f"greatest({WARMUP_MIN_STEPS}, ceil({WARMUP_FRACTION} * n_steps))::BIGINT"
-        fallback = f"n_steps - {warmup} < {MIN_STEADY_STEPS}"
+        warmup = warmup_sql("n_steps")
+        fallback = fallback_sql("n_steps", warmup)
     # Steps are numbered contiguously by the collector, so last - first + 1 counts them without
     # a DISTINCT over every row.
     return temp_table(
@@ -92,7 +87,7 @@ def thresholds_table(store: Store, sel: Selection) -> str:
             SELECT run_id, first_step, last_step, last_step - first_step + 1 AS n_steps
             FROM ({step_bounds_sql(store, runs)})
         ), w AS (
-            SELECT *, CASE WHEN {fallback} THEN n_steps // 2 ELSE {warmup} END AS warmup_steps,
+            SELECT *, {cut_sql("n_steps", warmup, fallback)} AS warmup_steps,
                    {fallback} AS warmup_fallback
             FROM b
         )
@@ -143,6 +138,71 @@ def rank_agg_table(store: Store, sel: Selection) -> str:
     )
 
 
+def roles_table(store: Store, sel: Selection) -> str:
+    """Per run and rank: its role, recorded with profile(role=...) or inferred from what it did:
+    a rank with point-to-point traffic and no collective is a server when it has no steps, or when
+    it computes no forward or backward while another rank of its run does (a server that ends each
+    turn of a loop shared with its workers with prof.step() has steps, but trains nothing);
+    point-to-point with fixed peers and no collective is a pipeline stage (numbered by rank),
+    unless its peers are servers (a worker)."""
+    runs = runs_table(store, sel)
+    steps = rank_sums_sql(
+        store,
+        thresholds_table(store, sel),
+        ("rows_all", "forward_sum", "backward_sum"),
+        steady=False,
+    )
+    return temp_table(
+        store,
+        ("roles", sel),
+        f"""
+        WITH st AS (
+            SELECT run_id, rank, rows_all::BIGINT AS steps,
+                   coalesce(forward_sum, 0) + coalesce(backward_sum, 0) > 0 AS trains
+            FROM ({steps})
+        ), rk AS (
+            SELECT run_id, rank FROM ranks WHERE run_id IN (SELECT run_id FROM {runs})
+            UNION SELECT run_id, rank FROM st
+            UNION SELECT run_id, rank FROM comm WHERE run_id IN (SELECT run_id FROM {runs})
+        ), recorded AS (
+            SELECT run_id, rank, max(role) AS role FROM ranks GROUP BY ALL
+        ), c AS (
+            SELECT run_id, rank, count(*) FILTER (WHERE peer IS NOT NULL) AS p2p,
+                   count(*) FILTER (WHERE peer IS NULL) AS collectives
+            FROM comm GROUP BY ALL
+        ), f AS (
+            SELECT rk.run_id, rk.rank, rec.role AS recorded_role, coalesce(st.steps, 0) AS steps,
+                   coalesce(st.trains, false) AS trains,
+                   coalesce(c.p2p, 0) AS p2p, coalesce(c.collectives, 0) AS collectives
+            FROM rk LEFT JOIN recorded rec USING (run_id, rank) LEFT JOIN st USING (run_id, rank)
+            LEFT JOIN c USING (run_id, rank)
+        ), srv AS (
+            SELECT *, coalesce(
+                       recorded_role = 'server',
+                       p2p > 0 AND (steps = 0 OR (collectives = 0 AND NOT trains
+                                                  AND bool_or(trains) OVER (PARTITION BY run_id)))
+                   ) AS is_server
+            FROM f
+        ), run_has_server AS (
+            SELECT run_id, bool_or(is_server) AS has_server FROM srv GROUP BY run_id
+        ), cand AS (
+            SELECT srv.*, h.has_server,
+                   NOT is_server AND recorded_role IS NULL AND p2p > 0 AND collectives = 0
+                   AND NOT h.has_server AS is_stage
+            FROM srv JOIN run_has_server h USING (run_id)
+        )
+        SELECT run_id, rank, steps, p2p, collectives,
+               CASE WHEN recorded_role IS NOT NULL THEN recorded_role
+                    WHEN is_server THEN 'server'
+                    WHEN is_stage THEN 'stage:' || (row_number() OVER (
+                        PARTITION BY run_id, is_stage ORDER BY rank) - 1)::VARCHAR
+                    ELSE 'worker' END AS role,
+               CASE WHEN recorded_role IS NOT NULL THEN 'recorded' ELSE 'inferred' END AS role_source
+        FROM cand
+        """,
+    )
+
+
 def run_stats_table(store: Store, sel: Selection) -> str:
     """Per selected run: steady-state step time, its spread and shape, the additive phase
     breakdown, and throughput.
@@ -159,8 +219,6 @@ def run_stats_table(store: Store, sel: Selection) -> str:
     distribution (see `SLOW_STEP_RATIO`). The breakdown's phases are means over steady (rank, step)
     rows and add up to `step_ns` with `imbalance_ns` (the window's time per step that the mean
     rank's own step does not cover: a rank idle between its steps, waiting for the slowest)."""
-    from .comm_patterns import roles_table  # it builds on this module's tables
-
     runs = runs_table(store, sel)
     thr = thresholds_table(store, sel)
     sa = step_agg_table(store, sel)
