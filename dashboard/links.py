@@ -54,6 +54,7 @@ PLACES: dict[str, Place] = {
     "host_timeline": Place("run", "Telemetry", "Run: host telemetry"),
     "placement": Place("run", "Telemetry", "Run: ranks per host"),
     "rank_timeline": Place("run", "Timeline", "Run: per-rank timeline of a window of steps"),
+    "what_if": Place("run", "What-if", "Run: what-if, the ideal step and what each part costs"),
     "batch_sweep": Place("batch", None, "Batch size: throughput against batch size"),
     "metric_curves": Place("batch", None, "Batch size: metric against wall time"),
     "time_to_metric": Place("batch", None, "Batch size: time to target"),

@@ -24,7 +24,7 @@ from perfscope.report.model import format_value
 from perfscope.report.text import literal as md
 from perfscope.words import counted, joined, known
 
-from . import links
+from . import links, what_if
 from .state import Context
 from .widgets import Col, chart, charts, definition_note, ms, no_runs, num, one_row, pct, show_table, tabbed
 
@@ -104,6 +104,7 @@ def render(ctx: Context) -> None:
             "Communication": lambda: _communication(ctx, run_id),
             "Telemetry": lambda: _telemetry(ctx, run_id),
             "Timeline": lambda: _timeline(ctx, run_id),
+            "What-if": lambda: what_if.render(ctx, run_id),
         },
     )
 

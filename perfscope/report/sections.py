@@ -28,6 +28,7 @@ from .model import (
     device_unit,
     format_value,
 )
+from .what_if import what_if
 
 #: Tables longer than this fold away in HTML (they stay complete in Markdown and --tables).
 FOLD_ROWS = 14
@@ -1011,6 +1012,7 @@ SECTIONS: tuple[Callable[[Context], Section | None], ...] = (
     utilisation,
     stragglers,
     communication,
+    what_if,
     batch,
     prediction,
     findings,
@@ -1036,6 +1038,7 @@ ANALYSES_USED: tuple[str, ...] = (
     "collective_wait",
     "comm_ops",
     "comm_by_role",
+    "what_if",
     "batch_sweep",
     "metric_curves",
     "time_to_metric",
