@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -10,6 +11,8 @@ import warnings
 from typing import NoReturn
 
 from .errors import PerfscopeError, PerfscopeWarning, one_line
+from .memory_guard import EXIT as MEMORY_EXIT
+from .memory_guard import MemoryGuard, guard_for
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
 TRACEBACK_ENV = "PERFSCOPE_TRACEBACK"
@@ -90,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     args.verb = ALIASES.get(args.verb, args.verb)
     module = importlib.import_module(f"perfscope.commands.{VERBS[args.verb][0]}")
-    with warnings.catch_warnings():
+    guard = guard_for(args.verb)
+    with warnings.catch_warnings(), guard or contextlib.nullcontext():
         warnings.simplefilter("always", PerfscopeWarning)
         warnings.showwarning = _show_warning
         try:
@@ -99,19 +103,27 @@ def main(argv: list[str] | None = None) -> int:
                 code = module.end_as_job(args, code)  # `run`: die of the job's signal, as timeout does
             return code
         except PerfscopeError as exc:
+            if stopped := _memory_stop(guard, args.verb):
+                return stopped
             print(f"perfscope {args.verb}: error: {one_line(exc.message)}", file=sys.stderr)
             if exc.detail:
                 print(exc.detail.rstrip("\n"), file=sys.stderr)
             return exc.exit_code
         except KeyboardInterrupt:
+            if stopped := _memory_stop(guard, args.verb):
+                return stopped
             print("interrupted", file=sys.stderr)
             return 130
         except BrokenPipeError:
             return 0
         except OSError as exc:  # the system refused something no check foresaw: still one line
+            if stopped := _memory_stop(guard, args.verb):
+                return stopped
             print(f"perfscope {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
             return 1
         except Exception as exc:
+            if stopped := _memory_stop(guard, args.verb):
+                return stopped
             if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
                 raise
             print(
@@ -120,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return INTERNAL_ERROR_EXIT
+
+
+def _memory_stop(guard: MemoryGuard | None, verb: str) -> int:
+    """The exit status of a command stopped at PERFSCOPE_MEMORY_LIMIT (0 when it was not), said in one
+    line: the stop arrives as a KeyboardInterrupt, or as whatever the native code it interrupted made
+    of it (DuckDB: "Query interrupted")."""
+    if guard is None or not guard.tripped:
+        return 0
+    print(f"perfscope {verb}: {guard.said}", file=sys.stderr)
+    return MEMORY_EXIT
 
 
 if __name__ == "__main__":

@@ -1,0 +1,126 @@
+"""PERFSCOPE_MEMORY_LIMIT bounds the whole process of a perfscope command, not DuckDB alone.
+
+DuckDB's own memory limit (store.analysis_memory_limit) covers its buffer pool; Arrow results, parsed
+traces and Python objects are outside it. When PERFSCOPE_MEMORY_LIMIT is set, the commands that read
+or write a store (`analyze`, `report`, `import`, `export`, `sql`, `info`, `compact`, `simulate`) run
+under a watchdog: the resident memory of the command's process and its children, above what the
+process held when the command began (the interpreter and its libraries, about 100-200 MB, which no
+setting moves), stays under the limit. Past it the command is stopped with one line that says so, as
+Ctrl-C would stop it (its clean-up runs; an import leaves nothing half-written), and exits 1.
+
+Not `run` (the training job's memory is its own), `dashboard` (a server: its user queries are bounded
+by user_sql's query slots) or `top`. The watchdog samples every 20 ms: a spike shorter than that can
+pass the limit unseen; a process that does not stop within 5 s of being asked is ended.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import os
+import sys
+import threading
+from types import TracebackType
+
+import psutil
+
+from .errors import one_line
+
+ENV = "PERFSCOPE_MEMORY_LIMIT"
+GUARDED = frozenset({"analyze", "report", "import", "export", "sql", "info", "compact", "simulate"})
+#: how often the watchdog looks, and how long a stopped command may take to stop before it is ended
+INTERVAL_S = 0.02
+GRACE_S = 5.0
+#: exit status of a command stopped at the limit
+EXIT = 1
+
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+_UNITS |= {"k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """'4GB', '512MiB', '1.5 gb' in bytes; None for anything else (or a size under 1 MB)."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("kmgtib")
+    unit = s[len(num) :]
+    if unit not in _UNITS or not num:
+        return None
+    try:
+        value = float(num)
+    except ValueError:
+        return None
+    n = value * _UNITS[unit]
+    return int(n) if 1e6 <= n < 1 << 60 else None
+
+
+def _tree_rss(proc: psutil.Process, with_children: bool) -> int:
+    total = proc.memory_info().rss
+    if with_children:
+        for child in proc.children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # it ended meanwhile
+                total += child.memory_info().rss
+    return total
+
+
+class MemoryGuard:
+    """Stops the main thread (KeyboardInterrupt) when the process tree's RSS grows past `limit` bytes
+    above where it began; `tripped` says it did, `said` says so in words."""
+
+    def __init__(self, limit: int, shown: str) -> None:
+        self.limit = limit
+        self.shown = shown
+        self.tripped = False
+        self.peak = 0
+        self._proc = psutil.Process()
+        self._base = _tree_rss(self._proc, True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="perfscope-memory-guard", daemon=True)
+
+    def __enter__(self) -> MemoryGuard:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+
+    @property
+    def said(self) -> str:
+        return (
+            f"stopped: its memory grew past {ENV}={self.shown} (this command's whole process, above "
+            f"the {self._base / 2**20:.0f} MB it started with); raise the limit, or narrow what it reads"
+        )
+
+    def _watch(self) -> None:
+        n = 0
+        while not self._stop.wait(INTERVAL_S):
+            try:
+                used = _tree_rss(self._proc, n % 5 == 0) - self._base  # children every 100 ms
+            except psutil.Error:
+                return
+            n += 1
+            self.peak = max(self.peak, used)
+            if used > self.limit:
+                self.tripped = True
+                _thread.interrupt_main()
+                if not self._stop.wait(GRACE_S):  # native code that never returns to Python
+                    print(f"perfscope: {self.said}", file=sys.stderr, flush=True)
+                    os._exit(EXIT)
+                return
+
+
+def guard_for(verb: str) -> MemoryGuard | None:
+    """The watchdog for `verb` when PERFSCOPE_MEMORY_LIMIT is set to a size (store.analysis_memory_limit
+    already warns about one that is not)."""
+    value = os.environ.get(ENV, "").strip()
+    if verb not in GUARDED or not value:
+        return None
+    limit = parse_size(value)
+    return MemoryGuard(limit, one_line(value)) if limit is not None else None
+
+
+def stopped_in_time(guard: MemoryGuard | None) -> bool:
+    """Whether a KeyboardInterrupt was the guard's doing (and not the user's Ctrl-C)."""
+    return guard is not None and guard.tripped
