@@ -4,7 +4,9 @@ caller (FSDP, torch.distributed.pipelining, DeepSpeed's comm layer, user code), 
 The functions of `torch.distributed` (and of `torch.distributed.distributed_c10d`, which FSDP and
 the pipelining schedules reach through either name) are replaced by recording wrappers when the
 profile starts, if a process group exists, and put back when it closes. A row holds the op, the
-payload bytes, the peer of a point-to-point transfer, the process group's size, the total time
+payload bytes, the peer of a point-to-point transfer, the process group's size and its members'
+global ranks (`group_ranks`: the group passed to the call, all ranks for the default group, both
+sides of a point-to-point transfer), the total time
 (issue to completion) and the exposed time (what the calling thread waited: the whole call when it
 is synchronous; the call plus `Work.wait()` when it is asynchronous).
 
@@ -119,8 +121,11 @@ class DistRecorder:
         self.active = False
         self._modules = [dist, dist.distributed_c10d]
         self._saved: list[tuple[Any, str, Any]] = []
-        self._group_sizes: dict[int, int] = {}
+        # id(group) -> (group, its size, its members' global ranks as comm.group_ranks); the group is
+        # held so that its id is not reused by another while the recorder runs
+        self._groups: dict[int, tuple[Any, int, str | None]] = {}
         self._world_size = int(dist.get_world_size())
+        self._rank = int(dist.get_rank())
         self._originals: dict[Any, Any] = {}  # wrapper -> original, for batch_isend_irecv
 
     @classmethod
@@ -186,14 +191,23 @@ class DistRecorder:
         self._saved.clear()
 
     # -- per call --------------------------------------------------------------------------------
+    def _group(self, group: Any) -> tuple[Any, int, str | None]:
+        known = self._groups.get(id(group))
+        if known is None:
+            if group is None:
+                size = self._world_size
+                ranks: str | None = ",".join(map(str, range(size)))
+            else:
+                size = int(self.dist.get_world_size(group))
+                try:
+                    ranks = ",".join(map(str, sorted(self.dist.get_process_group_ranks(group))))
+                except Exception:  # not a member, or a torch without it: matched by size then
+                    ranks = None
+            known = self._groups[id(group)] = (group, size, ranks)
+        return known
+
     def _group_size(self, group: Any) -> int:
-        if group is None:
-            return self._world_size
-        key = id(group)
-        size = self._group_sizes.get(key)
-        if size is None:
-            size = self._group_sizes[key] = int(self.dist.get_world_size(group))
-        return size
+        return self._group(group)[1]
 
     def _begin(self, op: str, nbytes: int, group: Any, peer: int | None, is_async: bool) -> Collective:
         phase = "other"
@@ -205,7 +219,10 @@ class DistRecorder:
             op, None, nbytes, overlapped=False, group=None if peer is not None else ("pg", id(group))
         )  # collectives of one group run in issue order; point-to-point transfers need not
         c.peer = peer
-        c.group_size = self._group_size(group)
+        _, c.group_size, c.group_ranks = self._group(group)
+        if peer is not None:  # a transfer's two sides
+            me = self._rank
+            c.group_ranks = f"{min(me, peer)},{max(me, peer)}" if peer != me else str(me)
         c.is_async = is_async
         c.phase = phase
         return c
@@ -253,6 +270,7 @@ class DistRecorder:
             result = rec._run(c, orig, args, kwargs, is_async)
             if op == "recv" and c.peer is None and isinstance(result, int):
                 c.peer = result  # recv from any source returns the sender
+                c.group_ranks = ",".join(map(str, sorted({rec._rank, result})))
             return result
 
         return wrapper

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from perfscope.objectstore import Uploader, is_s3_url, start_upload
-from perfscope.writer import StoreWriter
+from perfscope.store.objectstore import Uploader, is_s3_url, start_upload
+from perfscope.store.writer import StoreWriter
 
 from . import ddp, horovod, identity, manual
 from .clocks import HostClock, HostMarks, perf_ns
@@ -19,6 +19,8 @@ from .dist_recorder import DistRecorder
 from .faults import Faults
 from .flops import StepFlopCounter
 from .host_metrics import HostSampler
+from .layout import Layout, LayoutError
+from .layout import resolve as resolve_layout
 from .nvml import GpuTelemetry, NoGpus, open_gpus
 from .nvtx_ranges import NvtxRanges
 from .phases import Timeline, infer_samples
@@ -162,6 +164,9 @@ class Profiler:
             metadata["batch_size_per_rank"] = batch_size
         #: this rank's part: 'worker', 'server' or 'stage:K'; None lets the analyses infer it
         self._role = _role(metadata.pop("role", None))
+        #: the parallel layout as given (degrees or a DeviceMesh), read when the rank row is written
+        self._parallel = metadata.pop("parallel", None)
+        self._layout: Layout | None = None
         self._columns, extra = split_keywords({"experiment": experiment, **metadata})
         self._tags = tags_json(self._columns.pop("tags", None), extra)
         self.store = store
@@ -667,19 +672,39 @@ class Profiler:
         except Exception as exc:
             self.faults.report("metadata_failed", f"perfscope: could not write the run's metadata ({exc!r}).")
 
+    def _read_layout(self) -> None:
+        """This rank's coordinates (collectors/layout.py): from parallel=, else Megatron's
+        parallel_state once the training loop starts; a layout that does not fit is one warning."""
+        assert self.placement is not None
+        try:
+            self._layout = resolve_layout(self._parallel, self.placement.rank, self.placement.world_size)
+        except Exception as exc:
+            what = "parallel=" if self._parallel is not None else "Megatron's parallel_state"
+            reason = str(exc) if isinstance(exc, LayoutError) else f"{type(exc).__name__}: {exc}"
+            self.faults.report(
+                "layout_unusable",
+                f"perfscope: the parallel layout from {what} is not recorded ({reason}); "
+                "dp_rank, pp_stage, tp_rank, cp_rank stay NULL.",
+            )
+
     def _write_rank_and_run_rows(self) -> None:
         assert self._writer is not None and self.placement is not None
         index, name = self._device()
-        row = ranks_row(self.placement, self._hostname, index, name, self.started_ns, self._role)
+        self._read_layout()
+        coords = self._layout.rank_columns() if self._layout is not None else None
+        row = ranks_row(self.placement, self._hostname, index, name, self.started_ns, self._role, coords)
         self._writer.append("ranks", row)
         self._write_runs_row(ended_ns=None)
 
     def _write_runs_row(self, *, ended_ns: int | None) -> None:
         if self._writer is None or self.placement is None or not self.placement.writes_runs_row:
             return
+        columns = self._columns
+        if self._layout is not None:  # degrees given by keyword (dp_size=...) win
+            columns = {**self._layout.run_columns(), **{k: v for k, v in columns.items() if v is not None}}
         row = runs_row(
             self.placement,
-            self._columns,
+            columns,
             self._facts,
             started_ns=self.started_ns,
             ended_ns=ended_ns,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from perfscope.schema import RUNS
+from perfscope.store.schema import RUNS
 
 if TYPE_CHECKING:
     from .ddp import ModelFacts
@@ -159,14 +159,20 @@ def runs_row(
 
 
 def ranks_row(
-    p: Placement, hostname: str, device_index: int | None, device_name: str, started_ns: int, role: str | None
+    p: Placement,
+    hostname: str,
+    device_index: int | None,
+    device_name: str,
+    started_ns: int,
+    role: str | None,
+    coords: tuple[int, int, int, int] | None = None,
 ) -> tuple[Any, ...]:
+    """`coords`: the rank's (dp_rank, pp_stage, tp_rank, cp_rank) (collectors/layout.py); None: NULL."""
     offset = p.clock_offset_ns if p.clock_offset_known else None  # NULL: not measured
     error = p.clock_error_ns if p.clock_offset_known else None
-    # the parallel layout's coordinates (dp_rank, pp_stage, tp_rank, cp_rank): not known to the recorder
     return (p.rank, p.local_rank, p.node_rank, hostname, os.getpid(), offset,
             os.cpu_count() or 1, device_index, device_name, started_ns, role, *thread_facts(),
-            None, None, None, None, error)  # fmt: skip
+            *(coords or (None, None, None, None)), error)  # fmt: skip
 
 
 #: An environment value longer than this is cut: it is recorded as given, not trusted.

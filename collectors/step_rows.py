@@ -62,8 +62,8 @@ class Collective:
     one completes, so its recorded duration starts at the later of the two (DESIGN.md)."""
 
     __slots__ = (
-        "after", "bucket", "end", "exposed", "group_size", "is_async", "nbytes", "op", "overlapped",
-        "peer", "phase", "seq", "start", "start_host",
+        "after", "bucket", "end", "exposed", "group_ranks", "group_size", "is_async", "nbytes", "op",
+        "overlapped", "peer", "phase", "seq", "start", "start_host",
     )  # fmt: skip
 
     def __init__(
@@ -88,6 +88,7 @@ class Collective:
         # set by the torch.distributed recorder (dist_recorder.py) and prof.collective:
         self.peer: int | None = None
         self.group_size: int | None = None
+        self.group_ranks: str | None = None  # comm.group_ranks: the group's global ranks, '0,2'
         self.exposed: int | None = None  # ns waited (host clock), EXPOSED_ALL: the whole duration
         self.is_async = overlapped
         self.phase: str | None = None  # canonical phase it was issued in, 'other' outside them
@@ -113,7 +114,7 @@ class StepRecord:
 #: a finished host step as one tuple of plain values: see `freeze`
 Frozen = tuple[Any, ...]
 #: index, start_host, start, end, samples, number of spans, number of collectives; then 9 values per
-#: span, 14 per collective, 3 per metric
+#: span, 15 per collective, 3 per metric
 _HEAD = 7
 
 
@@ -138,7 +139,7 @@ def freeze(rec: StepRecord) -> Frozen:
     for c in rec.comm:
         after = None if c.after is None else c.after.end
         flat += (c.seq, c.op, c.bucket, c.nbytes, c.start_host, c.start, c.end, c.overlapped, after,
-                 c.exposed, c.is_async, c.phase, c.peer, c.group_size)  # fmt: skip
+                 c.exposed, c.is_async, c.phase, c.peer, c.group_size, c.group_ranks)  # fmt: skip
     for metric in rec.metrics:
         flat += metric
     return tuple(flat)
@@ -230,10 +231,10 @@ def write_frozen(
     moved: list[tuple[int, int]] = []  # (canonical column or -1, exposed ns) of calls outside `sync`
     for _ in range(n_comm):
         seq, op, bucket, nbytes, start_host, start, end, overlapped, after_end, exposed, *rest = frozen[
-            i : i + 14
+            i : i + 15
         ]
-        is_async, phase, peer, group_size = rest
-        i += 14
+        is_async, phase, peer, group_size, group_ranks = rest
+        i += 15
         if end is None or not (host or complete or (ready(start) and ready(end))):
             continue
         dur = end - start if host else el(start, end)
@@ -253,7 +254,7 @@ def write_frozen(
             moved.append((CANONICAL.get(phase, -1), exposed))
         comm_rows.append(
             (rank, index, seq, op, bucket, nbytes, start_host + shift + queued, dur - queued, clock, peer,
-             group_size, exposed, is_async, phase, None, None)  # group_ranks, name: not recorded yet
+             group_size, exposed, is_async, phase, group_ranks, None)  # name: not recorded
         )  # fmt: skip
     if span_rows:
         emit("spans", span_rows)

@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..store import Store
-from .comm_patterns import P2P_OPS, roles_table
+from ..store.reader import Store
+from .comm_patterns import P2P_OPS
 from .registry import analysis
 from .selection import Selection, sql_literal
-from .steady import runs_table, thresholds_table
+from .steady import roles_table, runs_table, thresholds_table
 
 #: an op that ends this little after another starts still counts as before it (clock rounding: the
 #: study's float32 seconds hold 2 s to about 0.1 µs, its ops' recorded ends drift by up to ~10 µs)
@@ -414,11 +414,21 @@ def _laid_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
     the pure data-parallel runs (`kind` 'dp', see `_dp_only_runs`) and recorded pipelines (`kind`
     'staged', see `_staged_runs`) read as such."""
     runs = runs_table(store, sel)
+    # a run recorded by perfscope.profile(parallel=...) (no runs.origin) is read as recorded runs are
+    # (its phases, from its first steady step), with its ranks' coordinates: a pure data-parallel
+    # layout as 'dp', any other as 'staged'; an imported op table by its ops ('laid')
     laid = store.query(
         f"""
-        SELECT k.run_id, any_value(r.source) AS source, 'laid' AS kind
-        FROM (SELECT DISTINCT run_id, rank FROM ranks WHERE dp_rank IS NOT NULL AND pp_stage IS NOT NULL) k
+        SELECT k.run_id, any_value(r.source) AS source,
+               CASE WHEN bool_or(o.imported) THEN 'laid'
+                    WHEN max(k.pp_stage) = 0 AND max(k.tp) = 0 AND max(k.cp) = 0 THEN 'dp'
+                    ELSE 'staged' END AS kind
+        FROM (SELECT run_id, rank, any_value(pp_stage) AS pp_stage, max(coalesce(tp_rank, 0)) AS tp,
+                     max(coalesce(cp_rank, 0)) AS cp
+              FROM ranks WHERE dp_rank IS NOT NULL AND pp_stage IS NOT NULL GROUP BY run_id, rank) k
         JOIN {runs} r USING (run_id)
+        JOIN (SELECT run_id, bool_or(origin IS NOT NULL) AS imported FROM runs GROUP BY run_id) o
+             USING (run_id)
         GROUP BY k.run_id HAVING count(*) > 1 ORDER BY k.run_id
         """
     ).to_pylist()
@@ -510,10 +520,11 @@ def _run_ops(
     steady step: the warm-up steps, which every other analysis of a recorded run leaves out, are not
     the job's step). A recorded pipeline (`kind` 'staged'): see `_staged_ops_sql`."""
     run = sql_literal(run_id)
+    kind_laid = kind == "staged" and _has_coordinates(store, run)
     if kind == "dp":
         return store.query(_dp_ops_sql(run, int(first_step)))
     if kind == "staged":
-        return store.query(_staged_ops_sql(run, int(first_step), roles_table(store, sel)))
+        return store.query(_staged_ops_sql(run, int(first_step), roles_table(store, sel), laid=kind_laid))
     return store.query(
         f"""
         WITH k AS (SELECT rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
@@ -572,7 +583,12 @@ def _dp_ops_sql(run: str, first_step: int) -> str:
         """
 
 
-def _staged_ops_sql(run: str, first_step: int, roles: str) -> str:
+def _has_coordinates(store: Store, run: str) -> bool:
+    n = store.query(f"SELECT count(pp_stage) AS n FROM ranks WHERE run_id = {run}").to_pylist()[0]["n"]
+    return bool(n)
+
+
+def _staged_ops_sql(run: str, first_step: int, roles: str, *, laid: bool = False) -> str:
     """The ops of a recorded pipeline, from its first steady step. Each rank's stage is its role's
     K, its dp rank its place among the stage's ranks. Its ops are its phases (spans of depth 0:
     forward, backward ... as the job named them) and its transfers. A phase holds the blocking
@@ -580,13 +596,20 @@ def _staged_ops_sql(run: str, first_step: int, roles: str) -> str:
     it is cut at them into pieces of compute, each waiting for the transfer before it, all one op
     (`unit`) to the ideal. A point-to-point transfer is named by its phase and function
     ('forward-send', 'backward-recv', as Megatron-LM names them), a collective by its function; a
-    collective of the whole world is matched across ranks, one of a sub-group is not (the recorder
-    does not say which ranks it ran on)."""
-    return f"""
-        WITH k AS (SELECT rank, CAST(split_part(role, ':', 2) AS INTEGER) AS pp_stage
+    collective is matched across its process group's members (comm.group_ranks, which the recorder
+    writes since schema 3; a sub-group's call without it is not matched). `laid`: the ranks' recorded
+    coordinates (profile(parallel=...)) give their stage and dp rank instead of their roles."""
+    kd = (
+        f"""kd AS (SELECT rank, any_value(pp_stage) AS pp_stage, any_value(dp_rank) AS dp_rank FROM ranks
+               WHERE run_id = {run} AND dp_rank IS NOT NULL AND pp_stage IS NOT NULL GROUP BY rank),"""
+        if laid
+        else f"""k AS (SELECT rank, CAST(split_part(role, ':', 2) AS INTEGER) AS pp_stage
                    FROM {roles} WHERE run_id = {run}),
         kd AS (SELECT rank, pp_stage, row_number() OVER (PARTITION BY pp_stage ORDER BY rank) - 1 AS dp_rank
-               FROM k),
+               FROM k),"""
+    )
+    return f"""
+        WITH {kd}
         w AS (SELECT max(world_size) AS world FROM runs WHERE run_id = {run}),
         ph AS (SELECT row_number() OVER (ORDER BY rank, step, start_ns, dur_ns, name) AS unit, rank, step,
                       name, start_ns AS s0, start_ns + dur_ns AS s1,
