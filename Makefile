@@ -75,7 +75,7 @@ lock: setup
 		--extra report -c $(LOCK) -o $(SAMPLE_LOCK) pyproject.toml
 
 schema: setup
-	$(PY) -m perfscope.schema > docs/schema.md
+	$(PY) -m perfscope.store.schema > docs/schema.md
 
 # each prints a Markdown table; BENCHMARKS.md holds the figures and how they were measured
 bench: setup

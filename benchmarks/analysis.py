@@ -37,9 +37,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from perfscope.rollups import ROLLUP_DIR
-from perfscope.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
-from perfscope.writer import StoreWriter, segment_dir, write_segment
+from perfscope.store.rollups import ROLLUP_DIR
+from perfscope.store.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+from perfscope.store.segments import write_segment
+from perfscope.store.writer import StoreWriter, segment_dir
 
 WORLD_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONFIGS = [(c, b, bs) for c in ("alpha", "hpdlf") for b in ("nccl", "mpi") for bs in (32, 64)]
@@ -288,7 +289,7 @@ def bench_rollups(
         cluster, backend, batch = CONFIGS[0]
         firsts = [f"bench-{cluster}-{backend}-b{batch}-n{n}" for n in world_sizes]
         code = (
-            "import sys; from perfscope.rollups import write_rollups; "
+            "import sys; from perfscope.store.rollups import write_rollups; "
             "write_rollups(sys.argv[1], run_ids=sys.argv[2:])"
         )
         built = _measure([sys.executable, "-c", code, str(root), *firsts])

@@ -33,7 +33,7 @@ from test_dashboard_browser import dashboard_server, settle  # noqa: E402
 
 from perfscope import sample_traces  # noqa: E402
 from perfscope.analysis import Selection, run_analysis  # noqa: E402
-from perfscope.store import open_store  # noqa: E402
+from perfscope.store.open import open_store  # noqa: E402
 
 #: navigation label, charts the page draws on these stores (at least)
 PAGES = (("Overview", 0), ("Scaling", 3), ("Run", 1), ("Batch size", 0), ("Compare", 1), ("SQL", 0))

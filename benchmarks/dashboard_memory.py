@@ -36,7 +36,7 @@ from browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from test_dashboard_browser import dashboard_server, settle  # noqa: E402
 from test_dashboard_sessions import _query  # noqa: E402
 
-from perfscope.user_sql import DEFAULT_MEMORY_LIMIT, FETCH_MAX_BYTES, RUNNING_QUERIES  # noqa: E402
+from perfscope.store.user_sql import DEFAULT_MEMORY_LIMIT, FETCH_MAX_BYTES, RUNNING_QUERIES  # noqa: E402
 
 DEMO = HERE.parent / "sample_traces" / "demo-cpu"
 QUERIES = {

@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 import perfscope
-from perfscope.writer import segment_dir
+from perfscope.store.writer import segment_dir
 
 
 def one_run(root: Path, step_s: float, setup_s: float) -> float:

@@ -71,7 +71,7 @@ def main() -> None:
     try:
         from pyarrow import fs
 
-        from perfscope import objectstore
+        from perfscope.store import objectstore
 
         fs.S3FileSystem(
             endpoint_override=endpoint.split("://")[1], scheme="http", allow_bucket_creation=True

@@ -68,7 +68,8 @@ print(json.dumps({"open_s": opened - t0, "total_s": done - t0, "cpu_s": use.ru_u
 
 
 def build(root: Path, runs: int, per_run: int) -> None:
-    from perfscope.writer import rows_to_table, write_segment
+    from perfscope.store.segments import write_segment
+    from perfscope.store.writer import rows_to_table
 
     steps_cols = ["rank", "step", "start_ns", "step_ns"]
     src = root.parent / "src"
@@ -96,7 +97,7 @@ def build_one_run(root: Path, segments: int, ranks: int = 4, steps_per_segment: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from perfscope.schema import TABLES
+    from perfscope.store.schema import TABLES
 
     schema = TABLES["steps"].arrow_schema
     part = root / "steps" / "run_id=long"
@@ -128,7 +129,7 @@ def build_one_run(root: Path, segments: int, ranks: int = 4, steps_per_segment: 
 SEED = r"""
 import os, sys
 from pathlib import Path
-from perfscope.manifest import Manifest
+from perfscope.store.manifest import Manifest
 from perfscope.store import Segment, _inspect_uncached
 
 root = Path(sys.argv[1])
@@ -155,7 +156,7 @@ def seed_manifest(root: Path, pythonpath: Path) -> None:
 
 
 def _row(table: str, values: Mapping[str, object]) -> tuple[object, ...]:
-    from perfscope.schema import TABLES
+    from perfscope.store.schema import TABLES
 
     return tuple(values.get(c) for c in TABLES[table].column_names)
 
@@ -239,7 +240,7 @@ def inflight(root: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from perfscope.schema import TABLES
+    from perfscope.store.schema import TABLES
 
     schema = TABLES["steps"].arrow_schema
     values = {"rank": 0, "step": 10**9, "start_ns": 1_700_000_000_000_000_000 + 10**17}

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from nodes import BIN, Nodes, allreduce_script, job_script, record, unavailable
 
 from perfscope.analysis import run_analysis
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 #: steps of the allreduce job (10 warm-up steps dropped)
 FIT_STEPS = 20

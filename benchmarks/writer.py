@@ -32,9 +32,9 @@ from typing import Any
 import psutil
 import pyarrow.parquet as pq
 
-from perfscope import writer as new_writer
-from perfscope.live import ROW_GROUP_ROWS, dictionary_columns
-from perfscope.store import open_store
+from perfscope.store import writer as new_writer
+from perfscope.store.live import ROW_GROUP_ROWS, dictionary_columns
+from perfscope.store.open import open_store
 
 OLD_COMMIT = "fc72bec"
 

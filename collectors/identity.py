@@ -151,7 +151,7 @@ def run_id_taken(root: Path, run_id: str, *, rank: int, world_size: int, now_ns:
     the id are ours only when none is this rank's, the world size matches, and every start lies
     within SAME_RUN_WINDOW_NS of now. Anything unreadable counts as taken: two runs merged
     silently are worse than one run split with a warning."""
-    from perfscope.schema import PARTITION_KEY, TABLES
+    from perfscope.store.schema import PARTITION_KEY, TABLES
 
     parts = [root / t / f"{PARTITION_KEY}={run_id}" for t in TABLES]
     if not any(os.path.lexists(p) for p in parts):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from perfscope.schema import GPU_SAMPLES
+from perfscope.store.schema import GPU_SAMPLES
 
 from .faults import Faults, RowSink
 from .host_metrics import HostSampler

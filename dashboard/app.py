@@ -17,7 +17,7 @@ import streamlit as st
 from perfscope.analysis import Selection
 from perfscope.dashboard import batch, compare, overview, run, scaling, sidebar, sql, state
 from perfscope.report.text import literal as md
-from perfscope.store import Store
+from perfscope.store.reader import Store
 
 log = logging.getLogger("perfscope.dashboard")
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import streamlit as st
 
-from perfscope import objectstore
 from perfscope.analysis import Selection
 from perfscope.charts.rows import rows
 from perfscope.errors import PerfscopeError, one_line
 from perfscope.report.text import literal as md
-from perfscope.store import Store
+from perfscope.store import objectstore
+from perfscope.store.reader import Store
 from perfscope.words import counted
 
 from . import ENV_ROOT, state

@@ -11,8 +11,8 @@ import streamlit as st
 from perfscope.errors import PerfscopeError
 from perfscope.output import csv_text
 from perfscope.report.text import literal as md
-from perfscope.schema import TABLES
-from perfscope.user_sql import UserSql
+from perfscope.store.schema import TABLES
+from perfscope.store.user_sql import UserSql
 from perfscope.words import counted
 
 from .state import Context, session_sql

@@ -19,8 +19,9 @@ from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.charts.rows import group_labels, rows
 from perfscope.errors import PerfscopeError
 from perfscope.report.text import literal as md
-from perfscope.store import Store, open_store
-from perfscope.user_sql import UserSql
+from perfscope.store.open import open_store
+from perfscope.store.reader import Store
+from perfscope.store.user_sql import UserSql
 
 from . import ENV_STORE
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import PerfscopeError, PerfscopeWarning, StoreError
-from .schema import SCHEMA_VERSION
-from .store import Store, open_store
-from .writer import StoreWriter
+from .store.open import open_store
+from .store.reader import Store
+from .store.schema import SCHEMA_VERSION
+from .store.writer import StoreWriter
 
 if TYPE_CHECKING:
     from perfscope.collectors import profile

@@ -20,7 +20,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from .errors import PerfscopeError
-from .schema import TABLES
+from .store.schema import TABLES
 
 #: the longest file name most file systems take, in bytes, when the system does not say
 _NAME_MAX_BYTES = 255
@@ -191,7 +191,7 @@ def store_target(path: str | os.PathLike[str], *, what: str = "store", create: b
     """A folder to record runs into: an existing store, an empty folder, or a new folder in an existing
     one; anything else (a file, a device, a folder of other things, a missing parent) is refused. With
     `create`, a new folder is made."""
-    from .objectstore import refuse_s3
+    from .store.objectstore import refuse_s3
 
     refuse_s3(path, f"writing a {what} (simulate, demo, import)")
     flag = "STORE"

@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from perfscope.schema import TABLES
-from perfscope.writer import StoreWriter
+from perfscope.store.schema import TABLES
+from perfscope.store.writer import StoreWriter
 
 T0_NS = 1_700_000_000_000_000_000
 MS = 1_000_000

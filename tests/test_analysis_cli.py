@@ -10,7 +10,7 @@ from storegen import DEFAULT_PHASES, MS, make_run
 from perfscope.analysis import run_analysis
 from perfscope.cli import main
 from perfscope.commands.analyze import JSON_FORMAT_VERSION
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 
 @pytest.fixture(scope="module")

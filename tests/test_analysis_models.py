@@ -12,7 +12,7 @@ from storegen import DEFAULT_PHASES, MS, make_run
 
 from perfscope.analysis import run_analysis
 from perfscope.analysis.fitting import adjusted_r2, fit_alpha_beta, fit_normal_form, smape_pct
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 

@@ -6,7 +6,7 @@ import pytest
 from storegen import MS, Comm, make_run
 
 from perfscope.analysis import Selection, run_analysis
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 
 def test_pop_metrics_by_value(tmp_path):

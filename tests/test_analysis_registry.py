@@ -11,8 +11,8 @@ from storegen import DEFAULT_PHASES, MS, Comm, Gpu, Host, make_run, row
 
 from perfscope.analysis import ANALYSES, DEFINITIONS, META_ANALYSIS, META_DEFINITION, Selection, run_analysis
 from perfscope.analysis.groups import GROUP_COLUMNS
-from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+from perfscope.store.open import open_store
+from perfscope.store.writer import StoreWriter
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "analysis.md"
 

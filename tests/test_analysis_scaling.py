@@ -7,7 +7,7 @@ from storegen import DEFAULT_PHASES, MS, make_run
 
 from perfscope.analysis import Selection, run_analysis
 from perfscope.analysis.groups import assign_groups
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 
 def _weak(tmp_path, sizes=(1, 2, 4, 8), **kw):

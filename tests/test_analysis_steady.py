@@ -6,8 +6,8 @@ import pytest
 from storegen import MS, T0_NS, make_run, row
 
 from perfscope.analysis import Selection, run_analysis
-from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+from perfscope.store.open import open_store
+from perfscope.store.writer import StoreWriter
 
 
 def _slow_warmup(rank: int, step: int) -> dict[str, float]:

@@ -6,7 +6,7 @@ import pytest
 from storegen import DEFAULT_PHASES, MS, Comm, make_run
 
 from perfscope.analysis import run_analysis
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 ALPHA_INTRA, BETA_INTRA = 5e-6, 1 / 10e9
 ALPHA_INTER, BETA_INTER = 20e-6, 1 / 2e9

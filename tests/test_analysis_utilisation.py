@@ -8,8 +8,8 @@ import pytest
 from storegen import DEFAULT_PHASES, MS, Gpu, Host, make_run, row
 
 from perfscope.analysis import run_analysis
-from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+from perfscope.store.open import open_store
+from perfscope.store.writer import StoreWriter
 
 
 def test_utilisation_and_energy_per_sample(tmp_path):

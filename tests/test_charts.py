@@ -18,7 +18,7 @@ from test_report_store import STRAGGLER_RANK, STRAGGLER_RUN, build_study
 from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.charts import CHARTS, speedup_chart, to_png, to_svg, utilisation_chart
 from perfscope.charts.style import PHASE_COLOURS, PHASES, SOURCE_SHAPES
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 USED = sorted({a for spec in CHARTS.values() for a in spec.analyses})
 

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from perfscope.cli import VERBS, main
-from perfscope.schema import TABLES
-from perfscope.writer import StoreWriter
+from perfscope.store.schema import TABLES
+from perfscope.store.writer import StoreWriter
 
 README = Path(__file__).parent.parent / "README.md"
 

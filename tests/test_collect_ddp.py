@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from perfscope import open_store
-from perfscope.writer import host_tag
+from perfscope.store.writer import host_tag
 
 pytest.importorskip("torch")
 from collect_helpers import ddp_worker, run_ranks

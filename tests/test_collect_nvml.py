@@ -20,7 +20,7 @@ from perfscope.collectors.faults import Faults
 from perfscope.collectors.host_metrics import HostSampler
 from perfscope.collectors.nvml import NvmlGpus, open_gpus
 from perfscope.collectors.poller import HostClaim, Poller
-from perfscope.writer import StoreWriter
+from perfscope.store.writer import StoreWriter
 
 GIB = 1024**3
 # Values as NVML documents them, shaped after an H200 (141 GiB HBM3e, 700 W board) under training:
@@ -155,7 +155,7 @@ def _sample(poller: Poller, times: int) -> list[str]:
 
 
 def _gpu_dicts(sink: Sink) -> list[dict[str, Any]]:
-    from perfscope.schema import GPU_SAMPLES
+    from perfscope.store.schema import GPU_SAMPLES
 
     return [dict(zip(GPU_SAMPLES.column_names, r, strict=True)) for r in sink.rows.get("gpu_samples", [])]
 
@@ -184,7 +184,7 @@ def test_nvml_values_land_in_their_columns(monkeypatch: pytest.MonkeyPatch) -> N
     assert first["pcie_tx_kbps"] is None and first["gpm_sm_active_pct"] is None  # no interval yet
     assert faults.kinds == []
     # host metrics from the same poller, in their units
-    from perfscope.schema import HOST_SAMPLES
+    from perfscope.store.schema import HOST_SAMPLES
 
     host = [dict(zip(HOST_SAMPLES.column_names, r, strict=True)) for r in sink.rows["host_samples"]]
     assert len(host) == 2  # the first sample only sets the baseline of the CPU deltas

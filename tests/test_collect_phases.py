@@ -12,7 +12,7 @@ from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.cuda_timing import CudaMarks
 from perfscope.collectors.phases import Timeline, infer_samples
 from perfscope.collectors.step_rows import exposed_sync_ns
-from perfscope.schema import TABLES
+from perfscope.store.schema import TABLES
 
 
 class FakeClock:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 import perfscope
-import perfscope.writer
+import perfscope.store.writer
 from perfscope import PerfscopeWarning, open_store
-from perfscope.schema import RUNS
+from perfscope.store.schema import RUNS
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -198,9 +198,9 @@ def test_the_bundled_pattern_store_names_each_jobs_cause() -> None:
 def test_a_version_1_store_reads_migrated_and_compacts_without_losing_it(tmp_path: Path) -> None:
     import shutil
 
-    from perfscope.compact import compact
-    from perfscope.schema import SCHEMA_VERSION
-    from perfscope.writer import StoreWriter
+    from perfscope.store.compact import compact
+    from perfscope.store.schema import SCHEMA_VERSION
+    from perfscope.store.writer import StoreWriter
 
     store = tmp_path / "v1"
     shutil.copytree(SAMPLE_DDP, store)  # recorded with schema version 1: DDP buckets, no v2 columns

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from perfscope import StoreError, open_store
-from perfscope.compact import compact
-from perfscope.schema import META_REPLACES
-from perfscope.writer import StoreWriter
+from perfscope.store.compact import compact
+from perfscope.store.schema import META_REPLACES
+from perfscope.store.writer import StoreWriter
 
 
 def _fill(root: Path, runs: int = 3, segments: int = 6, rows: int = 50) -> int:
@@ -98,8 +98,8 @@ def test_interrupted_compaction_is_finished_by_the_next(tmp_path: Path) -> None:
     total = _fill(tmp_path, runs=1, segments=4, rows=10)
     segs = sorted((tmp_path / "steps" / "run_id=run0").glob("*.parquet"))
     # simulate a crash between writing the merged file and deleting its sources
-    from perfscope.compact import _merge
-    from perfscope.store import list_store
+    from perfscope.store.compact import _merge
+    from perfscope.store.listing import list_store
 
     listing = list_store(tmp_path)
     _merge("steps", listing.segments["steps"], tmp_path / "steps" / "run_id=run0" / "c-crash.parquet")

@@ -19,7 +19,7 @@ from perfscope.report.model import format_value
 from perfscope.report.text import literal
 from perfscope.simulate import write_study
 from perfscope.simulate.presets import parse_config, seed_study_config
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
 

@@ -26,7 +26,7 @@ from perfscope.charts.timeline import (
     steady_window,
     step_series_chart,
 )
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 
 def svg(chart: Any) -> str:

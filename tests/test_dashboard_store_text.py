@@ -146,7 +146,7 @@ def test_store_names_are_shown_literally_and_fetch_nothing(
 def test_markdown_report_escapes_store_names(tmp_path: Path) -> None:
     from perfscope.analysis import Selection
     from perfscope.report import render_report
-    from perfscope.store import open_store
+    from perfscope.store.open import open_store
 
     hostile_study(tmp_path / "store", 9999)
     with open_store(tmp_path / "store") as store:

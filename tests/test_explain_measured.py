@@ -11,7 +11,7 @@ import pytest
 
 from perfscope.analysis import run_analysis
 from perfscope.explain import explain
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 pytest.importorskip("torch")
 from collect_helpers import ddp_worker, run_ranks

@@ -8,7 +8,7 @@ import pytest
 from storegen import DEFAULT_PHASES, MS, Comm, Gpu, Host, healthy_study, make_run, ring_transfer_ns
 
 from perfscope.explain import RULES, explain
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 # a rule that raises is skipped with a PerfscopeWarning in production; here it must fail the test
 pytestmark = pytest.mark.filterwarnings("error::perfscope.errors.PerfscopeWarning")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from perfscope import open_store
-from perfscope.compact import compact
+from perfscope.store.compact import compact
 
 pytest.importorskip("torch")
 from collect_helpers import run_ranks, start_ranks

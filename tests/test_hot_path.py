@@ -21,9 +21,9 @@ from perfscope.collectors.clocks import HostClock, HostMarks
 from perfscope.collectors.host_metrics import HostSampler
 from perfscope.collectors.phases import Timeline
 from perfscope.collectors.step_rows import EXPOSED_ALL
-from perfscope.schema import TABLES
-from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+from perfscope.store.open import open_store
+from perfscope.store.schema import TABLES
+from perfscope.store.writer import StoreWriter
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from perfscope.cli import main
-from perfscope.compact import compact
 from perfscope.importers.common import IMPORTS_DIR, Staging
-from perfscope.store import open_store
+from perfscope.store.compact import compact
+from perfscope.store.open import open_store
 
 START_US = 1_700_000_000_000_000
 TENSORS = {"fc.weight": [256, 1024], "fc.bias": [1024], "conv1.weight": [64, 3, 7, 7]}

@@ -13,7 +13,7 @@ from perfscope.analysis import Selection, run_analysis
 from perfscope.cli import main
 from perfscope.errors import PerfscopeError
 from perfscope.importers import horovod
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 START_US = 1_700_000_000_000_000
 TENSORS = {

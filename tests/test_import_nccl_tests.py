@@ -16,7 +16,7 @@ from perfscope.cli import main
 from perfscope.errors import PerfscopeError
 from perfscope.explain import explain
 from perfscope.importers.nccl_tests import parse
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 # all_reduce_perf -b 8 -e 128M -f 8 -g 1 on 2 nodes x 4 GPUs, as nccl-tests 2.13 prints it
 # (busbw = algbw * 2(n-1)/n = algbw * 1.75 for n = 8).

@@ -15,7 +15,7 @@ from perfscope.analysis.sync import fit_points
 from perfscope.cli import main
 from perfscope.errors import PerfscopeError
 from perfscope.importers import nsys
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 EPOCH_NS = 1_700_000_000_000_000_000
 MS = 1_000_000

@@ -17,8 +17,8 @@ import pytest
 
 from perfscope.cli import main
 from perfscope.commands.info import summary
-from perfscope.schema import TABLES
-from perfscope.store import open_store
+from perfscope.store.open import open_store
+from perfscope.store.schema import TABLES
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000_000_000_000
@@ -79,8 +79,8 @@ def test_info_takes_the_span_from_the_listing_and_a_few_files(one_long_run: Path
 def test_a_live_segment_is_read_as_the_listing_holds_it(tmp_path: Path) -> None:
     """A running job's `.arrows` segment (its rows may grow past any range): its rows as the listing
     read them decide its part of the span, and the sealed files still stay unread."""
-    from perfscope.live import LiveSegment
-    from perfscope.writer import rows_to_table
+    from perfscope.store.live import LiveSegment
+    from perfscope.store.writer import rows_to_table
 
     root = tmp_path / "store"
     _benchmark().build_one_run(root, 40)

@@ -22,15 +22,17 @@ import pyarrow.ipc
 import pytest
 from storegen import MS, T0_NS, make_run, row
 
-import perfscope.store as store_mod
+import perfscope.store.listing as store_mod
 from perfscope import sample_traces
 from perfscope.commands.info import summary
-from perfscope.compact import compact
 from perfscope.errors import StoreError
-from perfscope.leftovers import clean_leftovers
-from perfscope.manifest import MANIFEST_NAME, SAVE_MIN_CHANGES, Manifest
-from perfscope.store import Listing, Store, list_store, replaces_metadata
-from perfscope.writer import rows_to_table, write_segment
+from perfscope.store.compact import compact
+from perfscope.store.leftovers import clean_leftovers
+from perfscope.store.listing import Listing, list_store
+from perfscope.store.manifest import MANIFEST_NAME, SAVE_MIN_CHANGES, Manifest
+from perfscope.store.reader import Store
+from perfscope.store.segments import replaces_metadata, write_segment
+from perfscope.store.writer import rows_to_table
 
 RANKS = 8
 
@@ -302,7 +304,7 @@ def test_a_sigkill_mid_save_leaves_the_old_manifest_or_the_new(tmp_path: Path) -
     # each pass finds "no manifest" (and this process's cache warm), so each saves all n entries
     saver = textwrap.dedent(
         f"""
-        import perfscope.store as S
+        import perfscope.store.listing as S
         S.list_store({str(root)!r})
         S.Manifest.load = classmethod(lambda cls, root: cls(root))
         print("ready", flush=True)
@@ -407,8 +409,8 @@ def test_info_counts_from_the_listing_equal_the_rows(tmp_path: Path) -> None:
 
 
 def test_a_live_segment_is_read_afresh_and_never_kept(small: tuple[Path, Listing]) -> None:
-    from perfscope.live import LiveSegment
-    from perfscope.schema import TABLES
+    from perfscope.store.live import LiveSegment
+    from perfscope.store.schema import TABLES
 
     root, truth = small
     live = LiveSegment(root / "steps" / "run_id=r0" / "w-live.arrows", TABLES["steps"].arrow_schema)
@@ -437,8 +439,8 @@ def test_a_live_segment_is_read_afresh_and_never_kept(small: tuple[Path, Listing
 def test_a_refresh_reads_again_only_the_live_segments_that_grew(
     small: tuple[Path, Listing], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfscope.live import LiveSegment
-    from perfscope.schema import TABLES
+    from perfscope.store.live import LiveSegment
+    from perfscope.store.schema import TABLES
 
     root, truth = small
     reads: list[str] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfscope.errors import PerfscopeWarning
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 STORE = Path(__file__).resolve().parent.parent / "sample_traces" / "demo-cpu"
 

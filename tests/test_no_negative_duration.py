@@ -12,7 +12,7 @@ from storegen import MS, make_run
 
 from perfscope.analysis import Selection, run_analysis
 from perfscope.cli import main
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 #: phases adding up to 34 ms of a 28 ms step
 OVERLAPPING = {"data": 1 * MS, "forward": 10 * MS, "backward": 20 * MS, "sync_exposed": 2 * MS,

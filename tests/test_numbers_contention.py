@@ -12,7 +12,7 @@ from storegen import MS, Host, make_run
 from perfscope.analysis import Selection, run_analysis
 from perfscope.explain import explain
 from perfscope.explain.finding import Finding
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 CPUS = 8
 

@@ -15,8 +15,8 @@ from storegen import MS, Comm, Gpu, Host, make_run, ring_transfer_ns
 from perfscope import duckdb_check
 from perfscope.analysis import Selection, run_analysis
 from perfscope.analysis.registry import ANALYSES
-from perfscope.store import open_store
-from perfscope.user_sql import UserSql
+from perfscope.store.open import open_store
+from perfscope.store.user_sql import UserSql
 
 T_EARLY = 1_795_376_592_782_345_742  # the two minima: another run started earlier
 T_LATE = 1_795_376_611_901_414_366

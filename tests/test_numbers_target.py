@@ -14,7 +14,7 @@ from storegen import make_run
 from perfscope.analysis import Selection, run_analysis
 from perfscope.cli import main
 from perfscope.explain import explain
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 STEPS = 60
 

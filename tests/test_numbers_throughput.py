@@ -10,7 +10,7 @@ from storegen import MS, make_run
 
 from perfscope.analysis import Selection, run_analysis
 from perfscope.explain import explain
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 PERIOD = 4
 LOCAL = {"data": 1 * MS, "forward": 10 * MS, "backward": 20 * MS, "sync_exposed": 0, "optimizer": 1 * MS}

@@ -11,7 +11,7 @@ from storegen import make_run
 from perfscope.analysis import Selection, run_analysis
 from perfscope.cli import main
 from perfscope.explain import explain
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 
 def test_the_same_crowding_is_said_once(tmp_path: Path) -> None:

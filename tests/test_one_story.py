@@ -29,7 +29,7 @@ from perfscope.explain import explain
 from perfscope.report import collect
 from perfscope.report.model import ChartBlock, Ref, Section, TableBlock
 from perfscope.report.text import literal
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 
 def _plain_ddp(root: Path, run_id: str = "ddp-n2", **kw: Any) -> None:

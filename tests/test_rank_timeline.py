@@ -15,8 +15,8 @@ from perfscope.analysis import rank_timeline as rank_timeline_module
 from perfscope.analysis.rank_timeline import MAX_WINDOW_STEPS, window_intervals
 from perfscope.charts import rank_timeline_chart
 from perfscope.charts.style import PHASE_COLOURS
-from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+from perfscope.store.open import open_store
+from perfscope.store.writer import StoreWriter
 
 SLOW_STEP, SLOW_RANK, SLOW_FORWARD_NS = 25, 1, 30 * MS
 BUCKETS = 2

@@ -19,10 +19,10 @@ import pytest
 
 import perfscope
 from perfscope import PerfscopeWarning, open_store
-from perfscope.compact import compact
-from perfscope.leftovers import clean_leftovers
-from perfscope.schema import PARTITION_KEY, TABLES
-from perfscope.writer import StoreWriter, segment_dir
+from perfscope.store.compact import compact
+from perfscope.store.leftovers import clean_leftovers
+from perfscope.store.schema import PARTITION_KEY, TABLES
+from perfscope.store.writer import StoreWriter, segment_dir
 
 #: the child sets up for this long between profile() and its first step (a model, a loader)
 SETUP_S = 1.0

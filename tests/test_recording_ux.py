@@ -13,7 +13,7 @@ import pytest
 import perfscope
 from perfscope.collectors import profiler
 from perfscope.errors import PerfscopeWarning
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 ROOT = Path(__file__).parent.parent
 GAP_S = 0.02

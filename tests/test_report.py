@@ -25,7 +25,7 @@ from perfscope.cli import main
 from perfscope.report import PDF_REFUSAL, Progress, render_report
 from perfscope.report.model import format_value
 from perfscope.report.sections import ANALYSES_USED
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 SECTION_IDS = (
     "overview",

@@ -13,7 +13,7 @@ from test_report_store import build_study
 from perfscope import sample_traces
 from perfscope.analysis import Selection
 from perfscope.report import write_report
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 pytestmark = pytest.mark.browser
 

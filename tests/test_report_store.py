@@ -10,7 +10,7 @@ from pathlib import Path
 from storegen import DEFAULT_PHASES, MS, Comm, Gpu, Host, make_run
 
 from perfscope.analysis import Selection, run_analysis
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 WORLD_SIZES = (1, 2, 4)
 GPUS_PER_NODE = 2

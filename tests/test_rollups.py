@@ -19,11 +19,11 @@ from test_analysis_steady import alternating, unaligned_run
 
 from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.cli import main
-from perfscope.compact import compact
 from perfscope.errors import PerfscopeWarning
-from perfscope.rollups import META_ROLLUP, ROLLUP_DIR, rollup_index, write_rollups
-from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+from perfscope.store.compact import compact
+from perfscope.store.open import open_store
+from perfscope.store.rollups import META_ROLLUP, ROLLUP_DIR, rollup_index, write_rollups
+from perfscope.store.writer import StoreWriter
 
 #: A small window grid, so that short test runs span many windows and cuts fall inside them.
 WINDOW = 7
@@ -354,8 +354,8 @@ def test_a_real_job_leaves_its_rollups_at_close(tmp_path: Path, capsys: pytest.C
 def test_a_closing_writer_leaves_a_run_too_large_for_it_to_compact(tmp_path: Path) -> None:
     """Rollups at close are bounded like the merge: a run whose steps exceed the bound is rolled up by
     `perfscope compact`, not by the writer that closes last."""
-    from perfscope.compact import compact_host
-    from perfscope.writer import host_tag
+    from perfscope.store.compact import compact_host
+    from perfscope.store.writer import host_tag
 
     _study(tmp_path)  # its writers rolled up each run as they closed
     assert _covered(tmp_path) == {"n1", "n2", "n4", "n8", "comm4", "alt"}

@@ -27,8 +27,8 @@ from perfscope.analysis import Selection
 from perfscope.cli import VERBS, _parser, main
 from perfscope.report import collect, render_report
 from perfscope.report.model import REFERENCE, ChartBlock, Num, Ref, Section, TableBlock, device_unit
-from perfscope.store import open_store
-from perfscope.user_sql import REFUSED_EXIT
+from perfscope.store.open import open_store
+from perfscope.store.user_sql import REFUSED_EXIT
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = sample_traces.bundled()

@@ -19,9 +19,9 @@ pytest.importorskip("boto3")
 from collect_helpers import free_port
 from test_s3_store import _upload_store, client, endpoint, s3env, small_store
 
-from perfscope import objectstore
 from perfscope.errors import PerfscopeWarning, StoreError
-from perfscope.store import open_store
+from perfscope.store import objectstore
+from perfscope.store.open import open_store
 
 #: test_s3_store's fixtures, used here by name: its moto server, a fresh bucket, a small real store
 FIXTURES = (endpoint, s3env, small_store)
@@ -148,7 +148,7 @@ def test_redact_masks_user_info_and_query_strings_and_the_endpoint_user_info_any
 WRITER = """
 import os, sys, time
 from pathlib import Path
-from perfscope import objectstore
+from perfscope.store import objectstore
 import perfscope
 if sys.argv[3] == "never":  # a writer killed before its first upload pass
     objectstore.UPLOAD_INTERVAL_S = 3600.0

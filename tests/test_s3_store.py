@@ -25,10 +25,10 @@ boto3 = pytest.importorskip("boto3")
 from collect_helpers import ddp_worker, free_port, results_ok, run_ranks  # noqa: E402
 from pyarrow import fs  # noqa: E402
 
-from perfscope import objectstore  # noqa: E402
 from perfscope.cli import main  # noqa: E402
 from perfscope.errors import PerfscopeWarning, StoreError  # noqa: E402
-from perfscope.store import open_store  # noqa: E402
+from perfscope.store import objectstore  # noqa: E402
+from perfscope.store.open import open_store  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,12 +22,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from perfscope import PerfscopeWarning, open_store
-from perfscope import live as live_module
-from perfscope.compact import compact
-from perfscope.live import LIVE_READ_MAX_BYTES, LiveSegment, read_live, twin, writer_alive
-from perfscope.schema import TABLES
-from perfscope.store import list_store
-from perfscope.writer import StoreWriter, rows_to_table, segment_dir, write_segment
+from perfscope.store import live as live_module
+from perfscope.store.compact import compact
+from perfscope.store.listing import list_store
+from perfscope.store.live import LIVE_READ_MAX_BYTES, LiveSegment, read_live, twin, writer_alive
+from perfscope.store.schema import TABLES
+from perfscope.store.segments import write_segment
+from perfscope.store.writer import StoreWriter, rows_to_table, segment_dir
 
 
 def _step(rank: int, step: int) -> tuple[object, ...]:
@@ -168,7 +169,7 @@ def test_hostile_live_segments_are_skipped_and_named(tmp_path: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import sys
-    from perfscope.writer import StoreWriter
+    from perfscope.store.writer import StoreWriter
     w = StoreWriter(sys.argv[1], "r", roll_interval_s=0.02, writer_id="killed")
     for i in range(500):
         w.append("steps", (1, i, 10**18 + i, 1, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
@@ -259,7 +260,7 @@ def test_a_reader_never_sees_doubled_or_missing_rows_while_segments_are_sealed_a
 
 
 def test_leftovers_know_the_merge_temporaries_and_never_take_a_live_segment(tmp_path: Path) -> None:
-    from perfscope.leftovers import clean_leftovers
+    from perfscope.store.leftovers import clean_leftovers
 
     part = segment_dir(tmp_path, "steps", "r")
     part.mkdir(parents=True)
@@ -375,7 +376,7 @@ def test_a_sealed_segment_is_the_twin_encoded_alongside_in_row_groups(
 FORKING_WRITER = textwrap.dedent(
     """
     import multiprocessing, sys, time
-    from perfscope.writer import StoreWriter
+    from perfscope.store.writer import StoreWriter
     w = StoreWriter(sys.argv[1], "r", roll_interval_s=0.02, writer_id="forking")
     for i in range(500):
         w.append("steps", (1, i, 10**18 + i, 1, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
@@ -484,7 +485,7 @@ KILLED_AT_UNLINK = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from perfscope.writer import StoreWriter
+    from perfscope.store.writer import StoreWriter
     unlink = Path.unlink
     def killed_before_the_live_segment_goes(self, missing_ok=False):
         if self.suffix == ".arrows":  # the twin is in place: killed before the segment is removed
@@ -561,7 +562,7 @@ def test_a_seal_read_back_from_the_stream_holds_the_lock_until_its_twin_is_in_pl
 ) -> None:
     # the twin encoded alongside is lost (a cleaner took its temporary file), so the seal reads the
     # stream back; a `perfscope compact` running right then must not seal and merge the segment too
-    from perfscope import writer as writer_module
+    from perfscope.store import writer as writer_module
 
     monkeypatch.setattr(live_module, "ROW_GROUP_ROWS", 10)
     with StoreWriter(tmp_path, "r", writer_id="before", merge_at_close=False) as before:

@@ -18,7 +18,8 @@ from tables import assert_tables_close
 
 from perfscope.analysis import Selection, run_analysis
 from perfscope.simulate.presets import PARTITIONS
-from perfscope.store import Store, open_store
+from perfscope.store.open import open_store
+from perfscope.store.reader import Store
 
 BUNDLED = Path(__file__).resolve().parent.parent / "sample_traces" / "seed-study"
 

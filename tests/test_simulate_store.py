@@ -13,10 +13,10 @@ import pytest
 
 from perfscope.cli import main
 from perfscope.errors import PerfscopeError
-from perfscope.schema import TABLES
 from perfscope.simulate import write_study
 from perfscope.simulate.presets import parse_config
-from perfscope.store import open_store
+from perfscope.store.open import open_store
+from perfscope.store.schema import TABLES
 
 SMALL: dict[str, Any] = {
     "seed": 5,

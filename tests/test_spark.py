@@ -28,7 +28,7 @@ from test_store_is_plain_parquet import (
     perfscope_scaling,
 )
 
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install pyspark)")
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perfscope import PerfscopeError, PerfscopeWarning, open_store
-from perfscope.user_sql import UserSql, check_query
-from perfscope.writer import StoreWriter
+from perfscope.store.user_sql import UserSql, check_query
+from perfscope.store.writer import StoreWriter
 
 ACCEPTED = [
     "SELECT 1",
@@ -153,7 +153,7 @@ IDLE_SESSIONS = """
 import gc, json, sys
 import psutil
 from perfscope import open_store
-from perfscope.user_sql import UserSql
+from perfscope.store.user_sql import UserSql
 
 held = []
 with open_store(sys.argv[1]) as s:
@@ -212,7 +212,7 @@ def test_queries_at_once_are_bounded_across_sessions(store: Path, monkeypatch: p
     import threading
     import time
 
-    from perfscope import user_sql
+    from perfscope.store import user_sql
 
     monkeypatch.setattr(user_sql, "SLOT_WAIT_S", 0.5)
     slow = "SELECT count(*) FROM range(10000000000) a"

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from perfscope import PerfscopeWarning, StoreError, open_store
-from perfscope.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
-from perfscope.writer import StoreWriter
+from perfscope.store.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+from perfscope.store.writer import StoreWriter
 
 
 def _step(rank: int, step: int) -> tuple[object, ...]:
@@ -174,7 +174,7 @@ def test_read_only_queries_only(store: Path) -> None:
 def test_unwritable_store_never_raises_into_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import perfscope.writer as writer_mod
+    import perfscope.store.writer as writer_mod
 
     def full(*a: object, **k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

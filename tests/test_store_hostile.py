@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from perfscope import PerfscopeError, PerfscopeWarning, open_store
 from perfscope.cli import main
-from perfscope.compact import compact
-from perfscope.schema import META_REPLACES, META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
-from perfscope.store import Store
-from perfscope.user_sql import UserSql
-from perfscope.writer import StoreWriter
+from perfscope.store.compact import compact
+from perfscope.store.reader import Store
+from perfscope.store.schema import META_REPLACES, META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+from perfscope.store.user_sql import UserSql
+from perfscope.store.writer import StoreWriter
 
 DEMO = Path(__file__).resolve().parent.parent / "sample_traces" / "demo-cpu"
 
@@ -236,7 +236,7 @@ def _forge(part: Path, claim: bytes, rows: pa.Table | None = None) -> Path:
 
 
 def _honest_claim(segs: list[Path]) -> list[dict[str, object]]:
-    from perfscope.store import content_digest
+    from perfscope.store.segments import content_digest
 
     return [
         {

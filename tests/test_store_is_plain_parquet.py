@@ -20,11 +20,11 @@ import pytest
 from storegen import MS, T0_NS, make_run, row
 
 from perfscope.analysis import run_analysis
-from perfscope.compact import compact
 from perfscope.simulate import plan_runs, write_runs
 from perfscope.simulate.presets import parse_config
-from perfscope.store import open_store
-from perfscope.writer import StoreWriter
+from perfscope.store.compact import compact
+from perfscope.store.open import open_store
+from perfscope.store.writer import StoreWriter
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "sample_traces" / "demo-cpu"

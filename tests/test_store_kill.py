@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from perfscope import open_store
-from perfscope.compact import compact
+from perfscope.store.compact import compact
 
 ROLL_S = 0.25
 
@@ -21,7 +21,7 @@ SLACK_S = 0.35
 CHILD = textwrap.dedent(
     """
     import os, sys, time
-    from perfscope.writer import StoreWriter
+    from perfscope.store.writer import StoreWriter
     w = StoreWriter(sys.argv[1], "killed", roll_interval_s=float(sys.argv[2]))
     # the job's own account of its appends, straight to the OS (a SIGKILL keeps it)
     log = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -80,7 +80,7 @@ def test_sigkill_loses_at_most_one_roll_interval(tmp_path: Path) -> None:
 FIRST_ROWS = textwrap.dedent(
     """
     import sys
-    from perfscope.writer import StoreWriter
+    from perfscope.store.writer import StoreWriter
     comm = (0, 1, 0, "send", None, 8, 1, 2, "host", 1, 2, 2, None, "forward")
     with StoreWriter(sys.argv[1], "first", roll_interval_s=60) as w:
         for seq, is_async in enumerate((False, True, None)):

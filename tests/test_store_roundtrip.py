@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perfscope import SCHEMA_VERSION, open_store
-from perfscope.schema import META_VERSION, TABLES
-from perfscope.writer import StoreWriter
+from perfscope.store.schema import META_VERSION, TABLES
+from perfscope.store.writer import StoreWriter
 
 _LIMITS = {pa.int16(): 2**15 - 1, pa.int32(): 2**31 - 1, pa.int64(): 2**63 - 1}
 
@@ -102,7 +102,7 @@ def test_segments_carry_schema_metadata(tmp_path: Path) -> None:
 
 
 def test_schema_doc_is_generated_from_code() -> None:
-    from perfscope.schema import markdown
+    from perfscope.store.schema import markdown
 
     doc = Path(__file__).parent.parent / "docs" / "schema.md"
     assert doc.read_text() == markdown(), "run `make schema` to regenerate docs/schema.md"

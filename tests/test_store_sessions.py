@@ -12,7 +12,7 @@ from storegen import make_run
 from perfscope.analysis import Selection
 from perfscope.analysis.cache import store_cache, temp_table
 from perfscope.analysis.registry import ANALYSES, run_analysis
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 
 def test_a_refresh_that_finds_nothing_new_keeps_the_listing_and_the_temp_tables(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from storegen import MS, make_run
 
 from perfscope.analysis import run_analysis
 from perfscope.explain import explain
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 CPU = {"device": False, "device_model": "cpu", "backend": "gloo", "cpu_count": 2, "gpus_per_node": 2}
 

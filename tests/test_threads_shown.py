@@ -14,7 +14,7 @@ from perfscope.analysis import Selection
 from perfscope.report import collect
 from perfscope.report.model import ChartBlock, TableBlock
 from perfscope.report.text import literal
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 CPU = {"device": False, "device_model": "cpu", "backend": "gloo", "host": Host(), "experiment": "cpu"}
 

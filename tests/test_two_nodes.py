@@ -16,8 +16,8 @@ import pytest
 from nodes import ALLREDUCE_BYTES, BIN, Nodes, allreduce_script, job_script, record, unavailable
 
 from perfscope.analysis import run_analysis
-from perfscope.store import open_store
-from perfscope.writer import host_tag
+from perfscope.store.open import open_store
+from perfscope.store.writer import host_tag
 
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "nodes available")
 

@@ -17,7 +17,7 @@ import pytest
 
 from perfscope.analysis import Selection, run_analysis
 from perfscope.explain import explain
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 STUDY = Path("/work/shared/traces/straggler-study")
 if not STUDY.exists():  # the repository's copy, wherever the checkout is
@@ -304,7 +304,7 @@ def test_hostile_op_tables_are_refused_in_one_line(tmp_path: Path, case: str, sa
 def test_version_2_stores_read_the_layout_as_null(tmp_path: Path) -> None:
     """Segments written before schema version 3 lack the layout columns: they read as NULL, and
     what_if leaves such runs out instead of failing."""
-    from perfscope.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+    from perfscope.store.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
 
     assert SCHEMA_VERSION >= 3
     store = tmp_path / "store-old"

@@ -26,7 +26,7 @@ from perfscope.charts.what_if import (
 )
 from perfscope.report import collect
 from perfscope.report.model import ChartBlock, Num, TableBlock, format_value
-from perfscope.store import open_store
+from perfscope.store.open import open_store
 
 PATTERNS = Path(samples.__file__).resolve().parent / "patterns-cpu"
 #: the pipeline run of the bundled sample store (2 stages, 1 dp rank each)

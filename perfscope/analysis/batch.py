@@ -6,7 +6,7 @@ import re
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .cache import temp_table
 from .registry import analysis
 from .scaling import grouped_stats_table

@@ -19,7 +19,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from ..store import Listing, Store
+from ..store.listing import Listing
+from ..store.reader import Store
 
 T = TypeVar("T")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..rollups import rank_sums_sql
-from ..store import Store
+from ..store.reader import Store
+from ..store.rollups import rank_sums_sql
 from .cache import temp_table
 from .registry import analysis
 from .selection import Selection

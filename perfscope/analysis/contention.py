@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .registry import analysis
 from .selection import Selection
 from .steady import runs_table, window_table

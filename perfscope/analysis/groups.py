@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..store import Store
+from ..store.reader import Store
 from ..words import joined, known
 from .cache import memo, temp_table
 from .selection import Selection, sql_literal

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from ..words import counted
 from .cache import memo
 from .fitting import MIN_POINTS, NormalFormModel, fit_normal_form

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .groups import groups_table
 from .registry import analysis
 from .selection import Selection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .registry import analysis
 from .scaling import GROUP_SELECT, grouped_stats_table, scaling_table
 from .selection import Selection

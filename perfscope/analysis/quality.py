@@ -7,9 +7,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..rollups import rank_sums_sql
-from ..store import Store
-from ..warmup import MIN_STEADY_STEPS
+from ..store.reader import Store
+from ..store.rollups import rank_sums_sql
+from ..store.warmup import MIN_STEADY_STEPS
 from ..words import joined, ordinal
 from .fitting import MIN_POINTS
 from .groups import group_name

@@ -11,7 +11,7 @@ import dataclasses
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .registry import analysis
 from .selection import Selection, sql_literal
 from .steady import runs_table, thresholds_table

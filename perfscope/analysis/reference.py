@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .registry import analysis
 from .selection import Selection
 from .sync import sync_table

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .cache import memo
 from .selection import Selection
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .cache import temp_table
 from .groups import groups_table
 from .registry import analysis

@@ -3,9 +3,9 @@ every other analysis reads (two scans of `steps`, cached per store and selection
 
 from __future__ import annotations
 
-from ..rollups import by_step_sql, rank_sums_sql, step_bounds_sql
-from ..store import Store
-from ..warmup import cut_sql, fallback_sql, warmup_sql
+from ..store.reader import Store
+from ..store.rollups import by_step_sql, rank_sums_sql, step_bounds_sql
+from ..store.warmup import cut_sql, fallback_sql, warmup_sql
 from .cache import temp_table
 from .selection import Selection
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..rollups import by_step_sql
-from ..store import Store
+from ..store.reader import Store
+from ..store.rollups import by_step_sql
 from .cache import temp_table
 from .registry import analysis
 from .scaling import grouped_stats_table

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..store import Store
+from ..store.reader import Store
 from .cache import memo, temp_table
 from .fitting import MIN_POINTS, AlphaBetaFit, fit_alpha_beta
 from .registry import analysis

@@ -16,7 +16,8 @@ from ..analysis import DEFINITIONS, Selection, run_analysis
 from ..analysis.groups import group_name
 from ..errors import PerfscopeError
 from ..explain import Finding, explain
-from ..store import Store, open_store
+from ..store.open import open_store
+from ..store.reader import Store
 from ..terminal import (
     format_rows,
     heading,

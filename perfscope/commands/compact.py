@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..compact import compact
 from ..errors import PerfscopeError
-from ..objectstore import refuse_s3
+from ..store.compact import compact
+from ..store.objectstore import refuse_s3
 from ..words import counted
 
 

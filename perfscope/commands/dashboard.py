@@ -50,7 +50,7 @@ def _store(given: str | None) -> Path:
             return sample_traces.path(sample_traces.DEFAULT)
         except KeyError as exc:
             raise PerfscopeError(f"no store given and {exc.args[0]}; give a store folder") from None
-    from ..objectstore import is_s3_url, sync_mirror
+    from ..store.objectstore import is_s3_url, sync_mirror
 
     if is_s3_url(given):  # the app opens the mirror folder, which it reads as the store at `given`
         return sync_mirror(given)
@@ -67,7 +67,7 @@ def _store(given: str | None) -> Path:
 
 def _root(given: str | None, store_arg: str | None, store: Path) -> str:
     """The folder (or s3:// prefix) the sidebar may open stores under."""
-    from ..objectstore import is_s3_url
+    from ..store.objectstore import is_s3_url
 
     if given is None:
         return store_arg if store_arg is not None and is_s3_url(store_arg) else str(store)

@@ -8,7 +8,7 @@ import sys
 
 from ..exporters import perfetto
 from ..output import check_output_file
-from ..store import open_store
+from ..store.open import open_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import PerfscopeError
 from ..importers import IMPORTERS, importer
 from ..importers.common import ImportOptions, check_paths, ranks_in_range, stopped_by_signals
-from ..objectstore import refuse_s3
+from ..store.objectstore import refuse_s3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

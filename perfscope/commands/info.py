@@ -22,8 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..schema import PARTITION_KEY
-from ..store import Block, Store, open_store, sql_text
+from ..store.listing import Block, sql_text
+from ..store.open import open_store
+from ..store.reader import Store
+from ..store.schema import PARTITION_KEY
 from ..terminal import format_table, heading, printable, terminal_width, use_colour, wrap
 from ..words import counted
 

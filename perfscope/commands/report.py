@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..analysis import Selection
 from ..errors import PerfscopeError
-from ..store import open_store
+from ..store.open import open_store
 from ..words import counted
 
 

@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     options = profile_options(args)  # every flag checked before anything is made or started
     _startable(command[0])
     from ..collectors.profiler import DISABLE_ENV
-    from ..objectstore import RUN_TAG_ENV, is_s3_url, parse_url
+    from ..store.objectstore import RUN_TAG_ENV, is_s3_url, parse_url
 
     if is_s3_url(args.store):  # each process uploads its own staging folder; checked before the job
         parse_url(args.store)
@@ -277,7 +277,7 @@ def _wait(
 def _s3_outcome(url: str, env: dict[str, str]) -> str:
     """The last line for a job recorded to `url`: where it went, or, when some of its processes could
     not upload all they recorded, how much is left and where (the job's status is not changed)."""
-    from ..objectstore import RUN_TAG_ENV, kept_staging
+    from ..store.objectstore import RUN_TAG_ENV, kept_staging
     from ..words import counted
 
     kept = [(folder, n) for folder, n in kept_staging(env[RUN_TAG_ENV]) if n]

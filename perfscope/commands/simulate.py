@@ -32,7 +32,7 @@ from ..simulate.presets import (
     parse_config,
     with_overrides,
 )
-from ..store import open_store
+from ..store.open import open_store
 from ..terminal import format_rows, terminal_width
 from ..words import counted, plural
 

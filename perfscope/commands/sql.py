@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 
 from ..errors import PerfscopeError
 from ..output import check_output_file, csv_text, open_output, printable_columns
-from ..schema import TABLES
-from ..store import open_store
+from ..store.open import open_store
+from ..store.schema import TABLES
+from ..store.user_sql import DEFAULT_MEMORY_LIMIT, Rows, UserSql
 from ..terminal import format_table, terminal_width, use_colour
-from ..user_sql import DEFAULT_MEMORY_LIMIT, Rows, UserSql
 from ..words import counted
 
 Emit = Callable[[str], object]

@@ -14,7 +14,8 @@ from typing import Any
 from ..analysis import Selection
 from ..errors import PerfscopeError, StoreError
 from ..explain import explain
-from ..store import Store, open_store
+from ..store.open import open_store
+from ..store.reader import Store
 from ..terminal import format_rows, heading, style, terminal_width, use_colour, wrap
 from ..words import joined, known
 

@@ -11,7 +11,7 @@ import warnings
 
 from ..analysis import Selection
 from ..errors import PerfscopeWarning
-from ..store import Store
+from ..store.reader import Store
 from . import rules_comm, rules_compute, rules_patterns, rules_quality, rules_topology, rules_what_if  # noqa: F401  (registers rules)
 from .biggest_loss import uncovered_losses
 from .context import Context

@@ -6,7 +6,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..analysis import Selection, run_analysis
-from ..store import Store
+from ..store.reader import Store
 
 Row = dict[str, Any]
 

@@ -18,7 +18,7 @@ from typing import Any
 from ..analysis.rank_timeline import window_intervals
 from ..errors import PerfscopeError, shown
 from ..output import open_output
-from ..store import Store
+from ..store.reader import Store
 
 #: tid of each kind of track within a rank's process; span depth d gets SPAN_TID + d
 STEP_TID, SPAN_TID, COMM_TID = 1, 10, 100

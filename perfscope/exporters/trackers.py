@@ -21,7 +21,8 @@ from typing import Any
 from ..analysis import Selection, run_analysis
 from ..errors import PerfscopeError
 from ..explain import explain
-from ..store import Store, open_store
+from ..store.open import open_store
+from ..store.reader import Store
 
 TRACKERS = ("mlflow", "wandb", "tensorboard")
 #: per-step metrics, in ms: the step as the job saw it (its slowest rank) and each phase's rank mean

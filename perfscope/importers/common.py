@@ -26,10 +26,10 @@ from typing import Any
 
 from ..errors import PerfscopeError, one_line, shown
 from ..output import store_target
-from ..rollups import ROLLUP_DIR
-from ..schema import PARTITION_KEY, TABLES
-from ..store import partition_value_problem
-from ..writer import StoreWriter, segment_dir
+from ..store.listing import partition_value_problem
+from ..store.rollups import ROLLUP_DIR
+from ..store.schema import PARTITION_KEY, TABLES
+from ..store.writer import StoreWriter, segment_dir
 
 #: canonical phases of a steps row, in column order (after rank, step, start_ns, step_ns)
 PHASES = ("data", "forward", "backward", "sync", "optimizer")

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..collectors.step_rows import CANONICAL
 from ..errors import PerfscopeError
-from ..schema import TABLES
+from ..store.schema import TABLES
 from .common import (
     MAX_EPOCH_NS,
     ImportOptions,

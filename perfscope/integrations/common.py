@@ -110,7 +110,7 @@ def export_run(
     try:
         from ..analysis import Selection
         from ..exporters.trackers import export, mlflow_note
-        from ..store import open_store
+        from ..store.open import open_store
 
         with open_store(store, warn=False) as st:
             export(st, tracker, destination, Selection(run_ids=(run_id,)))

@@ -29,7 +29,7 @@ from ..analysis import ANALYSES, DEFINITIONS, Selection, run_analysis
 from ..errors import PerfscopeError
 from ..explain import explain
 from ..output import check_output_file, csv_text, output_folder, write_output
-from ..store import Store
+from ..store.reader import Store
 from .model import Finding, Report
 from .sections import ANALYSES_USED, build_sections, context
 

@@ -22,8 +22,8 @@ import pyarrow as pa
 from .. import __version__
 from ..errors import PerfscopeError
 from ..output import is_store_folder, store_target
-from ..schema import TABLES
-from ..writer import StoreWriter
+from ..store.schema import TABLES
+from ..store.writer import StoreWriter
 from .model import (
     Backend,
     Convergence,

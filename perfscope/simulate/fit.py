@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PerfscopeError
-from ..store import Store
+from ..store.reader import Store
 from .model import (
     ACTIVE_IDLE_FACTOR,
     KERNEL_POWER_SHARE,

@@ -23,21 +23,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import StoreError
+from ..errors import StoreError
 from .leftovers import clean_leftovers
+from .listing import check_root, list_store, rows_contained
 from .live import LIVE_SUFFIX, dictionary_columns, read_live, twin, writer_alive
 from .rollups import write_rollups
 from .schema import META_REPLACES, META_TABLE, META_VERSION, PARTITION_KEY, SCHEMA_VERSION, TABLES
-from .store import (
-    Segment,
-    SkippedFile,
-    _check_root,
-    content_digest,
-    list_store,
-    replaces_metadata,
-    rows_contained,
-)
-from .writer import LIVE_MAX_AGE_S, write_segment
+from .segments import LIVE_MAX_AGE_S, Segment, SkippedFile, content_digest, replaces_metadata, write_segment
 
 ROW_GROUP_ROWS = 1_000_000
 #: how long `compact` waits for the store's lock before saying another compaction holds it
@@ -133,7 +125,7 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
     reader that listed the folder just before is not left holding names of files already gone.
     """
     root_path = Path(root).resolve()
-    _check_root(root_path)
+    check_root(root_path)
     try:
         # a closing writer's merge holds the lock for seconds (capped): wait that long, not a compaction's
         with _store_lock(root_path, wait_s=COMPACT_WAIT_S) as locked:
@@ -146,7 +138,7 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
             if not dry_run:  # temporary files of killed compactions and writers, DuckDB spill folders
                 result.leftovers_removed = clean_leftovers(root_path)
                 # and what killed importers staged (their claims' locks are free)
-                from .importers.common import IMPORTS_DIR, recover_stale_imports
+                from ..importers.common import IMPORTS_DIR, recover_stale_imports
 
                 if recover_stale_imports(root_path):
                     with contextlib.suppress(OSError):

@@ -34,16 +34,13 @@ import secrets
 import stat
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from .store import Replaced, Segment
+from .segments import RANGE_COLUMNS, Segment, parse_replaces
 
 MANIFEST_NAME = ".perfscope-manifest"
 #: the format of the file; another value (an older or newer perfscope's) is ignored and rewritten
@@ -54,9 +51,6 @@ MANIFEST_MAX_BYTES = 1 << 28
 #: opening a store saves the manifest only when it read at least this many footers the manifest
 #: lacked (or dropped as many gone files): a write into the user's folder, only when it pays off
 SAVE_MIN_CHANGES = 1000
-#: columns whose smallest and largest values (from the footer statistics) are kept: `perfscope
-#: info` takes ranks, first step and last step from them instead of reading every file
-RANGE_COLUMNS = ("rank", "start_ns", "step_ns")
 _RANGE_FIELDS = tuple(f"{c}_{end}" for c in RANGE_COLUMNS for end in ("min", "max"))
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -76,26 +70,6 @@ _SCHEMA = pa.schema(
 )
 #: what an entry must hold to be used (the claim and the ranges may be missing)
 _REQUIRED = ("folder", "name", "size_bytes", "mtime_ns", "version", "columns", "num_rows", "footprint")
-
-
-class _Store:
-    """store.py's Segment and claim parser, looked up once: store.py imports this module, so this one
-    cannot import it at the top."""
-
-    @functools.cached_property
-    def Segment(self) -> type[Segment]:
-        from .store import Segment
-
-        return Segment
-
-    @functools.cached_property
-    def parse_replaces(self) -> Callable[[bytes | None], tuple[tuple[Replaced, ...], str]]:
-        from .store import _parse_replaces
-
-        return _parse_replaces
-
-
-_store = _Store()
 
 
 _WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
@@ -270,7 +244,7 @@ class Entries:
         names = self.names()
         claims = cols.replaces.slice(a, b - a)
         raws = [None] * (b - a) if claims.null_count == b - a else claims.to_pylist()
-        parsed = [_store.parse_replaces(r) if r is not None else ((), "") for r in raws]
+        parsed = [parse_replaces(r) if r is not None else ((), "") for r in raws]
         ends = [
             values[a:b].tolist()
             if ok[a:b].all()
@@ -280,7 +254,7 @@ class Entries:
         fps = cols.footprints
         return list(
             map(
-                _store.Segment,
+                Segment,
                 [self.folder + n for n in names],
                 names,
                 repeat(self.table),

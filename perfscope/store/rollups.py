@@ -24,19 +24,21 @@ import warnings
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import PerfscopeWarning
+from ..errors import PerfscopeWarning
+from ..words import counted
+from .listing import list_store, outside, view_sql
 from .schema import PARTITION_KEY
+from .segments import Segment
 from .warmup import default_cut_sql
-from .words import counted
 
 if TYPE_CHECKING:
-    from .store import Segment, Store
+    from .reader import Store
 
 ROLLUP_DIR = "_rollups"
 ROLLUP_VERSION = 1
@@ -142,8 +144,6 @@ def write_rollups(
     rollups were written; returns how many runs got new ones. A run whose sums overflow 64 bits keeps
     none (the raw rows answer), and so does one whose steps files come to more than `max_bytes`
     (a closing writer's bound: `perfscope compact` rolls those up)."""
-    from .store import _view_sql, list_store
-
     root = Path(root).resolve()
     only = next(iter(run_ids)) if run_ids is not None and len(run_ids) == 1 else None
     listing = list_store(root, run_id=only)  # one run's listing reads only its partitions
@@ -164,7 +164,7 @@ def write_rollups(
             continue
         with duckdb.connect(":memory:") as con:
             con.execute("SET enable_progress_bar=false")
-            con.execute(f"CREATE TEMP VIEW steps AS {_view_sql('steps', segs)}")
+            con.execute(f"CREATE TEMP VIEW steps AS {view_sql('steps', segs)}")
             n = "(max(step) - min(step) + 1)"
             row = con.execute(f"SELECT min(step) + {default_cut_sql(n)} FROM steps").fetchone()
             if row is None or row[0] is None:
@@ -251,20 +251,21 @@ def _problem(path: Path, kind: str, run_segs: list[Segment]) -> tuple[str, dict[
 
 def rollup_index(store: Store) -> dict[str, RunRollup]:
     """Per run id: the rollups that cover exactly the run's current steps segments and agree with
-    them; computed once per store listing."""
-    from .analysis.cache import memo
+    them; computed once per store listing (kept with the listing: a refresh that finds nothing new
+    keeps it)."""
+    listing = store.listing
+    found = listing.derived.get("rollup_index")
+    if found is None:
+        found = listing.derived.setdefault("rollup_index", _index(store, listing.of("steps")))
+    return cast("dict[str, RunRollup]", found)
 
-    return memo(store, ("rollup_index",), lambda: _index(store))
 
-
-def _index(store: Store) -> dict[str, RunRollup]:
-    from .store import _outside
-
+def _index(store: Store, steps: list[Segment]) -> dict[str, RunRollup]:
     base = store.root / ROLLUP_DIR
-    if not base.is_dir() or _outside(base, store.root) is not None:
+    if not base.is_dir() or outside(base, store.root) is not None:
         return {}
     by_run: dict[str, list[Segment]] = {}
-    for seg in store.segments("steps"):
+    for seg in steps:
         by_run.setdefault(seg.path.parent.name, []).append(seg)
     found: dict[str, tuple[Path, Path, dict[str, object]]] = {}
     bad: list[str] = []
@@ -272,7 +273,7 @@ def _index(store: Store) -> dict[str, RunRollup]:
         if any(s.path.suffix != ".parquet" for s in segs):
             continue  # a live segment is being appended to: raw rows until the next compaction
         paths = [base / part_name / f"{k}.parquet" for k in (BY_STEP, BY_WINDOW)]
-        if not all(p.is_file() and _outside(p, store.root) is None for p in paths):
+        if not all(p.is_file() and outside(p, store.root) is None for p in paths):
             continue
         problems = [_problem(p, k, segs) for p, k in zip(paths, (BY_STEP, BY_WINDOW), strict=True)]
         whys = [why for why, _ in problems if why and why != "stale"]
@@ -286,7 +287,7 @@ def _index(store: Store) -> dict[str, RunRollup]:
     if found:
         index, disagree = _check_contents(store, found, by_run)
         bad += disagree
-    if bad and store._warn:
+    if bad and store.warns:
         lines = "\n".join(f"  {b}" for b in bad[:10])
         warnings.warn(
             f"perfscope: ignored {counted(len(bad), 'rollup')} in {base}; "

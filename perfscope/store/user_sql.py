@@ -17,13 +17,17 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
 
-from .duckdb_check import configure as configure_duckdb
-from .errors import PerfscopeError
-from .store import Listing, Store, _spill_dir, create_views
+from ..duckdb_check import configure as configure_duckdb
+from ..errors import PerfscopeError
+from .listing import Listing, create_views, spill_dir
+
+if TYPE_CHECKING:
+    from .reader import Store  # the store this session reads (reader.py builds on this module)
 
 #: DuckDB's memory for one user query; beyond it, sorts and joins spill to disk or the query fails
 DEFAULT_MEMORY_LIMIT = "2GB"
@@ -188,7 +192,7 @@ class UserSql:
         self._listing: Listing | None = None
         self._lock = threading.Lock()
         self._timed_out = False
-        self._spill = tempfile.mkdtemp(prefix="sql-", dir=_spill_dir())
+        self._spill = tempfile.mkdtemp(prefix="sql-", dir=spill_dir())
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._spill, True)
 
     def _connection(self) -> duckdb.DuckDBPyConnection:

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import PerfscopeWarning, StoreError, one_line, warn_once
-from .words import counted
+from ..errors import PerfscopeWarning, StoreError, one_line, warn_once
+from ..words import counted
 
 SCHEME = "s3://"
 #: the most bytes / objects one sync may bring into the mirror (a prefix is untrusted input)
@@ -988,7 +988,7 @@ def start_upload(url: str, warn: Callable[[str, str], object] | None = None) -> 
 
 def open_mirrored(url: str, *, allow_empty: bool = False, warn: bool = True) -> Any:
     """The store at `url`, read through its local mirror; `refresh` syncs the mirror again first."""
-    from .store import Store
+    from .reader import Store
 
     class MirroredStore(Store):
         #: the s3:// address this store mirrors

@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from ..errors import warn_once
 from . import leftovers
-from .errors import warn_once
-from .live import LIVE_SUFFIX, LiveSegment, dictionary_columns, read_live, twin
+from .live import LIVE_SUFFIX, LiveSegment, read_live, twin
 from .schema import PARTITION_KEY, TABLES
+from .segments import LIVE_MAX_AGE_S, write_segment
 
 Row = Sequence[Any]
 
@@ -49,7 +49,6 @@ _PULL = object()  # pull_soon(): take the sources' rows now
 FIRST_ROWS_POLL_S = 0.05
 #: a live segment is sealed into Parquet once it is this large or this old
 LIVE_MAX_BYTES = 64 << 20
-LIVE_MAX_AGE_S = 600.0
 #: close() merges this host's sealed files of a table of the run only up to this size (`perfscope
 #: compact` does the rest: a merge re-encodes, about 4 s per 1M step rows on a loaded 2-core machine),
 #: waiting at most MERGE_WAIT_S for another merge or compaction to finish: close() stays well within
@@ -80,25 +79,6 @@ class WriterStats:
 
 def segment_dir(root: str | os.PathLike[str], table: str, run_id: str) -> Path:
     return Path(root) / table / f"{PARTITION_KEY}={run_id}"
-
-
-def write_segment(
-    path: Path, table: pa.Table, *, compression: str = "zstd", row_group_size: int | None = None
-) -> None:
-    """Write `table` to `path` atomically: temporary hidden name, close, rename."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        pq.write_table(
-            table,
-            tmp,
-            compression=compression,
-            row_group_size=row_group_size,
-            use_dictionary=dictionary_columns(table.schema),
-        )
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 #: numpy's dtype of each numeric Arrow type. Columns are built from buffers: pa.array and
@@ -610,7 +590,7 @@ class StoreWriter:
         lock too long or the store cannot be locked; any other failure is one warning."""
         if not self._merge_at_close or not self.stats.segments_written:
             return
-        from .compact import compact_host  # the analysis side's imports, only at close
+        from .compact import compact_host  # DuckDB and the listing: imported only at close
 
         try:
             result = compact_host(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -17,21 +16,19 @@ import stat
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .duckdb_check import configure as configure_duckdb
-from .errors import PerfscopeWarning, StoreError, one_line, warn_once
+from ..errors import StoreError, one_line, warn_once
 from .live import LIVE_SUFFIX, read_live, twin
-from .manifest import RANGE_COLUMNS, SAVE_MIN_CHANGES, Entries, Manifest
+from .manifest import SAVE_MIN_CHANGES, Entries, Manifest
 from .schema import (
     META_REPLACES,
     META_TABLE,
@@ -41,6 +38,7 @@ from .schema import (
     SCHEMA_VERSION,
     TABLES,
 )
+from .segments import RANGE_COLUMNS, Segment, SkippedFile, content_digest, parse_replaces
 
 _DUCK_TYPES = {
     pa.int16(): "SMALLINT",
@@ -51,61 +49,6 @@ _DUCK_TYPES = {
     pa.string(): "VARCHAR",
     pa.bool_(): "BOOLEAN",
 }
-
-
-@dataclass(frozen=True)
-class SkippedFile:
-    path: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Replaced:
-    """One segment a compacted file says it holds the rows of: the claim checked before it is honoured."""
-
-    name: str
-    rows: int
-    size_bytes: int
-    blake2b: str
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """One segment read. (manifest.Entries.segments makes them with positional arguments, in the
-    order of these fields.)"""
-
-    #: the file's absolute path (`path` makes it a Path on demand: a listing of 100,000 segments
-    #: builds no Path objects; slots, not a __dict__, for the same reason)
-    file: str
-    #: the file's name (the last part of `file`)
-    name: str
-    table: str
-    version: int
-    columns: frozenset[str]
-    num_rows: int
-    replaces: tuple[Replaced, ...]
-    #: size and footer of the file, hashed: equal for identical copies (confirmed by content_digest)
-    footprint: str = ""
-    #: why the file's `perfscope.replaces` cannot be honoured, when it cannot
-    claim_problem: str = ""
-    #: a live segment's complete batches, read when it was listed (None for a Parquet segment)
-    live: pa.Table | None = field(default=None, compare=False, repr=False)
-    #: smallest and largest value of each of the manifest's RANGE_COLUMNS, in turn, from the footer
-    #: statistics (None where a row group has none; a row group of NULLs only adds nothing)
-    ranges: tuple[int | None, ...] = ()
-    #: the file's `perfscope.replaces` metadata as written (kept in the manifest)
-    replaces_raw: bytes | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def path(self) -> Path:
-        return Path(self.file)
-
-    def range_of(self, column: str) -> tuple[int, int] | None:
-        """The smallest and largest value of `column` (one of RANGE_COLUMNS) in the file, when the
-        footer gave them."""
-        k = 2 * RANGE_COLUMNS.index(column)
-        lo, hi = self.ranges[k : k + 2] or (None, None)
-        return (lo, hi) if lo is not None and hi is not None and lo <= hi else None
 
 
 @dataclass(eq=False)
@@ -174,6 +117,8 @@ class Listing:
     doubtful: list[SkippedFile] = field(default_factory=list)
     #: live segments not read because their sealed Parquet twin is (a seal was interrupted, or is under way)
     sealed_live: list[Path] = field(default_factory=list)
+    #: facts computed from this listing by the layers above (rollups.rollup_index), kept with it
+    derived: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def segments(self) -> dict[str, list[Segment]]:
@@ -245,7 +190,7 @@ _cache_lock = threading.Lock()
 _live_cache: dict[str, tuple[int, int, Segment]] = {}
 
 
-def _outside(path: Path, root: Path) -> Path | None:
+def outside(path: Path, root: Path) -> Path | None:
     """Where `path` really leads when that is outside `root` (a symbolic link out of the store)."""
     try:
         real = path.resolve()
@@ -264,7 +209,7 @@ def _inspect(
     try:
         st = os.lstat(file)
         if stat.S_ISLNK(st.st_mode):
-            real = _outside(Path(file), root)
+            real = outside(Path(file), root)
             if real is not None:
                 return SkippedFile(file, f"a symbolic link to {real}, outside the store")
             st = os.stat(file)
@@ -309,7 +254,7 @@ def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
     version = _check_meta(path, kv, arrow_schema, table, "Parquet file")
     if isinstance(version, SkippedFile):
         return version
-    replaces, claim_problem = _parse_replaces(kv.get(META_REPLACES))
+    replaces, claim_problem = parse_replaces(kv.get(META_REPLACES))
     return Segment(
         file=str(path),
         name=path.name,
@@ -410,12 +355,6 @@ def _footprint(path: Path) -> str:
     return hashlib.blake2b(f"{size}\0".encode() + footer, digest_size=16).hexdigest()
 
 
-def content_digest(path: Path) -> str:
-    """The blake2b hash of the file's bytes: what a compacted file records of each segment it replaces."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
-
-
 def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
     if found == expected:
         return True
@@ -435,47 +374,6 @@ def _type_problem(arrow_schema: pa.Schema, table: str) -> str:
         if want is not None and not _same_type(f.type, want):
             return f"column {f.name!r} has type {f.type}, but the {table} table's schema says {want}"
     return ""
-
-
-def _parse_replaces(raw: bytes | None) -> tuple[tuple[Replaced, ...], str]:
-    """The segments a compacted file claims to replace, or () and why its claim cannot be read."""
-    if raw is None:
-        return (), ""
-    try:
-        entries = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return (), "its perfscope.replaces metadata is not JSON"
-    if not isinstance(entries, list):
-        return (), "its perfscope.replaces metadata is not a list"
-    claims: list[Replaced] = []
-    for e in entries:
-        if isinstance(e, str):
-            # written by an older perfscope: names only; harmless once they are gone, never honoured
-            claims.append(Replaced(e, -1, -1, ""))
-            continue
-        if not (
-            isinstance(e, dict)
-            and isinstance(e.get("name"), str)
-            and all(type(e.get(k)) is int and e[k] >= 0 for k in ("rows", "size_bytes"))
-            and isinstance(e.get("blake2b"), str)
-        ):
-            return (), "its perfscope.replaces metadata has an entry without name, rows, size and hash"
-        claims.append(Replaced(e["name"], e["rows"], e["size_bytes"], e["blake2b"]))
-    return tuple(claims), ""
-
-
-def replaces_metadata(segments: list[Segment]) -> bytes:
-    """What a compacted file records of the segments it replaces: names, row counts, sizes, hashes."""
-    entries = [
-        {
-            "name": s.path.name,
-            "rows": s.num_rows,
-            "size_bytes": s.path.stat().st_size,
-            "blake2b": content_digest(s.path),
-        }
-        for s in sorted(segments, key=lambda s: s.path.name)
-    ]
-    return json.dumps(entries).encode()
 
 
 def _check_version(seg: Segment) -> None:
@@ -513,7 +411,7 @@ def _partition_dirs(table_dir: Path, root: Path, skipped: list[SkippedFile]) -> 
             if problem:
                 skipped.append(SkippedFile(str(entry), f"a foreign folder: {problem}"))
                 continue
-            real = _outside(entry, root)
+            real = outside(entry, root)
             if real is not None:
                 skipped.append(SkippedFile(str(entry), f"a folder leading to {real}, outside the store"))
                 continue
@@ -660,7 +558,7 @@ def list_store(
         listing.blocks[name] = blocks
         if not table_dir.is_dir():
             continue
-        real = _outside(table_dir, root)
+        real = outside(table_dir, root)
         if real is not None:
             listing.skipped.append(
                 SkippedFile(str(table_dir), f"a folder leading to {real}, outside the store")
@@ -816,7 +714,7 @@ def _lstat(name: str, folder_fd: int) -> os.stat_result | None:
         return None
 
 
-def _view_sql(table: str, segments: list[Segment]) -> str:
+def view_sql(table: str, segments: list[Segment]) -> str:
     cols = TABLES[table].columns
     if not segments:
         select = ", ".join(
@@ -874,10 +772,10 @@ def create_views(
     verb = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW"
     for name in chosen:
         try:
-            con.execute(f"{verb} {name} AS {_view_sql(name, listing.of(name))}")
+            con.execute(f"{verb} {name} AS {view_sql(name, listing.of(name))}")
         except duckdb.BinderException:  # a manifest entry named a column its file lacks
             listing.reread(name)
-            con.execute(f"{verb} {name} AS {_view_sql(name, listing.of(name))}")
+            con.execute(f"{verb} {name} AS {view_sql(name, listing.of(name))}")
     return registered
 
 
@@ -920,230 +818,13 @@ def _columns_sql(
     return ", ".join(parts)
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
     """Whether `text` is valid UTF-8 (an undecodable file name comes back as lone surrogates)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
-
-
-_FILE_IN_ERROR = re.compile(r"""["']?(/[^"'\s]+?\.parquet)["']?""")
-
-
-class Store:
-    """A store opened for reading. `con` has one view per table; `query` survives concurrent compaction."""
-
-    def __init__(self, root: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True):
-        self.root = Path(root).resolve()
-        if not _is_utf8(str(self.root)):  # DuckDB takes only UTF-8 paths: say so before it fails
-            raise StoreError(
-                f"the store path {one_line(str(self.root))} is not valid UTF-8, and perfscope reads "
-                "stores through DuckDB, which takes only UTF-8 paths; rename the folder (or link to it "
-                "from a UTF-8 name)"
-            )
-        self._allow_empty = allow_empty
-        self._warn = warn
-        self._forced_skips: dict[str, str] = {}
-        self._lock = threading.RLock()
-        self._spill_dir = _spill_dir()
-        self._con = duckdb.connect(":memory:")
-        self._con.execute(f"SET temp_directory='{self._spill_dir}'")
-        # DuckDB's default limit is 80 % of the machine: analyses of a store of thousands of ranks
-        # would take that much before spilling. PERFSCOPE_MEMORY_LIMIT ("4GB", "512MiB") moves it.
-        # (a literal, as every statement of an open: DuckDB's first bound parameter imports pandas,
-        # 0.3 s and 45 MB; analysis_memory_limit() returns only a size it checked)
-        self._con.execute(f"SET memory_limit={sql_text(analysis_memory_limit())}")
-        # DuckDB draws a progress bar on stdout for long queries, which would corrupt --json output
-        self._con.execute("SET enable_progress_bar=false")
-        self._con.execute(
-            "SET allowed_directories=["
-            + ", ".join(sql_text(str(p)) for p in (self.root, self._spill_dir))
-            + "]"
-        )
-        self._con.execute("SET enable_external_access=false")
-        configure_duckdb(self._con)
-        self._con.execute("SET lock_configuration=true")
-        self.listing = Listing()
-        self._listed = False
-        self._live_names: set[str] = set()
-        #: tables whose view is (re)created when a query first names one: binding a view reads a
-        #: footer per file, which a store of 100,000 segments cannot afford at every open
-        self._views_due: set[str] = set()
-        self.refresh()
-
-    @property
-    def skipped(self) -> list[SkippedFile]:
-        return self.listing.skipped + [SkippedFile(p, r) for p, r in self._forced_skips.items()]
-
-    @property
-    def doubtful(self) -> list[SkippedFile]:
-        """Files read whose claim to replace other segments was ignored, and why."""
-        return self.listing.doubtful
-
-    def segments(self, table: str) -> list[Segment]:
-        return self.listing.of(table)
-
-    def row_count(self, table: str) -> int:
-        return self.listing.row_count(table)
-
-    def refresh(self) -> None:
-        """Re-list the folder (new segments, compactions) and rebuild the views."""
-        with self._lock:
-            for attempt in range(8):
-                try:
-                    self._rebuild()
-                    return
-                except (duckdb.IOException, FileNotFoundError):
-                    # a file vanished between listing and binding (DuckDB's or pyarrow's message): a
-                    # compaction or a seal finished; list again
-                    if attempt == 7:
-                        raise
-
-    def _rebuild(self) -> None:
-        _check_root(self.root)
-        listing = list_store(self.root)
-        if self._forced_skips:
-            listing.drop(set(self._forced_skips))
-        if not self._allow_empty and not any(listing.blocks.values()):
-            reasons = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in listing.skipped[:3])
-            raise StoreError(
-                f"{self.root} holds no perfscope data"
-                + (f" (skipped {len(listing.skipped)} files: {reasons})" if listing.skipped else "")
-                + ". Record a run into it with perfscope.profile(...) or try `perfscope demo`."
-            )
-        if self._listed and listing.signature() == self.listing.signature():
-            return  # nothing new: the views, live relations and what analyses built over them stand
-        self._listed = True
-        new_skips = {s.path for s in listing.skipped} - {s.path for s in self.listing.skipped}
-        new_doubts = {s.path for s in listing.doubtful} - {s.path for s in self.listing.doubtful}
-        self.listing = listing
-        live = {live_relation(seg) for seg in listing.live_segments()}
-        for gone in self._live_names - live:
-            self._con.unregister(gone)
-        self._live_names &= live
-        self._views_due = set(listing.blocks)
-        if self._warn and new_skips:
-            self._warn_skipped([s for s in listing.skipped if s.path in new_skips])
-        if self._warn and new_doubts:
-            self._warn_skipped([s for s in listing.doubtful if s.path in new_doubts], verb="read, but")
-
-    def _warn_skipped(self, skipped: list[SkippedFile], verb: str = "skipped") -> None:
-        lines = "\n".join(f"  {s.path}: {s.reason}" for s in skipped[:10])
-        more = f"\n  ... and {len(skipped) - 10} more" if len(skipped) > 10 else ""
-        warnings.warn(
-            f"perfscope: {verb} {len(skipped)} file(s) in {self.root}:\n{lines}{more}",
-            PerfscopeWarning,
-            stacklevel=3,
-        )
-
-    @property
-    def con(self) -> duckdb.DuckDBPyConnection:
-        """The connection, with one view per table."""
-        with self._lock:
-            for attempt in range(8):
-                try:
-                    self._create_views(None)
-                    break
-                except duckdb.IOException:
-                    # a file vanished between listing and binding: a compaction finished; list again
-                    if attempt == 7:
-                        raise
-                    self.refresh()
-            return self._con
-
-    def _create_views(self, sql: str | None) -> None:
-        """Create the views `sql` may name (a word of the text, so a mention in a string counts too,
-        but not a folder in a file path; all of them when `sql` is None) that are not up to date
-        with the listing."""
-        due = {
-            t
-            for t in self._views_due
-            if sql is None or re.search(rf"(?<![/\\])\b{t}\b(?![/\\])", sql, re.IGNORECASE)
-        }
-        if due:
-            self._live_names |= create_views(self._con, self.listing, replace=True, tables=due)
-            self._views_due -= due
-
-    def query(self, sql: str, params: list[Any] | dict[str, Any] | None = None) -> pa.Table:
-        """Run `sql` and return an Arrow table; a segment compacted away or found corrupt mid-query
-        is handled by re-listing the store and trying again."""
-        last: Exception | None = None
-        for _ in range(20):
-            with self._lock:
-                try:
-                    self._create_views(sql)
-                    rel = self._con.sql(sql, params=params)
-                    if rel is None:  # a statement that returns nothing
-                        return pa.table({})
-                    return rel.to_arrow_table()
-                except (duckdb.IOException, duckdb.InvalidInputException, FileNotFoundError) as exc:
-                    last = exc  # FileNotFoundError: pyarrow found a segment gone (a compaction)
-                    if not self.recover(exc):
-                        raise
-        assert last is not None
-        raise last
-
-    def recover(self, exc: BaseException) -> bool:
-        """After a query failed with `exc`: True when a store file named in it vanished (a compaction
-        finished) or fails when read on its own (skipped from now on) and the views were rebuilt, so
-        the query may run again; False when the failure is the query's own. A file a query merely
-        failed to read some other way (`read_csv` of a segment) is never marked bad."""
-        bad = self._file_named_in(str(exc))
-        listed = {f for blocks in self.listing.blocks.values() for b in blocks for f in b.files()}
-        if bad is None or bad not in listed:
-            return False  # only the store's own segments are re-listed or marked, never a path a query named
-        with self._lock:
-            if Path(bad).exists():
-                if bad in self._forced_skips or not _unreadable(Path(bad)):
-                    return False
-                self._forced_skips[bad] = f"unreadable during a query: {str(exc).splitlines()[0]}"
-                if self._warn:
-                    self._warn_skipped([SkippedFile(bad, self._forced_skips[bad])])
-            self.refresh()
-        return True
-
-    def _file_named_in(self, message: str) -> str | None:
-        for m in _FILE_IN_ERROR.finditer(message):
-            if m.group(1).startswith(str(self.root)):
-                return m.group(1)
-        return None
-
-    def read_only_query(self, sql: str, *, timeout_s: float | None = None) -> pa.Table:
-        """Run a user's SQL (one plain query) on a private read-only connection; see `user_sql`."""
-        from .user_sql import UserSql
-
-        with UserSql(self) as session:
-            fetched = session.fetch(sql, timeout_s=timeout_s)
-        if fetched.bound:
-            raise StoreError(
-                f"the result is larger than perfscope holds in memory ({fetched.bound}); narrow it "
-                "(WHERE, LIMIT, fewer columns) or stream it to a file with `perfscope sql -o`"
-            )
-        return fetched.table
-
-    def close(self) -> None:
-        self._con.close()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _unreadable(path: Path) -> bool:
-    """Whether DuckDB fails to read every row of the Parquet file at `path` on a connection of its own."""
-    con = duckdb.connect(":memory:")
-    try:
-        for _ in con.sql("SELECT * FROM read_parquet(?)", params=[str(path)]).to_arrow_reader(65536):
-            pass
-        return False
-    except Exception:
-        return True
-    finally:
-        con.close()
 
 
 _spill: list[str] = []
@@ -1167,7 +848,7 @@ def analysis_memory_limit() -> str:
     return DEFAULT_ANALYSIS_MEMORY_LIMIT
 
 
-def _spill_dir() -> str:
+def spill_dir() -> str:
     """One folder per process where DuckDB may spill large aggregations; removed at exit."""
     with _cache_lock:
         if not _spill:
@@ -1177,7 +858,7 @@ def _spill_dir() -> str:
         return _spill[0]
 
 
-def _check_root(root: Path) -> None:
+def check_root(root: Path) -> None:
     if not root.exists():
         raise StoreError(
             f"{root} does not exist. Give the folder a run was recorded into "
@@ -1190,16 +871,3 @@ def _check_root(root: Path) -> None:
             f"{root} is not a perfscope store: it has none of the table folders "
             f"({', '.join(TABLES)}). Point at the folder given to perfscope.profile(...)."
         )
-
-
-def open_store(path: str | os.PathLike[str], *, allow_empty: bool = False, warn: bool = True) -> Store:
-    """Open the store at `path` for reading: `store.con` has one view per table, `store.query`
-    returns Arrow tables. Raises StoreError with what to do when the path holds no store. An
-    s3://bucket/prefix, or the folder that mirrors one, is read through that mirror, synced first
-    (objectstore.py)."""
-    from .objectstore import is_s3_url, mirror_source, open_mirrored
-
-    url = str(path) if is_s3_url(path) else mirror_source(path)
-    if url is not None:
-        return open_mirrored(url, allow_empty=allow_empty, warn=warn)
-    return Store(path, allow_empty=allow_empty, warn=warn)
