@@ -7,7 +7,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from .dist_recorder import quiet
+from .dist_recorder import group_members, quiet
 from .faults import Faults
 from .phases import Timeline
 
@@ -55,10 +55,13 @@ def is_ddp(model: Any) -> bool:
 class HookState:
     """Passed by DDP to `recording_hook` on every bucket; carries the user's hook and state."""
 
-    __slots__ = ("active", "element_bytes", "faults", "hook", "state", "timeline")
+    __slots__ = ("active", "element_bytes", "faults", "group", "hook", "state", "timeline")
 
-    def __init__(self, timeline: Timeline, faults: Faults, hook: Any, state: Any) -> None:
+    def __init__(
+        self, timeline: Timeline, faults: Faults, hook: Any, state: Any, group: tuple[int | None, str | None]
+    ) -> None:
         self.timeline = timeline
+        self.group = group  # the model's process group: size and members (comm.group_ranks)
         self.faults = faults
         self.hook = hook
         self.state = state
@@ -81,6 +84,7 @@ def recording_hook(state, bucket):
         collective = state.timeline.begin_collective(
             "allreduce", bucket.index(), nbytes, overlapped=True, group=state
         )  # one model's buckets share its process group: each waits for the one before
+        collective.group_size, collective.group_ranks = state.group
     except Exception as exc:
         state.faults.report("ddp_hook_failed", f"perfscope: could not record a DDP bucket ({exc!r}).")
     with quiet():  # the bucket is recorded here: the hook's dist.all_reduce must not count again
@@ -133,6 +137,13 @@ def instrument_ddp(
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         comm_hook, comm_state = allreduce_hook, model.process_group
-    state = HookState(timeline, faults, comm_hook, comm_state)
+    import torch.distributed as dist
+
+    group: tuple[int | None, str | None]
+    try:
+        group = group_members(dist, model.process_group)
+    except Exception:
+        group = (None, None)  # NULL: matched by the run's world size
+    state = HookState(timeline, faults, comm_hook, comm_state, group)
     model.register_comm_hook(state, recording_hook)
     return state

@@ -111,6 +111,19 @@ def _nbytes(value: Any, kind: str, group_size: int) -> int:
     return 0
 
 
+def group_members(dist: Any, group: Any) -> tuple[int, str | None]:
+    """A process group's size and its members' global ranks as `comm.group_ranks` ('0,2'); None
+    (the default group) is every rank. The members are None where torch cannot say (matched by size)."""
+    if group is None:
+        size = int(dist.get_world_size())
+        return size, ",".join(map(str, range(size)))
+    size = int(dist.get_world_size(group))
+    try:
+        return size, ",".join(map(str, sorted(dist.get_process_group_ranks(group))))
+    except Exception:  # not a member, or a torch without it
+        return size, None
+
+
 class DistRecorder:
     """Installs the wrappers on `start`, removes them on `stop`; one per profile."""
 
@@ -194,16 +207,7 @@ class DistRecorder:
     def _group(self, group: Any) -> tuple[Any, int, str | None]:
         known = self._groups.get(id(group))
         if known is None:
-            if group is None:
-                size = self._world_size
-                ranks: str | None = ",".join(map(str, range(size)))
-            else:
-                size = int(self.dist.get_world_size(group))
-                try:
-                    ranks = ",".join(map(str, sorted(self.dist.get_process_group_ranks(group))))
-                except Exception:  # not a member, or a torch without it: matched by size then
-                    ranks = None
-            known = self._groups[id(group)] = (group, size, ranks)
+            known = self._groups[id(group)] = (group, *group_members(self.dist, group))
         return known
 
     def _group_size(self, group: Any) -> int:

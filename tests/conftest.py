@@ -24,6 +24,7 @@ SLOW_MODULES = frozenset(
         "test_collect_demo",
         "test_collect_dist_recorder",
         "test_collect_gpu",
+        "test_collect_layout",
         "test_collect_profile",
         "test_collect_samples",
         "test_comm_patterns",

@@ -8,6 +8,7 @@ One launch of 4 processes records five runs, one after the other, each into its 
   fastest, like init_device_mesh);
 - `mesh`: profile(parallel=init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")));
 - `bad`: parallel={"dp": 3, "pp": 3} on 4 ranks: one warning, NULL coordinates, the job goes on;
+- `ddp`: a DDP model on each stage's data-parallel group (its buckets are that group's);
 - `megatron_off`, `megatron`: a small module shaped after Megatron-LM's documented
   megatron.core.parallel_state (its function names; tensor fastest, then data, then pipeline),
   imported but not initialised (nothing recorded), then initialised with pp = 2.
@@ -167,6 +168,15 @@ def layout_job(rank: int, world_size: int, root: str) -> dict[str, Any]:
             small(prof)
             bad_steps = 2
     layout_warnings = [str(w.message) for w in caught if "parallel layout" in str(w.message)]
+    # DDP on each stage's data-parallel group: its buckets are that group's
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Linear(4, 4), process_group=stage_groups[rank % 2]
+    )
+    with perfscope.profile(f"{root}/ddp", **opts) as prof:
+        prof.watch(model)
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+            prof.step()
     sys.path.insert(0, f"{root}/fake")
     import megatron.core.parallel_state as ps  # the stand-in
 
@@ -265,6 +275,12 @@ def test_collectives_record_their_process_group(recorded: tuple[Path, dict[int, 
         pair = f"{rank & ~1},{rank | 1}"  # the rank and its neighbour stage
         for op in ("send", "recv"):  # the default group's size; the transfer's two sides
             assert seen[(rank, op)] == (rank ^ 1, WORLD, pair)
+    buckets = _query(
+        root / "ddp", "SELECT DISTINCT rank, group_size, group_ranks FROM comm WHERE bucket IS NOT NULL"
+    )
+    assert sorted((b["rank"], b["group_size"], b["group_ranks"]) for b in buckets) == [
+        (r, 2, "0,2" if r % 2 == 0 else "1,3") for r in range(WORLD)
+    ]
     # the default group is every rank
     world = _query(root / "mesh", "SELECT DISTINCT group_ranks, group_size FROM comm WHERE op = 'allreduce'")
     assert world == [{"group_ranks": "0,1,2,3", "group_size": WORLD}]
