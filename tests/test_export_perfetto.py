@@ -15,6 +15,7 @@ from collect_helpers import ddp_worker, run_ranks
 
 from perfscope import open_store
 from perfscope.cli import main
+from perfscope.exporters.perfetto_ideal import IDEAL_PID
 
 REAL = Path(__file__).parent / "data" / "kineto-w2-allreduce-rank0.json.gz"
 
@@ -78,7 +79,10 @@ def test_collector_run_round_trips(ddp_store: Path, tmp_path: Path) -> None:
     assert len(_slices(doc, "span")) == _count(ddp_store, "SELECT count(*) FROM spans WHERE run_id = ?", p)
     assert len(_slices(doc, "comm")) == _count(ddp_store, "SELECT count(*) FROM comm WHERE run_id = ?", p) > 0
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
-    assert sorted(names) == [0, 1] and all(n.endswith(f"/rank {pid}") for pid, n in names.items())
+    recorded = {pid: n for pid, n in names.items() if pid < IDEAL_PID}
+    assert sorted(recorded) == [0, 1] and all(n.endswith(f"/rank {pid}") for pid, n in recorded.items())
+    # beside them, the what-if's ideal step of each rank (tests/test_what_if_views.py checks its times)
+    assert all(n == f"ideal/rank {pid - IDEAL_PID}" for pid, n in names.items() if pid >= IDEAL_PID)
     # durations in µs, from the store's ns
     with open_store(ddp_store) as s:
         total_ns = float(s.query("SELECT sum(step_ns) FROM steps WHERE run_id = ?", p).column(0)[0].as_py())

@@ -4,6 +4,7 @@ What-if section and the dashboard's What-if tab show them, on op tables imported
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from perfscope.charts.what_if import (
     what_if_heatmap,
     what_if_steps,
 )
+from perfscope.exporters.perfetto_ideal import IDEAL_PID, IDEAL_STEP_TID
 from perfscope.report import collect
 from perfscope.report.model import ChartBlock, Num, TableBlock, format_value
 from perfscope.store.open import open_store
@@ -194,3 +196,60 @@ def test_dashboard_tab_on_the_sample_store() -> None:
     at = clean(open_page(PATTERNS, "run", run="20261123T191907Z-d4a36cbc", run_tab="What-if"))
     assert any("No what-if for this run" in i.value for i in at.info)
     assert not list(at.get("vega_lite_chart"))
+
+
+def _export(store: Path, out: Path, *extra: str) -> dict[str, Any]:
+    res = _cli("export", "perfetto", store, "-o", out, *extra)
+    assert res.returncode == 0, res.stderr
+    return json.loads(out.read_text())
+
+
+def test_perfetto_writes_the_ideal_step_beside_each_rank(slow_worker: Path, tmp_path: Path) -> None:
+    (row,) = _what_if(slow_worker).to_pylist()
+    doc = _export(slow_worker, tmp_path / "t.json", "--run", row["run_id"])
+    ev = doc["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert {p: n for p, n in names.items() if p >= IDEAL_PID} == {
+        IDEAL_PID + r: f"ideal/rank {r}" for r in range(8)
+    }
+    assert sorted(p for p in names if p < IDEAL_PID) == list(range(8))
+    assert all(e["ts"] >= 0 for e in ev if e["ph"] == "X")
+    ideal_steps = [e for e in ev if e["ph"] == "X" and e["cat"] == "ideal" and e["tid"] == IDEAL_STEP_TID]
+    per_step = {e["args"]["step"]: e["args"]["ideal_step_ns"] for e in ideal_steps}
+    assert len(per_step) == row["steps"] and len(ideal_steps) == 8 * row["steps"]
+    # the ideal steps are the analysis' ideal step (µs rounding apart)
+    assert sum(per_step.values()) / len(per_step) == pytest.approx(row["ideal_step_ns"], rel=1e-6)
+    recorded = [e["dur"] for e in ev if e["ph"] == "X" and e["cat"] == "step"]
+    assert sum(recorded) / len(recorded) > 1.2 * sum(per_step.values()) / len(per_step) / 1000
+    # the slow worker (rank 6, dp 2 at stage 1) computes as its dp peers do in the ideal, 1.6× in the record
+
+    def compute_us(pid: int, cat: str) -> float:
+        return sum(e["dur"] for e in ev if e["ph"] == "X" and e["pid"] == pid and e["cat"] == cat
+                   and e["name"] == "forward-compute")  # fmt: skip
+
+    assert compute_us(IDEAL_PID + 6, "ideal") == pytest.approx(compute_us(IDEAL_PID + 4, "ideal"), rel=0.05)
+    assert compute_us(6, "span") > 1.4 * compute_us(4, "span")
+    # a step window holds only its ideal steps; every ideal op lies inside its ideal step
+    one = _export(slow_worker, tmp_path / "one.json", "--run", row["run_id"], "--steps", "3:4")
+    ideal = [e for e in one["traceEvents"] if e["ph"] == "X" and e["cat"] == "ideal"]
+    assert {e["args"]["step"] for e in ideal} == {3, 4}
+    bounds = {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in ideal if e["tid"] == IDEAL_STEP_TID}
+    for e in ideal:
+        lo, hi = bounds[e["args"]["step"]]
+        assert lo - 0.01 <= e["ts"] and e["ts"] + e["dur"] <= hi + 0.01
+
+
+def test_perfetto_without_a_what_if_has_no_ideal_group(tmp_path: Path) -> None:
+    """The sample store's parameter-server run has no what-if row: no ideal process."""
+    doc = _export(PATTERNS, tmp_path / "ps.json", "--run", "20261123T191907Z-d4a36cbc")
+    assert not [e for e in doc["traceEvents"] if e["pid"] >= IDEAL_PID]
+    assert [e for e in doc["traceEvents"] if e.get("cat") == "step"]
+    pipe = _export(PATTERNS, tmp_path / "pipe.json", "--run", PIPELINE_RUN)
+    assert {
+        e["args"]["name"]
+        for e in pipe["traceEvents"]
+        if e["name"] == "process_name" and e["pid"] >= IDEAL_PID
+    } == {
+        "ideal/rank 0",
+        "ideal/rank 1",
+    }

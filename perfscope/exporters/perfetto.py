@@ -2,7 +2,9 @@
 
 One process per rank (named `host/rank N`): a `steps` track with one slice per step, one track per
 span depth (phases and user spans), and collective tracks (one slice per collective; overlapping
-collectives get lanes). GPU utilisation and power become counters of one process per host. Times
+collectives get lanes). GPU utilisation and power become counters of one process per host.
+A run with a what-if (perfscope.analysis.what_if) also gets its ideal step: one process per rank,
+`ideal/rank N`, beside the recorded ones (exporters/perfetto_ideal.py). Times
 (`ts`, `dur`) are µs from the first event shown; the wall-clock origin is in `otherData`.
 Reads the store through DuckDB only.
 """
@@ -102,7 +104,11 @@ def build(store: Store, run_id: str, window: StepWindow = StepWindow()) -> dict[
     spans = [i for i in intervals if i["kind"] == "span"]
     comm = [i for i in intervals if i["kind"] == "collective"]
     hosts = {i["rank"]: i["hostname"] for i in intervals if i["kind"] == "step"}
-    t_lo = min(s["start_ns"] for s in steps)
+    # the what-if analysis' ideal steps (None without a what-if): they may start before a steps row
+    from .perfetto_ideal import ideal_events, ideal_ops  # it reads this module's event helpers
+
+    ideal = ideal_ops(store, run_id, window.first, window.last)
+    t_lo = min([s["start_ns"] for s in steps] + ([int(ideal["step_start_ns"].min())] if ideal else []))
     t_hi = max(s["start_ns"] + s["step_ns"] for s in steps)
     gpu = store.query(
         "SELECT hostname, node_rank, gpu_index, ts_ns, util_gpu_pct, power_mw FROM gpu_samples "
@@ -163,6 +169,8 @@ def build(store: Store, run_id: str, window: StepWindow = StepWindow()) -> dict[
         if g["power_mw"] is not None:
             events.append({"ph": "C", "name": f"GPU {g['gpu_index']} power W", "pid": pid, "tid": 0,
                            "ts": ts, "args": {"power_w": g["power_mw"] / 1000.0}})  # fmt: skip
+    # the what-if analysis' ideal step of each rank, its own process beside the recorded one
+    events += ideal_events(ideal, t_lo)
     # metadata first, then each track in time order
     events.sort(key=lambda e: (e["ph"] != "M", e["pid"], e["tid"], e.get("ts", 0.0)))
     return {
