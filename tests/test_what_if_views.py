@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from test_charts import _datasets
@@ -26,8 +27,9 @@ from perfscope.charts.what_if import (
     what_if_steps,
 )
 from perfscope.exporters.perfetto_ideal import IDEAL_PID, IDEAL_STEP_TID
-from perfscope.report import collect
+from perfscope.report import collect, render_report
 from perfscope.report.model import ChartBlock, Num, TableBlock, format_value
+from perfscope.report.text import literal
 from perfscope.store.open import open_store
 
 PATTERNS = Path(samples.__file__).resolve().parent / "patterns-cpu"
@@ -253,3 +255,25 @@ def test_perfetto_without_a_what_if_has_no_ideal_group(tmp_path: Path) -> None:
         "ideal/rank 0",
         "ideal/rank 1",
     }
+
+
+#: an op type name that Markdown would turn into bold, an image fetched from a host, a colour and HTML
+EVIL = "**b** [x](http://h.example/x.png) :red[y] <i>"
+
+
+def test_store_strings_are_shown_literally(tmp_path: Path) -> None:
+    """An op table names its op types: the costliest one is quoted in the words of the dashboard and
+    the report, literally."""
+    t = synthetic(2, 1, slow={(1, 0): 1.5})
+    i = t.column_names.index("optype")
+    t = t.set_column(i, "optype", pc.if_else(pc.equal(t["optype"], "backward-compute"), EVIL, t["optype"]))
+    store = _store(tmp_path, t, 2, 1, "evil")
+    (row,) = _what_if(store).to_pylist()
+    assert row["by_op_type"][0]["op_type"] == EVIL
+    at = clean(open_page(store, "run", run=row["run_id"], run_tab="What-if"))
+    words = [m.value for m in at.markdown if "costliest op type" in m.value]
+    assert words and literal(EVIL) in words[0] and EVIL not in words[0]
+    with open_store(store) as s:
+        html = render_report(s, fmt="html").decode()
+    section = html[html.index('id="what-if"') :]
+    assert "&lt;i&gt;" in section and "<i>" not in section.split("<figure")[0]
