@@ -84,7 +84,7 @@ def software() -> dict[str, str]:
         "cuda_version": "",
         "nccl_version": "",
     }
-    from perfscope import __version__
+    from perfscope.version import __version__
 
     out["perfscope_version"] = __version__
     torch = sys.modules.get("torch")

@@ -12,11 +12,11 @@ from .store.open import open_store
 from .store.reader import Store
 from .store.schema import SCHEMA_VERSION
 from .store.writer import StoreWriter
+from .version import __version__
 
 if TYPE_CHECKING:
     from perfscope.collectors import profile
 
-__version__ = "0.1.0"
 
 __all__ = [
     "SCHEMA_VERSION",

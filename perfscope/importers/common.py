@@ -26,6 +26,16 @@ from typing import Any
 
 from ..errors import PerfscopeError, one_line, shown
 from ..output import store_target
+from ..store.imports import (
+    IMPORTS_DIR,
+    PUBLISHED,
+    PUBLISHING,
+    STAGING,
+    recover_stale_imports,
+    run_partitions,
+    same_file,
+    undo_import,
+)
 from ..store.listing import partition_value_problem
 from ..store.rollups import ROLLUP_DIR
 from ..store.schema import PARTITION_KEY, TABLES
@@ -183,21 +193,6 @@ def prepare_store(root: Path, run_id: str) -> Staging:
     return Staging(root, run_id)
 
 
-#: imports in progress, in the store's root: a claim file per run id and a staging store per import.
-#: A hidden folder: the listing reads only the tables' folders, so no reader sees a run being imported
-IMPORTS_DIR = ".imports"
-#: a claim's states: rows being written to the staging store; its partitions being renamed into the
-#: store; all of them renamed
-_STAGING, _PUBLISHING, _PUBLISHED = "staging", "publishing", "published"
-
-
-def _run_partitions(root: Path, run_id: str) -> list[Path]:
-    """The partition folders of `run_id` in every table of the store at `root`, and its rollups';
-    `runs` last: the run is listed once its other rows are all in place."""
-    names = [t for t in TABLES if t != "runs"] + [ROLLUP_DIR, "runs"]
-    return [root / t / f"{PARTITION_KEY}={run_id}" for t in names]
-
-
 class Staging:
     """One import's claim of a run id and the hidden staging store its rows are written to.
 
@@ -230,7 +225,7 @@ class Staging:
                     "(give another --run-id to import them again)"
                 )
             self.path.mkdir()
-            self._state(_STAGING)
+            self._state(STAGING)
         except BaseException:
             self._release()
             raise
@@ -260,10 +255,10 @@ class Staging:
                     f"another import of run {self.run_id} into {self.root} is running; wait for it, "
                     "or give another --run-id"
                 ) from None
-            if not _same_file(fd, path):  # released and removed between our open and our lock
+            if not same_file(fd, path):  # released and removed between our open and our lock
                 os.close(fd)
                 continue
-            _undo(self.root, fd, self._key)  # a killed importer's claim: what it left goes
+            undo_import(self.root, fd, self._key)  # a killed importer's claim: what it left goes
             return fd
 
     def _state(self, state: str) -> None:
@@ -288,12 +283,12 @@ class Staging:
             _publishing = False
 
     def _publish(self) -> None:
-        self._state(_PUBLISHING)
+        self._state(PUBLISHING)
         # rollups of a run the store does not hold (an older perfscope's failed import left them)
         shutil.rmtree(self.root / ROLLUP_DIR / f"{PARTITION_KEY}={self.run_id}", ignore_errors=True)
         moved: list[tuple[Path, Path]] = []
         try:
-            for dst in _run_partitions(self.root, self.run_id):
+            for dst in run_partitions(self.root, self.run_id):
                 src = self.path / dst.relative_to(self.root)
                 if not src.is_dir():
                     continue
@@ -309,7 +304,7 @@ class Staging:
                 f"could not put run {self.run_id} into {self.root} ({one_line(exc.strerror or str(exc))}); "
                 "nothing was imported"
             ) from None
-        self._state(_PUBLISHED)
+        self._state(PUBLISHED)
         self.discard()
 
     def discard(self) -> None:
@@ -321,7 +316,7 @@ class Staging:
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
-            if _same_file(self._fd, self._claim_path):
+            if same_file(self._fd, self._claim_path):
                 self._claim_path.unlink()
         os.close(self._fd)  # the lock goes with it
         self._fd = None
@@ -358,61 +353,6 @@ def stopped_by_signals() -> Iterator[None]:
     finally:
         for s, h in before.items():
             signal.signal(s, h)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _undo(root: Path, fd: int, key: str) -> None:
-    """Remove what the killed importer whose claim `fd` holds (locked) left: its staging stores, and
-    the partitions it had begun to publish (all renamed: they stay, the import had completed)."""
-    try:
-        claim = json.loads(os.pread(fd, 1 << 16, 0).decode("utf-8", "surrogateescape") or "{}")
-    except (OSError, ValueError):
-        claim = {}
-    if claim.get("state") == _PUBLISHING and isinstance(claim.get("run_id"), str):
-        for part in _run_partitions(root, claim["run_id"]):
-            shutil.rmtree(part, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root / IMPORTS_DIR):
-            if entry.name.startswith(f"{key}.") and entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def recover_stale_imports(root: Path) -> list[str]:
-    """Remove what killed importers left in the store (see Staging); returns the run ids cleaned."""
-    done: list[str] = []
-    folder = root / IMPORTS_DIR
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return done
-    for name in names:
-        if not name.endswith(".claim"):
-            continue
-        path = folder / name
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # its importer is running
-            if not _same_file(fd, path):
-                continue
-            _undo(root, fd, name.removesuffix(".claim"))
-            path.unlink(missing_ok=True)
-            done.append(name)
-        finally:
-            os.close(fd)
-    return done
 
 
 class RunImport:

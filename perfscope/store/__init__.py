@@ -7,8 +7,9 @@ What it promises, and where each promise is kept:
   analysis share (warmup.py).
 - Crash safety: a killed process loses at most its last interval of rows; the live Arrow stream is
   readable up to its last complete batch (live.py), a sealed file appears whole or not at all
-  (segments.write_segment), compaction never leaves rows missing or doubled (compact.py), and what
-  killed processes left behind is cleaned up (leftovers.py).
+  (segments.write_segment), an import is published whole or not at all (imports.py), compaction
+  never leaves rows missing or doubled (compact.py), and what killed processes left behind is
+  cleaned up (leftovers.py, imports.recover_stale_imports).
 - Off the job's thread: rows are written by one background thread, bounded (writer.py).
 - Files per host: the sealed segments one host wrote for a run are merged into one file per table
   when its last writer closes (writer.py, compact.compact_host); `perfscope compact` does the rest.
@@ -38,6 +39,7 @@ LAYERS = (
     "user_sql",
     "reader",
     "rollups",
+    "imports",
     "compact",
     "writer",
     "objectstore",

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StoreError
+from .imports import IMPORTS_DIR, recover_stale_imports
 from .leftovers import clean_leftovers
 from .listing import check_root, list_store, rows_contained
 from .live import LIVE_SUFFIX, dictionary_columns, read_live, twin, writer_alive
@@ -138,8 +139,6 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
             if not dry_run:  # temporary files of killed compactions and writers, DuckDB spill folders
                 result.leftovers_removed = clean_leftovers(root_path)
                 # and what killed importers staged (their claims' locks are free)
-                from ..importers.common import IMPORTS_DIR, recover_stale_imports
-
                 if recover_stale_imports(root_path):
                     with contextlib.suppress(OSError):
                         (root_path / IMPORTS_DIR).rmdir()  # when empty
