@@ -14,7 +14,11 @@ Not counted: calls made while another recorder owns the communication (`quiet()`
 `prof.collective`, perfscope's own rendezvous), and calls nested inside a recorded one
 (`all_gather_object` calling `all_gather`, `batch_isend_irecv` calling `isend`).
 Not seen: collectives that bypass the Python API (DDP's C++ reducer, functional collectives of
-DTensor/torch.compile, a ProcessGroup's methods called directly). A `P2POp` built inside the profile
+DTensor/torch.compile, a ProcessGroup's methods called directly). Of these, the functional
+collectives called eagerly through `torch.distributed._functional_collectives` (DTensor's
+redistributions, tensor parallelism) are noticed: the first is one warning (`events` kind
+'functional_collectives_unseen'); calls inside a torch.compile graph are not.
+A `P2POp` built inside the profile
 holds the recording `isend`; passed to `batch_isend_irecv` after the profile closed, it would read as
 a receive (pipelining builds its ops anew every step).
 """
@@ -64,6 +68,15 @@ P2P: dict[str, tuple[str, str, bool]] = {
     "isend": ("dst", "group_dst", True),
     "irecv": ("src", "group_src", True),
 }
+
+#: the eager entry points of torch.distributed._functional_collectives (DTensor calls them)
+FUNCTIONAL = (
+    "all_reduce", "all_reduce_coalesced", "all_gather_tensor", "all_gather_tensor_autograd",
+    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_autograd",
+    "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd", "permute_tensor",
+    "broadcast",
+)  # fmt: skip
+FUNCTIONAL_MODULE = "torch.distributed._functional_collectives"
 
 _local = threading.local()
 
@@ -139,7 +152,10 @@ class DistRecorder:
         self._groups: dict[int, tuple[Any, int, str | None]] = {}
         self._world_size = int(dist.get_world_size())
         self._rank = int(dist.get_rank())
+        self._pairs: dict[int, str] = {}  # peer -> comm.group_ranks of a transfer with it
         self._originals: dict[Any, Any] = {}  # wrapper -> original, for batch_isend_irecv
+        self._functional_watched = False
+        self.functional_seen = False
 
     @classmethod
     def for_process(cls, timeline: Timeline, faults: Faults) -> DistRecorder | None:
@@ -182,7 +198,49 @@ class DistRecorder:
 
             self._saved.append((c10d, "_check_op", orig_check))
             c10d._check_op = check_op
+        self.watch_functional()
         self.active = True
+
+    def watch_functional(self) -> None:
+        """Notice the first functional collective (not recorded: one warning), once the job imported
+        them (DTensor does); called at start and again when the training loop starts."""
+        import sys
+
+        funcol = sys.modules.get(FUNCTIONAL_MODULE)
+        if funcol is None or self._functional_watched:
+            return
+        self._functional_watched = True
+        try:
+            import torch
+
+            compiling = torch.compiler.is_compiling
+        except Exception:
+            return
+        rec = self
+
+        def noticed(name: str) -> None:
+            rec.functional_seen = True
+            rec.faults.report(
+                "functional_collectives_unseen",
+                f"perfscope: this job runs functional collectives ({name} of {FUNCTIONAL_MODULE}: DTensor, "
+                "tensor parallelism), which bypass torch.distributed's calls; they are not in `comm`.",
+            )
+
+        def wrap(name: str, orig: Any) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                # inside a torch.compile trace is_compiling() is a constant: the branch is gone
+                if not compiling() and rec.active and not rec.functional_seen:
+                    noticed(name)
+                return orig(*args, **kwargs)
+
+            return wrapper
+
+        for name in FUNCTIONAL:
+            orig = getattr(funcol, name, None)
+            if callable(orig):
+                self._saved.append((funcol, name, orig))
+                setattr(funcol, name, wrap(name, orig))
 
     def _patch(self, name: str, wrapper: Callable[..., Any], *, both: bool) -> None:
         for module in self._modules if both else self._modules[:1]:
@@ -225,8 +283,10 @@ class DistRecorder:
         c.peer = peer
         _, c.group_size, c.group_ranks = self._group(group)
         if peer is not None:  # a transfer's two sides
-            me = self._rank
-            c.group_ranks = f"{min(me, peer)},{max(me, peer)}" if peer != me else str(me)
+            pair = self._pairs.get(peer)
+            if pair is None:
+                pair = self._pairs[peer] = ",".join(map(str, sorted({self._rank, peer})))
+            c.group_ranks = pair
         c.is_async = is_async
         c.phase = phase
         return c
@@ -274,7 +334,7 @@ class DistRecorder:
             result = rec._run(c, orig, args, kwargs, is_async)
             if op == "recv" and c.peer is None and isinstance(result, int):
                 c.peer = result  # recv from any source returns the sender
-                c.group_ranks = ",".join(map(str, sorted({rec._rank, result})))
+                c.group_ranks = ",".join(map(str, sorted({rec._rank, result})))  # rare: not cached
             return result
 
         return wrapper

@@ -667,6 +667,9 @@ class Profiler:
         self._start_rows_written = True
         if self._recording:
             self._record_dist()
+            if self._dist is not None:  # DTensor's collectives, imported by now
+                with contextlib.suppress(Exception):
+                    self._dist.watch_functional()
         try:
             self._write_rank_and_run_rows()
         except Exception as exc:

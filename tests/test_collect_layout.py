@@ -304,3 +304,47 @@ def test_analyze_reads_the_recorded_layout_in_what_if(
     assert {"forward", "backward", "forward-send", "allreduce"} <= {o["op_type"] for o in d["by_op_type"]}, d
     assert d["by_stage"][0]["stage"] == 1 and d["cause"] == "stage-imbalance", d
     assert d["steps"] >= 1 and d["replay_error"] < 0.05, d
+
+
+def functional_job(rank: int, world_size: int, store: str) -> dict[str, Any]:
+    """Functional collectives (what DTensor runs) inside a profile: not recorded, said once."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    import perfscope
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    original = funcol.all_reduce
+    sums = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with perfscope.profile(store, poll_hz=0, gpu_telemetry=False, batch_size=2) as prof:
+            for _ in range(3):
+                with prof.phase("sync"):
+                    out = funcol.all_reduce(torch.full((4,), float(rank + 1)), "sum", dist.group.WORLD)
+                    sums.append(float(funcol.wait_tensor(out)[0]))
+                    dist.all_reduce(torch.ones(2))
+                prof.step()
+            run_id = prof.run_id
+    restored = funcol.all_reduce is original
+    dist.destroy_process_group()
+    said = [str(w.message) for w in caught if "functional collectives" in str(w.message)]
+    return {"run_id": run_id, "sums": sums, "said": said, "restored": restored}
+
+
+def test_functional_collectives_are_said_once_and_the_job_is_unchanged(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    results = results_ok(run_ranks(functional_job, 2, str(store)))
+    for rank, res in results.items():
+        assert res["sums"] == [3.0, 3.0, 3.0] and res["restored"], (rank, res)
+        assert len(res["said"]) == 1 and "\n" not in res["said"][0], (rank, res["said"])
+    events = _query(
+        store,
+        "SELECT rank, count(*) AS n FROM events WHERE kind = 'functional_collectives_unseen' GROUP BY rank",
+    )
+    assert sorted((e["rank"], e["n"]) for e in events) == [(0, 1), (1, 1)]
+    # the torch.distributed calls beside them are recorded as before
+    ops = _query(store, "SELECT op, count(*) AS n FROM comm GROUP BY op")
+    assert [(o["op"], o["n"]) for o in ops] == [("allreduce", 6)]
