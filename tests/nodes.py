@@ -9,12 +9,15 @@ Needs root, `ip`, `tc` and `unshare`: `unavailable()` says why not, for a skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,11 +234,18 @@ def _env() -> dict[str, str]:
 
 
 def record(
-    store: Path | None, script: Path, placement: list[tuple[Node, int]], rdzv: str, timeout_s: float
+    store: Path | str | None,
+    script: Path,
+    placement: list[tuple[Node, int]],
+    rdzv: str,
+    timeout_s: float,
+    *,
+    env: Callable[[Node], Mapping[str, str]] | None = None,
 ) -> None:
     """One run: `perfscope run -- torchrun` typed on each node of `placement` with its number of
     ranks, rendezvous on the first node; raises with every node's output if one fails. With no
-    `store`, plain torchrun: the script records itself with perfscope.profile."""
+    `store`, plain torchrun: the script records itself with perfscope.profile. `env`: what each node's
+    environment adds (an S3 endpoint, its own cache folder)."""
     first = placement[0][0]
     procs = []
     for node, nproc in placement:
@@ -243,8 +253,9 @@ def record(
         torchrun += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{first.address}:29531", "--rdzv_id", rdzv]
         torchrun += ["--local_addr", node.address, str(script)]
         run = [str(BIN / "perfscope"), "run", "--store", str(store), "--experiment", "two-nodes", "--"]
+        node_env = {**_env(), **(env(node) if env is not None else {})}
         procs.append(
-            node.popen([*(run if store is not None else []), *torchrun], cwd=script.parent, env=_env())
+            node.popen([*(run if store is not None else []), *torchrun], cwd=script.parent, env=node_env)
         )
     outs = []
     try:
@@ -257,3 +268,51 @@ def record(
                 p.wait()
     if any(p.returncode != 0 for p in procs):
         raise RuntimeError(f"run {rdzv} failed:\n" + "\n---\n".join(outs))
+
+
+#: the credentials and region of a test S3 server (moto takes any)
+S3_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@contextlib.contextmanager
+def s3_server(node: Node, log: Path, *, port: int = 29540) -> Iterator[str]:
+    """moto's standalone S3 server run on `node`, bound to the node's own address (reachable from the
+    other nodes over the bridge, from nowhere else): its endpoint URL. Stopped on exit, whatever the
+    test did."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            node.command([sys.executable, "-m", "moto.server", "-H", node.address, "-p", str(port)]),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**_env(), **S3_TEST_ENV},
+            start_new_session=True,
+        )
+    try:
+        url = f"http://{node.address}:{port}"
+        deadline = time.monotonic() + 60
+        while not re.search(rf"Running on {re.escape(url)}\b", log.read_text(errors="replace")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"moto's server did not start on {node.hostname}: {log.read_text()[-2000:]}"
+                )
+            time.sleep(0.2)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.wait(30)
+
+
+def on_node(node: Node, args: Sequence[str], *, env: Mapping[str, str], timeout_s: float = 120) -> str:
+    """`args` run to their end on `node` (a reader of a store only that node can reach): their output;
+    raises with it when they fail."""
+    done = subprocess.run(
+        node.command(args), env={**_env(), **env}, capture_output=True, text=True, timeout=timeout_s
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{list(args)} failed on {node.hostname}:\n{done.stdout}{done.stderr}")
+    return done.stdout

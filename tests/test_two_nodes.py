@@ -2,21 +2,39 @@
 namespaced nodes (tests/nodes.py: own network, hostname and, on node b, a monotonic clock an hour
 ahead), joined by a 100 Mbit/s link, recording into one shared store folder: N=1, N=2 on one node and
 N=2 with one rank on each node, the study a team makes when the second node disappoints. And a job of
-hand-written allreduces of 16 KB to 4 MB across the link, for the inter-node alpha-beta fit."""
+hand-written allreduces of 16 KB to 4 MB across the link, for the inter-node alpha-beta fit. And the
+DDP job with two ranks on each node recording into an S3 store served from node a (moto), read back
+there."""
 
 from __future__ import annotations
 
 import json
 import statistics
 import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
-from nodes import ALLREDUCE_BYTES, BIN, Nodes, allreduce_script, job_script, record, unavailable
+from nodes import (
+    ALLREDUCE_BYTES,
+    BIN,
+    S3_TEST_ENV,
+    Node,
+    Nodes,
+    allreduce_script,
+    job_script,
+    on_node,
+    record,
+    s3_server,
+    unavailable,
+)
 
 from perfscope.analysis import run_analysis
 from perfscope.store.open import open_store
+from perfscope.store.rollups import ROLLUP_DIR, rollup_index
 from perfscope.store.writer import host_tag
 
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "nodes available")
@@ -159,3 +177,122 @@ def test_the_inter_node_alpha_beta_fit_agrees_with_the_link_and_the_jobs_own_clo
     assert fitted == pytest.approx(measured, rel=OWN_CLOCK_TOLERANCE), (fitted, measured)
     assert not fit["alpha_refused"] and fit["alpha_s"] is not None
     assert 0 < fit["alpha_s"] <= fit["alpha_ceiling_s"], fit
+
+
+#: steps of the DDP job on the S3 store
+S3_STEPS = 12
+S3_BUCKET = "two-nodes"
+S3_URL = f"s3://{S3_BUCKET}/team/study"
+
+MAKE_BUCKET = """
+import os, sys
+import boto3
+boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(Bucket=sys.argv[1])
+"""
+
+#: run on node a, the only place the server can be reached from: every object under the prefix copied
+#: as it is (pyarrow alone, keys kept as file names), then the store read through perfscope's own S3
+#: reader: its steps per rank
+READ_BACK = """
+import json, sys
+from pyarrow import fs
+import perfscope
+from perfscope.store import objectstore
+url, dest = sys.argv[1:]
+fs.copy_files(objectstore.parse_url(url).base, dest, source_filesystem=objectstore.filesystem())
+with perfscope.open_store(url) as s:
+    rows = s.query("SELECT rank, count(DISTINCT step) AS n FROM steps GROUP BY rank ORDER BY rank")
+    print(json.dumps(rows.to_pylist()))
+"""
+
+
+@pytest.fixture(scope="module")
+def s3_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]], dict[str, Path]]:
+    """The DDP job with two ranks on each node, `perfscope run --store s3://...` on both, the S3 server
+    on node a: the objects as they are on S3, the steps per rank perfscope read from there, and each
+    node's cache folder (where its processes stage what they upload)."""
+    pytest.importorskip("moto")
+    tmp = tmp_path_factory.mktemp("two-nodes-s3")
+    script = job_script(tmp, S3_STEPS)
+    caches: dict[str, Path] = {}
+    # no shaping: what is checked here is where the files go, not the link's rate
+    with Nodes(2, rate=None, offsets=(0, 3600)) as (a, b), s3_server(a, tmp / "moto.log") as endpoint:
+
+        def env(node: Node) -> Mapping[str, str]:
+            # each node its own cache, as hosts have: its processes' staging folders and its mirrors
+            caches[node.hostname] = tmp / f"cache-{node.hostname}"
+            return {
+                **S3_TEST_ENV,
+                "AWS_ENDPOINT_URL": endpoint,
+                "PERFSCOPE_CACHE_DIR": str(caches[node.hostname]),
+            }
+
+        on_node(a, [sys.executable, "-c", MAKE_BUCKET, S3_BUCKET], env=env(a))
+        record(S3_URL, script, [(a, 2), (b, 2)], "on-s3", TIMEOUT_S, env=env)
+        read = json.loads(
+            on_node(a, [sys.executable, "-c", READ_BACK, S3_URL, str(tmp / "copy")], env=env(a))
+        )
+    return tmp / "copy", read, caches
+
+
+def test_on_an_s3_store_each_host_leaves_its_own_objects_and_one_poller(
+    s3_study: tuple[Path, list[dict[str, Any]], dict[str, Path]],
+) -> None:
+    copy, read, caches = s3_study
+    # every process uploaded all it recorded, then removed its staging folder
+    for cache in caches.values():
+        staging = cache / "s3-staging"
+        assert not staging.exists() or not any(staging.iterdir()), list(staging.iterdir())
+    # perfscope's S3 reader on node a: all steps of all four ranks
+    assert read == [{"rank": r, "n": S3_STEPS} for r in range(4)], read
+    with open_store(copy) as s:
+        runs = s.query("SELECT run_id, world_size, nodes FROM runs").to_pylist()
+        assert len(runs) == 1 and runs[0]["world_size"] == 4 and runs[0]["nodes"] == 2, runs
+        run = runs[0]["run_id"]
+        host_of = {r["rank"]: r["hostname"] for r in s.query("SELECT rank, hostname FROM ranks").to_pylist()}
+        steps = s.query("SELECT rank, count(*) AS n, count(DISTINCT step) AS d FROM steps GROUP BY rank")
+        clocks = s.query("SELECT rank, clock_offset_ns, clock_error_ns FROM ranks").to_pylist()
+        first_b = min(r for r, h in host_of.items() if h == "nodeb")
+        skew = s.query(
+            "SELECT median(abs(a.start_ns - b.start_ns)) AS mid FROM steps a JOIN steps b "
+            f"ON a.step = b.step AND a.rank = 0 AND b.rank = {first_b} WHERE a.step > 2"
+        ).to_pylist()[0]["mid"]
+        usable = rollup_index(s)
+    # a rollup on S3 covers the whole run, or there is none: never one process's rows, which every
+    # process's upload would put at the same key in turn
+    assert {p.name for p in (copy / ROLLUP_DIR).glob("run_id=*")} <= {f"run_id={r}" for r in usable}
+    assert sorted(host_of.values()) == ["nodea", "nodea", "nodeb", "nodeb"] and host_of[0] == "nodea", host_of
+    # no object replaced another: every step of every rank, once
+    assert sorted((r["rank"], r["n"], r["d"]) for r in steps.to_pylist()) == [
+        (r, S3_STEPS, S3_STEPS) for r in range(4)
+    ]
+    # node b's monotonic clock is an hour ahead: its steps still start with rank 0's
+    assert skew < 20e6, skew
+    for c in clocks:
+        if host_of[c["rank"]] == "nodea":
+            assert (c["clock_offset_ns"], c["clock_error_ns"]) == (0, 0), c
+        else:
+            assert (
+                0 < c["clock_error_ns"] < MAX_CLOCK_ERROR_NS
+                and abs(c["clock_offset_ns"]) <= c["clock_error_ns"]
+            ), c
+
+    tag = {h: host_tag(h) for h in ("nodea", "nodeb")}
+
+    def objects(table: str) -> dict[str, list[set[Any]]]:
+        """Per host, what each of its objects of `table` holds (ranks, or hostnames sampled)."""
+        column = "rank" if table == "steps" else "hostname"
+        found: dict[str, list[set[Any]]] = {h: [] for h in tag}
+        for f in sorted((copy / table / f"run_id={run}").iterdir()):
+            (host,) = [h for h, t in tag.items() if f.name.startswith((f"{t}-", f"c-{t}-"))] or [f.name]
+            found.setdefault(host, []).append(set(pq.read_table(f, columns=[column]).column(0).to_pylist()))
+        return found
+
+    # each process uploads its own staging folder, merged at its close: one object per rank, named by
+    # its host's tag, holding that rank's steps alone
+    by_host = objects("steps")
+    assert by_host.keys() == tag.keys(), by_host
+    for host, held in by_host.items():
+        assert sorted(held, key=min) == [{r} for r in sorted(host_of) if host_of[r] == host], (host, held)
+    # one poller per host (local rank 0): one process's object of samples per host, of that host alone
+    assert objects("host_samples") == {"nodea": [{"nodea"}], "nodeb": [{"nodeb"}]}

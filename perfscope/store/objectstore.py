@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from ..errors import PerfscopeWarning, StoreError, one_line, warn_once
 from ..words import counted
+from .rollups import ROLLUP_DIR
 
 SCHEME = "s3://"
 #: the most bytes / objects one sync may bring into the mirror (a prefix is untrusted input)
@@ -721,10 +722,13 @@ def kept_staging(tag: str) -> list[tuple[Path, int]]:
 
 def _store_files(folder: Path, odd: list[tuple[str, str]] | None = None) -> dict[str, tuple[int, int]]:
     """The files of a staging folder an upload sends: relative path -> (size, mtime_ns); those whose
-    name no object key of a store may have go to `odd` as (path, why) instead."""
+    name no object key of a store may have go to `odd` as (path, why) instead. Not its rollups: the
+    merge at a writer's close builds them from that one process's rows, so on the shared store they
+    would be stale, and every process of a run would replace the others' at the same key."""
     found: dict[str, tuple[int, int]] = {}
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        top = Path(dirpath) == folder
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and not (top and d == ROLLUP_DIR)]
         for name in filenames:
             path = Path(dirpath) / name
             if name.startswith(".") or name.endswith(".tmp"):
