@@ -769,7 +769,11 @@ def profile(
     Keywords: any column of the `runs` table (cluster, backend, scaling_mode, tags,
     flops_per_step, device_peak_flops, dataset_samples, model, global_batch_size ...); any other
     keyword becomes a tag (`target="loss=0.5"` or `target={"loss": 0.5}` is the run's
-    time-to-metric target, see docs/analysis.md). Options: count_flops (count one step's FLOPs
+    time-to-metric target, see docs/analysis.md). `parallel`: the job's layout, as degrees
+    ({"dp": 2, "pp": 2, "tp": 1}: a mesh of these dimensions in that order, the last fastest) or a
+    DeviceMesh with dimensions named dp/pp/tp/cp; without it Megatron's parallel_state when
+    initialised (collectors/layout.py). `role`: 'worker', 'server' or 'stage:K'.
+    Options: count_flops (count one step's FLOPs
     with torch's counter), timing ('auto', 'host' or 'cuda'), poll_hz (telemetry rate, 0 turns
     the poller off), gpu_telemetry, nvtx, run_id, roll_interval_s. Recording problems become
     warnings; the training itself is never interrupted by perfscope.
