@@ -323,7 +323,7 @@ def functional_job(rank: int, world_size: int, store: str) -> dict[str, Any]:
         with perfscope.profile(store, poll_hz=0, gpu_telemetry=False, batch_size=2) as prof:
             for _ in range(3):
                 with prof.phase("sync"):
-                    out = funcol.all_reduce(torch.full((4,), float(rank + 1)), "sum", dist.group.WORLD)
+                    out = funcol.all_reduce(torch.full((4,), float(rank + 1)), "sum", list(range(world_size)))
                     sums.append(float(funcol.wait_tensor(out)[0]))
                     dist.all_reduce(torch.ones(2))
                 prof.step()
@@ -348,3 +348,34 @@ def test_functional_collectives_are_said_once_and_the_job_is_unchanged(tmp_path:
     # the torch.distributed calls beside them are recorded as before
     ops = _query(store, "SELECT op, count(*) AS n FROM comm GROUP BY op")
     assert [(o["op"], o["n"]) for o in ops] == [("allreduce", 6)]
+
+
+def test_degrees_are_a_mesh_in_the_order_given() -> None:
+    from perfscope.collectors.layout import LayoutError, resolve
+
+    # pp outermost, then dp, tp fastest (Megatron's order, written as a mesh): rank = pp*4 + dp*2 + tp
+    got = [resolve({"pp": 2, "dp": 2, "tp": 2}, r, 8) for r in range(8)]
+    assert [g.rank_columns() for g in got if g is not None] == [
+        (r // 2 % 2, r // 4, r % 2, 0) for r in range(8)
+    ]
+    assert got[0] is not None and got[0].run_columns() == {
+        "dp_size": 2,
+        "pp_size": 2,
+        "tp_size": 2,
+        "cp_size": 1,
+    }
+    # torchtitan's two data-parallel dimensions make one: dp rank = replicate * shard size + shard
+    titan = resolve({"dp_replicate": 2, "dp_shard": 2}, 3, 4)
+    assert titan is not None and titan.rank_columns() == (3, 0, 0, 0) and titan.sizes == (4, 1, 1, 1)
+    for bad, why in (
+        ({"dp": 3, "pp": 3}, "multiply to 9, not the world size 4"),
+        ({"dp": 2, "ep": 2}, "unknown dimension ep"),
+        ({"dp": 0, "pp": 4}, "positive integers"),
+        ({"dp": 2.0, "pp": 2}, "positive integers"),
+    ):
+        with pytest.raises(LayoutError, match=why):
+            resolve(bad, 0, 4)
+    with pytest.raises(LayoutError, match="dict of degrees or a DeviceMesh"):
+        resolve([2, 2], 0, 4)
+    # nothing given and no Megatron in the process: unknown
+    assert "megatron.core.parallel_state" not in sys.modules and resolve(None, 0, 4) is None
