@@ -243,7 +243,7 @@ def test_run_page_numbers_follow_the_picked_run(seed: Path) -> None:
     assert metric(clean(at), "Step time") == format_value("step_ns", summary[other]["step_ns"])
 
 
-@pytest.mark.parametrize("tab", ["Steps", "Phases", "Stragglers", "Communication", "Telemetry"])
+@pytest.mark.parametrize("tab", ["Steps", "Phases", "Stragglers", "Communication", "Telemetry", "What-if"])
 def test_run_tabs_draw(seed: Path, tab: str) -> None:
     at = clean(open_page(seed, "run", run="sim-seed-scaling-hpdlf-horovod-nccl-n006-b75-s2022", run_tab=tab))
     assert charts(at)
