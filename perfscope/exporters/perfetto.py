@@ -21,6 +21,7 @@ from ..analysis.rank_timeline import window_intervals
 from ..errors import PerfscopeError, shown
 from ..output import open_output
 from ..store.reader import Store
+from .perfetto_events import meta_event, slice_event
 
 #: tid of each kind of track within a rank's process; span depth d gets SPAN_TID + d
 STEP_TID, SPAN_TID, COMM_TID = 1, 10, 100
@@ -122,24 +123,26 @@ def build(store: Store, run_id: str, window: StepWindow = StepWindow()) -> dict[
     events: list[dict[str, Any]] = []
     for rank in sorted({s["rank"] for s in steps}):
         host = hosts.get(rank, "")
-        events.append(_meta("process_name", rank, 0, f"{host}/rank {rank}" if host else f"rank {rank}"))
-        events.append(_meta("process_sort_index", rank, 0, rank, key="sort_index"))
-        events.append(_meta("thread_name", rank, STEP_TID, "steps"))
+        events.append(meta_event("process_name", rank, 0, f"{host}/rank {rank}" if host else f"rank {rank}"))
+        events.append(meta_event("process_sort_index", rank, 0, rank, key="sort_index"))
+        events.append(meta_event("thread_name", rank, STEP_TID, "steps"))
     for s in steps:
         phases = {k: s[k] for k in ("data_ns", "forward_ns", "backward_ns", "sync_exposed_ns", "optimizer_ns",
                                     "other_ns", "comm_total_ns", "comm_count")}  # fmt: skip
         events.append(
-            _slice(f"step {s['step']}", "step", s["rank"], STEP_TID, us(s["start_ns"]), s["step_ns"], phases)
+            slice_event(
+                f"step {s['step']}", "step", s["rank"], STEP_TID, us(s["start_ns"]), s["step_ns"], phases
+            )
         )
     depths: set[tuple[int, int]] = set()
     for sp in spans:
         depth = int(sp["depth"] or 0)
         if (sp["rank"], depth) not in depths:
             depths.add((sp["rank"], depth))
-            events.append(_meta("thread_name", sp["rank"], SPAN_TID + depth, f"spans (depth {depth})"))
+            events.append(meta_event("thread_name", sp["rank"], SPAN_TID + depth, f"spans (depth {depth})"))
         tid = SPAN_TID + depth
         events.append(
-            _slice(
+            slice_event(
                 sp["name"], "span", sp["rank"], tid, us(sp["start_ns"]), sp["dur_ns"], {"step": sp["step"]}
             )
         )
@@ -149,18 +152,18 @@ def build(store: Store, run_id: str, window: StepWindow = StepWindow()) -> dict[
         lane = next((i for i, end in enumerate(ends) if end <= c["start_ns"]), len(ends))
         if lane == len(ends):
             ends.append(0)
-            events.append(_meta("thread_name", c["rank"], COMM_TID + lane, f"collectives {lane}"))
+            events.append(meta_event("thread_name", c["rank"], COMM_TID + lane, f"collectives {lane}"))
         ends[lane] = c["start_ns"] + c["dur_ns"]
         args = {"step": c["step"], "seq": c["seq"], "bytes": c["bytes"]}
         events.append(
-            _slice(c["name"], "comm", c["rank"], COMM_TID + lane, us(c["start_ns"]), c["dur_ns"], args)
+            slice_event(c["name"], "comm", c["rank"], COMM_TID + lane, us(c["start_ns"]), c["dur_ns"], args)
         )
     host_pid: dict[str, int] = {}
     for g in gpu:
         host = g["hostname"] or f"node {g['node_rank']}"
         if host not in host_pid:
             host_pid[host] = HOST_PID + len(host_pid)
-            events.append(_meta("process_name", host_pid[host], 0, f"{host} GPUs"))
+            events.append(meta_event("process_name", host_pid[host], 0, f"{host} GPUs"))
         pid = host_pid[host]
         ts = us(g["ts_ns"])
         if g["util_gpu_pct"] is not None:
@@ -178,17 +181,6 @@ def build(store: Store, run_id: str, window: StepWindow = StepWindow()) -> dict[
         "displayTimeUnit": "ms",
         "otherData": {"perfscope_run_id": run_id, "origin_unix_ns": t_lo},
     }
-
-
-def _meta(name: str, pid: int, tid: int, value: Any, key: str = "name") -> dict[str, Any]:
-    return {"ph": "M", "name": name, "pid": pid, "tid": tid, "args": {key: value}}
-
-
-def _slice(
-    name: str, cat: str, pid: int, tid: int, ts_us: float, dur_ns: int, args: dict[str, Any]
-) -> dict[str, Any]:
-    return {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": ts_us,
-            "dur": round(max(0, dur_ns or 0) / 1000.0, 3), "args": args}  # fmt: skip
 
 
 def write(doc: dict[str, Any], path: str | Path) -> int:

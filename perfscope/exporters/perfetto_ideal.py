@@ -17,7 +17,7 @@ from ..analysis import what_if as wi
 from ..analysis.selection import Selection
 from ..analysis.steady import thresholds_table
 from ..store.reader import Store
-from .perfetto import _meta, _slice
+from .perfetto_events import meta_event, slice_event
 
 #: pid of rank N's ideal process: IDEAL_PID + N (recorded ranks are 0..N-1, hosts from 1,000,000)
 IDEAL_PID = 2_000_000
@@ -97,15 +97,15 @@ def ideal_events(ops: dict[str, Any] | None, t_lo: float) -> list[dict[str, Any]
     for rank in ranks:
         pid = IDEAL_PID + rank
         events += [
-            _meta("process_name", pid, 0, f"ideal/rank {rank}"),
-            _meta("process_sort_index", pid, 0, pid, key="sort_index"),
-            _meta("thread_name", pid, IDEAL_STEP_TID, "ideal steps"),
+            meta_event("process_name", pid, 0, f"ideal/rank {rank}"),
+            meta_event("process_sort_index", pid, 0, pid, key="sort_index"),
+            meta_event("thread_name", pid, IDEAL_STEP_TID, "ideal steps"),
         ]
         for k, step in enumerate(ops["steps"].tolist()):
             s0, s1 = ops["step_start_ns"][k], ops["step_end_ns"][k]
             dur = round(s1 - s0)
             events.append(
-                _slice(
+                slice_event(
                     f"ideal step {step}",
                     "ideal",
                     pid,
@@ -123,10 +123,12 @@ def ideal_events(ops: dict[str, Any] | None, t_lo: float) -> list[dict[str, Any]
         lane = next((j for j, e in enumerate(ends) if e <= s0), len(ends))
         if lane == len(ends):
             ends.append(0.0)
-            events.append(_meta("thread_name", IDEAL_PID + rank, IDEAL_OP_TID + lane, f"ideal ops {lane}"))
+            events.append(
+                meta_event("thread_name", IDEAL_PID + rank, IDEAL_OP_TID + lane, f"ideal ops {lane}")
+            )
         ends[lane] = s1
         events.append(
-            _slice(
+            slice_event(
                 str(ops["name"][i]),
                 "ideal",
                 IDEAL_PID + rank,

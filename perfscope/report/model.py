@@ -64,6 +64,22 @@ class TableBlock:
     collapsed: bool = False  # long tables fold away in HTML
 
 
+#: a table of more rows than this is folded (collapsed) at first
+FOLD_ROWS = 14
+
+
+def table_columns(*pairs: tuple[str, str]) -> list[Column]:
+    """Columns from (name, heading) pairs."""
+    return [Column(n, h) for n, h in pairs]
+
+
+def table_block(
+    analysis: str, caption: str, columns: list[Column], values: list[dict[str, Any]], key: str = "run_id"
+) -> TableBlock:
+    """A table of an analysis' rows, folded when it has more than FOLD_ROWS."""
+    return TableBlock(analysis, caption, columns, values, key=key, collapsed=len(values) > FOLD_ROWS)
+
+
 @dataclass
 class ChartBlock:
     name: str  # key in perfscope.charts.CHARTS

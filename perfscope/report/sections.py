@@ -18,7 +18,6 @@ from ..explain.rules_compute import LOW_LOAD_BALANCE, STRAGGLER_WAIT_SHARE
 from ..words import counted, joined, known, plural
 from .model import (
     ChartBlock,
-    Column,
     Finding,
     FindingsBlock,
     Num,
@@ -27,11 +26,12 @@ from .model import (
     TableBlock,
     device_unit,
     format_value,
+    table_block,
+    table_columns,
 )
 from .what_if import what_if
 
 #: Tables longer than this fold away in HTML (they stay complete in Markdown and --tables).
-FOLD_ROWS = 14
 
 Tables = Mapping[str, pa.Table]
 
@@ -120,16 +120,6 @@ def source_words(sources: set[str]) -> str:
     return ""
 
 
-def _cols(*pairs: tuple[str, str]) -> list[Column]:
-    return [Column(n, h) for n, h in pairs]
-
-
-def _table(
-    analysis: str, caption: str, columns: list[Column], values: list[dict[str, Any]], key: str = "run_id"
-) -> TableBlock:
-    return TableBlock(analysis, caption, columns, values, key=key, collapsed=len(values) > FOLD_ROWS)
-
-
 def _with_group(ctx: Context, values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in values:
         r["group"] = ctx.label(r.get("group_id"))
@@ -213,10 +203,10 @@ def overview(ctx: Context) -> Section:
             )
     if last:
         s.blocks.append(
-            _table(
+            table_block(
                 "scaling",
                 "Scaling at the largest world size of each group",
-                _cols(
+                table_columns(
                     ("group", "group"),
                     ("baseline_world_size", "N0"),
                     ("world_size", "N"),
@@ -287,10 +277,10 @@ def setup(ctx: Context) -> Section:
         ]
     )
     s.blocks.append(
-        _table(
+        table_block(
             "run_summary",
             "Setups",
-            _cols(
+            table_columns(
                 ("experiment", "experiment"),
                 ("cluster", "cluster"),
                 ("backend", "backend"),
@@ -350,7 +340,7 @@ def setup(ctx: Context) -> Section:
         at = cols.index(("batch_size_per_rank", "batch/rank")) + 1  # beside the work per rank, in view
         cols[at:at] = THREAD_COLUMNS
     cols += [(c, c.replace("_version", "")) for c in versions]
-    s.blocks.append(_table("run_summary", "Runs", _cols(*cols), runs))
+    s.blocks.append(table_block("run_summary", "Runs", table_columns(*cols), runs))
     if THREAD_COLUMNS[0] in cols:
         s.blocks.append([THREAD_NOTE])
     over = [r for r in ctx.rows("placement") if r["oversubscribed_cpu"] or r["oversubscribed_gpu"]]
@@ -361,10 +351,10 @@ def setup(ctx: Context) -> Section:
         placement = [("run_id", "run"), ("hostname", "host"), ("ranks_on_host", "ranks")]
         placement.append(("cpu_count", "CPUs"))
         s.blocks.append(
-            _table(
+            table_block(
                 "placement",
                 "Oversubscribed hosts",
-                _cols(*placement, *([] if cpu_only else [("gpus_on_host", "GPUs")])),
+                table_columns(*placement, *([] if cpu_only else [("gpus_on_host", "GPUs")])),
                 over,
             )
         )
@@ -395,10 +385,10 @@ def speedup(ctx: Context) -> Section:
     s.blocks.append(ctx.chart("per_gpu_speedup", title=f"Per-{ctx.unit} speedup", unit=ctx.unit))
     curve_rows = [r for rs in _curve_groups(scaling).values() for r in rs]
     s.blocks.append(
-        _table(
+        table_block(
             "scaling",
             "Scaling per group",
-            _cols(
+            table_columns(
                 ("group", "group"),
                 ("world_size", "N"),
                 ("nodes", "nodes"),
@@ -463,10 +453,10 @@ def lost_time(ctx: Context) -> Section:
     s.blocks.append(ctx.chart("lost_time", unit=ctx.unit))
     last = _largest(scaling)
     s.blocks.append(
-        _table(
+        table_block(
             "scaling",
             f"Lost {ctx.unit} time per step at the largest N, by phase",
-            _cols(("group", "group"), ("world_size", "N"), ("lost_ns", "lost"), *_PHASE_LOSS),
+            table_columns(("group", "group"), ("world_size", "N"), ("lost_ns", "lost"), *_PHASE_LOSS),
             last,
         )
     )
@@ -480,10 +470,10 @@ def lost_time(ctx: Context) -> Section:
             ]
         )
         s.blocks.append(
-            _table(
+            table_block(
                 "pop",
                 "POP efficiencies at the largest N",
-                _cols(
+                table_columns(
                     ("group", "group"),
                     ("world_size", "N"),
                     ("load_balance", "load balance"),
@@ -542,10 +532,10 @@ def sync(ctx: Context) -> Section:
             ]
         s.blocks.append(para)
     s.blocks.append(
-        _table(
+        table_block(
             "allreduce_fit",
             "Alpha-beta fit of the ring allreduce",
-            _cols(
+            table_columns(
                 ("cluster", "cluster"),
                 ("backend", "backend"),
                 ("scope", "scope"),
@@ -563,10 +553,10 @@ def sync(ctx: Context) -> Section:
     )
     curve = [r for rs in _curve_groups(values).values() for r in rs if r["world_size"] > 1]
     s.blocks.append(
-        _table(
+        table_block(
             "sync",
             "Synchronisation per run",
-            _cols(
+            table_columns(
                 ("group", "group"),
                 ("world_size", "N"),
                 ("scope", "scope"),
@@ -600,10 +590,10 @@ def backends(ctx: Context) -> Section | None:
             s.blocks.append([f.title])
     s.blocks.append(ctx.chart("backend_compare"))
     s.blocks.append(
-        _table(
+        table_block(
             "backend_compare",
             "Backends side by side",
-            _cols(
+            table_columns(
                 ("cluster", "cluster"),
                 ("world_size", "N"),
                 ("nodes", "nodes"),
@@ -634,10 +624,10 @@ def utilisation(ctx: Context) -> Section:
     values = _with_group(ctx, ctx.rows("utilisation"))
     curve = [r for rs in _curve_groups(values).values() for r in rs] or values
     s.blocks.append(
-        _table(
+        table_block(
             "utilisation",
             "Utilisation and energy per run",
-            _cols(
+            table_columns(
                 ("group", "group"),
                 ("world_size", "N"),
                 ("gpus", "GPUs"),
@@ -664,10 +654,10 @@ def utilisation(ctx: Context) -> Section:
     mfu = [r for r in ctx.rows("mfu") if r["mfu"] is not None]
     if mfu:
         s.blocks.append(
-            _table(
+            table_block(
                 "mfu",
                 "Model FLOP/s utilisation (MFU)",
-                _cols(
+                table_columns(
                     ("run_id", "run"),
                     ("world_size", "N"),
                     ("device_model", "device"),
@@ -698,10 +688,10 @@ def host_cpu(ctx: Context) -> Section:
 
 
 def _host_cpu_table(values: list[dict[str, Any]]) -> TableBlock:
-    return _table(
+    return table_block(
         "utilisation",
         "Host CPU per run",
-        _cols(
+        table_columns(
             ("group", "group"),
             ("world_size", "N"),
             ("host_cpu_count", "logical CPUs"),
@@ -736,10 +726,10 @@ def stragglers(ctx: Context) -> Section:
         # the run the first finding speaks of: its largest world size, as the rule chooses
         run_id = max(said[0][1].evidence.run_ids, key=lambda r: (sizes.get(r, 0), r), default=None)
         s.blocks.append(
-            _table(
+            table_block(
                 "stragglers",
                 "Wait at collective per rank, in the runs the findings name",
-                _cols(
+                table_columns(
                     ("run_id", "run"),
                     ("world_size", "N"),
                     ("rank", "rank"),
@@ -849,10 +839,10 @@ def batch(ctx: Context) -> Section | None:
         s.blocks.append(ctx.chart("metric_curves"))
     if sweep:
         s.blocks.append(
-            _table(
+            table_block(
                 "batch_sweep",
                 "Batch-size sweep",
-                _cols(
+                table_columns(
                     ("experiment", "experiment"),
                     ("cluster", "cluster"),
                     ("world_size", "N"),
@@ -877,10 +867,10 @@ def batch(ctx: Context) -> Section | None:
     ttm = ctx.rows("time_to_metric")
     if ttm:
         s.blocks.append(
-            _table(
+            table_block(
                 "time_to_metric",
                 "Time to a metric target",
-                _cols(
+                table_columns(
                     ("experiment", "experiment"),
                     ("variant", "variant"),
                     ("metric", "metric"),
@@ -926,10 +916,10 @@ def prediction(ctx: Context) -> Section:
         # the same figures without predictions would repeat the speedup section's
         s.blocks.append(["No group has a model that predicts a world size beyond its measured ones."])
     s.blocks.append(
-        _table(
+        table_block(
             "scaling_model",
             "Scaling model per group",
-            _cols(
+            table_columns(
                 ("group", "group"),
                 ("points", "points"),
                 ("formula", "step time model (ns)"),
@@ -945,10 +935,10 @@ def prediction(ctx: Context) -> Section:
     )
     if preds:
         s.blocks.append(
-            _table(
+            table_block(
                 "scaling_prediction",
                 "Predicted step time and efficiency",
-                _cols(
+                table_columns(
                     ("group", "group"),
                     ("world_size", "N"),
                     ("model_step_ns", "step time"),
@@ -986,10 +976,10 @@ def quality(ctx: Context) -> Section | None:
     s = Section("quality", "Data quality", definitions=("data-quality",))
     s.blocks.append(["What may make the numbers above less certain:"])
     s.blocks.append(
-        _table(
+        table_block(
             "quality",
             "Data quality and confounds",
-            _cols(
+            table_columns(
                 ("severity", "severity"),
                 ("kind", "kind"),
                 ("run_id", "run"),

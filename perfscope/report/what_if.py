@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..charts.what_if import cost_ns, what_if_run, worker_label
-from .model import Num, Para, Ref, Section
+from .model import Num, Para, Ref, Section, table_block, table_columns
 
 if TYPE_CHECKING:
     from .sections import Context
@@ -71,7 +71,6 @@ def _ms(ns: float) -> str:
 
 def what_if(ctx: Context) -> Section | None:
     """The what-if section, or None when no run in the report has a what_if row."""
-    from .sections import _cols, _table  # sections imports this module: at call time it is loaded
 
     values = ctx.rows("what_if")
     if not values:
@@ -99,10 +98,10 @@ def what_if(ctx: Context) -> Section | None:
     s.blocks.append(ctx.chart("what_if_heatmap", f"run {run_id}", run_id=run_id))
     s.blocks.append(ctx.chart("what_if_attribution", f"run {run_id}", run_id=run_id))
     s.blocks.append(
-        _table(
+        table_block(
             "what_if",
             "What-if per run",
-            _cols(
+            table_columns(
                 ("run_id", "run"),
                 ("steps", "steps"),
                 ("actual_step_ns", "recorded step"),
