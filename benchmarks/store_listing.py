@@ -130,7 +130,7 @@ SEED = r"""
 import os, sys
 from pathlib import Path
 from perfscope.store.manifest import Manifest
-from perfscope.store import Segment, _inspect_uncached
+from perfscope.store.listing import Segment, _inspect_uncached
 
 root = Path(sys.argv[1])
 manifest = Manifest(str(root))

@@ -32,7 +32,7 @@ def _with_run(store: Store, sel: Selection, sql: str, order: str) -> pa.Table:
 def _rank_steady(store: Store, sel: Selection) -> str:
     """Per run and rank (ranks with steps): steady steps, mean step time and mean compute, i.e.
     forward + backward + optimizer, which no longer hold the exposed communication made in them.
-    From the per-window rollups where they cover the run (rollups.py), else from the raw rows."""
+    From the per-window rollups where they cover the run (store/rollups.py), else from the raw rows."""
     sums = rank_sums_sql(
         store,
         thresholds_table(store, sel),

@@ -99,7 +99,7 @@ def thresholds_table(store: Store, sel: Selection) -> str:
 def step_agg_table(store: Store, sel: Selection) -> str:
     """Per run and steady step: the slowest rank's step time (the spread statistics), ranks present,
     and the step's earliest start and latest end on any rank (aligned clock: the elapsed time).
-    From the per-step rollups where they cover the run (rollups.py), else from the raw rows."""
+    From the per-step rollups where they cover the run (store/rollups.py), else from the raw rows."""
     thr = thresholds_table(store, sel)
     steps = by_step_sql(
         store,

@@ -47,7 +47,7 @@ class CompactResult:
     skipped: list[SkippedFile] = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
-    #: temporary files of killed writers and compactions, DuckDB spill folders (perfscope.leftovers)
+    #: temporary files of killed writers and compactions, DuckDB spill folders (perfscope.store.leftovers)
     leftovers_removed: list[Path] = field(default_factory=list)
     #: live segments of killed writers sealed into Parquet (or removed: their twin held their rows)
     live_sealed: list[Path] = field(default_factory=list)
@@ -144,7 +144,7 @@ def compact(root: str | os.PathLike[str], *, dry_run: bool = False, grace_s: flo
                         (root_path / IMPORTS_DIR).rmdir()  # when empty
                 _seal_crashed(root_path, result)
             _compact_locked(root_path, result, dry_run=dry_run, grace_s=grace_s)
-            if not dry_run:  # per-run aggregates of the steps the analyses read (perfscope.rollups)
+            if not dry_run:  # per-run aggregates of the steps the analyses read (perfscope.store.rollups)
                 write_rollups(root_path)
                 list_store(root_path, save_manifest=True)  # the manifest: merged files in, removed out
             return result
@@ -164,7 +164,7 @@ def compact_host(
     """Merge the sealed segments of one run that one host wrote (names led by its tag, see
     writer.host_tag) into one file per table: what a writer does at close. A table whose files come
     to more than `max_bytes` is left to `perfscope compact`; so is the rollup of a run whose steps do
-    (perfscope.rollups, written here once the run has no live segment left). None when the store's
+    (perfscope.store.rollups, written here once the run has no live segment left). None when the store's
     lock was not had within `wait_s`, or flock is not available there."""
     root_path = Path(root).resolve()
     try:

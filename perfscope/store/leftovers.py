@@ -21,12 +21,12 @@ from .schema import TABLES
 LEFTOVER_GRACE_S = 600.0
 
 # `.c-[<host tag>-]<hex>.parquet.tmp`: a compaction's (or a closing writer's) merged file in progress
-# (compact.py); `.<segment>.parquet.<8 hex>.tmp`: a segment being written or sealed (writer.write_segment).
+# (compact.py); `.<segment>.parquet.<8 hex>.tmp`: a segment being written or sealed (segments.write_segment).
 # A live segment (`.arrows`) is no leftover: `perfscope compact` seals a killed writer's.
 _STORE_TMP = re.compile(r"\.c-(?:h[0-9a-f]{6}-)?[0-9a-f]+\.parquet\.tmp|\..+\.parquet\.[0-9a-f]{8}\.tmp")
 # `.perfscope-manifest.<8 hex>.tmp`: a manifest being saved, in the store's root (manifest.py)
 _MANIFEST_TMP = re.compile(r"\.perfscope-manifest\.[0-9a-f]{8}\.tmp")
-# `perfscope-duckdb-<pid>-<random>` (store._spill_dir); older versions had no pid
+# `perfscope-duckdb-<pid>-<random>` (listing.spill_dir); older versions had no pid
 _SPILL_DIR = re.compile(r"perfscope-duckdb-(?:(\d+)-)?[A-Za-z0-9_]+")
 SPILL_PREFIX = "perfscope-duckdb-"
 

@@ -1,7 +1,7 @@
 """Reads a store: validates its segments and exposes one DuckDB view per table.
 
 A truncated, corrupt or foreign file is skipped and named in a warning; it never breaks a query.
-The connection can read only the store's own folder. Live segments (`.arrows`, perfscope.live) are
+The connection can read only the store's own folder. Live segments (`.arrows`, perfscope.store.live) are
 read up to their last complete batch and registered on the connection beside the Parquet files.
 """
 
@@ -544,7 +544,7 @@ def list_store(
     and segments a compaction replaced. `read_live=False` leaves live segments (`.arrows`) unread and
     out of the listing (a merge of sealed segments does not need other writers' live rows).
 
-    The store's manifest (perfscope.manifest) spares reading the footers of segments already seen;
+    The store's manifest (perfscope.store.manifest) spares reading the footers of segments already seen;
     it is saved when `save_manifest` is True and anything changed, or when None and at least
     SAVE_MIN_CHANGES footers were read (or gone files dropped); never for one run's listing."""
     root = Path(root).resolve()

@@ -155,7 +155,7 @@ def write_rollups(
         if run_ids is not None and part.name.split("=", 1)[1] not in run_ids:
             continue
         if any(seg.live is not None for seg in segs):
-            continue  # still being written (perfscope.live): rolled up once its segments are sealed
+            continue  # still being written (perfscope.store.live): rolled up once its segments are sealed
         if max_bytes is not None and _bytes(segs) > max_bytes:
             continue
         sources = _sources(segs)

@@ -5,10 +5,10 @@ or when a buffer fills. The thread appends them as one record batch to the table
 `<table>/run_id=<run>/<writer>-<seq>.arrows`, an Arrow IPC stream flushed to the OS at every batch,
 which readers read up to its last complete batch: a process killed mid-run loses at most the rows
 of the current interval. Its Parquet twin `<same stem>.parquet` is encoded as the batches come,
-under a temporary name (perfscope.live); the segment is sealed at `live_max_bytes`, after
+under a temporary name (perfscope.store.live); the segment is sealed at `live_max_bytes`, after
 `live_max_age_s` and at close: the twin's footer written and renamed into place, then the segment
 removed; readers ignore a `.arrows` whose `.parquet` twin exists. At close the sealed segments
-this host wrote for the run are merged into one file per table (perfscope.compact, under the
+this host wrote for the run are merged into one file per table (perfscope.store.compact, under the
 store's lock, capped). The first rows of a prompt table (`steps`) are written at once rather than
 at the next roll. A folder deleted under a running writer is made again (one warning). A write
 that fails (full or read-only disk, a bug of ours) drops that batch with one warning; the caller
@@ -211,7 +211,7 @@ class StoreWriter:
     ) -> None:
         """`prompt_tables`: tables whose first rows are written within FIRST_ROWS_POLL_S instead of
         at the next roll. `clean_leftovers`: once running, remove temporary files that killed
-        writers and compactions left in the store (see perfscope.leftovers). `live_max_bytes`,
+        writers and compactions left in the store (see perfscope.store.leftovers). `live_max_bytes`,
         `live_max_age_s`: when a live segment is sealed. `merge_at_close`: merge this host's sealed
         segments of the run into one file per table at close. The writer id is prefixed with the
         host's tag (host_tag)."""
