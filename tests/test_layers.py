@@ -10,6 +10,7 @@ closes later); only imports under `if TYPE_CHECKING:` are left out, which never 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,9 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
+    """The project's import graph (read once per test session)."""
     known = modules()
     return {name: imports_of(name, path, known) for name, path in known.items()}
 
