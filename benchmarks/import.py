@@ -7,7 +7,9 @@ A size RxK is R rank files, each the real 2-GPU NCCL trace (tests/data/kineto-w2
 3 steps, about 40k events and 9.8 MB of JSON) repeated K times later and later in time, with its steps,
 correlation ids and `distributedInfo` rank renumbered, written as plain JSON. For each size, each in
 fresh processes: HTA (`TraceAnalysis` + `get_temporal_breakdown` + `get_comm_comp_overlap`) and
-perfscope (`perfscope import kineto` then `perfscope analyze --json`). Wall time is the processes'
+perfscope (`perfscope import kineto` then `perfscope analyze --json`), with the files read in a pool of
+processes (one per core, the default) and, with `--serial`, also in one process (PERFSCOPE_IMPORT_WORKERS=1).
+Wall time is the processes'
 elapsed time; CPU time is user + system of every process of the tree, sampled (steadier than
 wall time on a shared machine); peak memory is the largest sum of RSS over the whole process
 tree (HTA parses ranks in a process pool), sampled every 20 ms with psutil.
@@ -110,12 +112,28 @@ def measure(cmds: list[list[str]], env: dict[str, str] | None = None) -> tuple[f
     return time.perf_counter() - t0, sum(cpu.values()), peak / 1e6
 
 
+def time_perfscope(
+    files: list[str], store: Path, env: dict[str, str], workers: str | None
+) -> tuple[float, float, float]:
+    """`perfscope import kineto` of the files into a fresh store, then `analyze --json` (see measure)."""
+    shutil.rmtree(store, ignore_errors=True)
+    py = sys.executable
+    return measure(
+        [
+            [py, "-m", "perfscope", "import", "kineto", *files, "--store", str(store)],
+            [py, "-m", "perfscope", "analyze", str(store), "--json"],
+        ],
+        {**env, "PERFSCOPE_IMPORT_WORKERS": workers} if workers else env,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="2x1,2x4,4x8", help="RANKSxCOPIES,... (default 2x1,2x4,4x8)")
     ap.add_argument("--hta-max-mb", type=float, default=1e9, help="skip HTA above this many MB of JSON")
     ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the traces and stores")
+    ap.add_argument("--serial", action="store_true", help="also time perfscope reading in one process")
     args = ap.parse_args(argv)
     work = args.dir or Path(tempfile.mkdtemp(prefix="perfscope-import-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -125,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {os.cpu_count()} CPUs, load average {load:.1f} at start; python {sys.version.split()[0]}")
     print(
         "| ranks x copies | events | JSON MB | HTA wall s | HTA CPU s | HTA peak MB "
-        "| perfscope wall s | perfscope CPU s | perfscope peak MB |"
+        "| perfscope wall s | perfscope CPU s | perfscope peak MB | perfscope / HTA wall "
+        + ("| perfscope 1 process wall s | 1 process CPU s | 1 process peak MB |" if args.serial else "|")
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---" * (13 if args.serial else 10) + "|")
     try:
         for size in args.sizes.split(","):
             ranks, copies = (int(x) for x in size.lower().split("x"))
@@ -137,20 +156,19 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = write_traces(folder, ranks, copies)
             files = sorted(str(p) for p in folder.glob("rank*.json"))
             store = work / f"store-{ranks}x{copies}"
-            shutil.rmtree(store, ignore_errors=True)
-            ps = measure(
-                [
-                    [py, "-m", "perfscope", "import", "kineto", *files, "--store", str(store)],
-                    [py, "-m", "perfscope", "analyze", str(store), "--json"],
-                ],
-                env,
-            )
+
+            ps = time_perfscope(files, store, env, None)
             mb = nbytes / 1e6
             hta = measure([[py, "-c", HTA_CHILD, str(folder)]], env) if mb <= args.hta_max_mb else None
             hta_cols = f"{hta[0]:.1f} | {hta[1]:.1f} | {hta[2]:.0f}" if hta else "skipped | skipped | skipped"
+            ratio = f"{ps[0] / hta[0]:.2f}x" if hta else "-"
+            one = ""
+            if args.serial:
+                s1 = time_perfscope(files, store, env, "1")
+                one = f" {s1[0]:.1f} | {s1[1]:.1f} | {s1[2]:.0f} |"
             print(
                 f"| {ranks} x {copies} | {ranks * copies * EVENTS_PER_COPY:,} | {mb:.1f} | {hta_cols} | "
-                f"{ps[0]:.1f} | {ps[1]:.1f} | {ps[2]:.0f} |",
+                f"{ps[0]:.1f} | {ps[1]:.1f} | {ps[2]:.0f} | {ratio} |{one}",
                 flush=True,
             )
             if not args.keep:

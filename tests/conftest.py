@@ -34,6 +34,7 @@ SLOW_MODULES = frozenset(
         "test_files_per_host",
         "test_hot_path",
         "test_import_atomic",
+        "test_import_kineto_parallel",
         "test_integrations_lightning",
         "test_integrations_transformers",
         "test_memory_limit",

@@ -17,6 +17,8 @@ _QUOTE, _BACKSLASH = 34, 92
 _BRACKET = np.zeros(256, dtype=np.int8)
 _BRACKET[[91, 123]] = 1
 _BRACKET[[93, 125]] = -1
+_EMPTY_POS = np.empty(0, dtype=np.int64)
+_EMPTY_BYTE = np.empty(0, dtype=np.uint8)
 
 
 class JsonGuard:
@@ -24,6 +26,14 @@ class JsonGuard:
 
     def __init__(self, source: str, *, max_depth: int = 64, max_string_bytes: int = 16 << 20) -> None:
         self.source = source
+        #: set it to have each `feed` leave in `shallow_pos`/`shallow_byte`/`shallow_depth` the offsets
+        #: (from the first byte fed) of the brackets outside strings that leave the depth at 2 or less,
+        #: each bracket's byte and the depth after it: where the top levels of the document open and
+        #: close, and where each element of a top-level array ends (a reader cuts the stream there)
+        self.track_shallow = False
+        self.shallow_pos = _EMPTY_POS
+        self.shallow_byte = _EMPTY_BYTE
+        self.shallow_depth = _EMPTY_POS
         self.max_depth = max_depth
         self.max_string_bytes = max_string_bytes
         self.depth = 0
@@ -52,6 +62,13 @@ class JsonGuard:
                     "not a trace this tool reads"
                 )
             self.depth = int(depth[-1])
+            if self.track_shallow:
+                keep = ~inside & (depth <= 2)
+                self.shallow_pos = brackets[keep].astype(np.int64) + self.offset
+                self.shallow_byte = b[brackets[keep]]
+                self.shallow_depth = depth[keep]
+        elif self.track_shallow:
+            self.shallow_pos, self.shallow_byte, self.shallow_depth = _EMPTY_POS, _EMPTY_BYTE, _EMPTY_POS
         ends_in_string = bool((int(self.in_string) + len(real)) % 2)
         if ends_in_string:
             start = int(real[-1]) + 1 if len(real) else 0

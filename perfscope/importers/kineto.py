@@ -1,8 +1,11 @@
 """Kineto (torch.profiler) JSON traces, one file per rank, plain or gzip, into a measured run.
 
-The file is streamed (ijson over the `traceEvents` array): only the few fields of the events that
-matter are kept, in flat arrays, so memory stays far below the file's size. A truncated file is read
-up to its last complete event, with a warning.
+The file is streamed: the `traceEvents` array cut into pieces of whole events, each decoded by msgspec
+into only the few fields that matter (any file of another shape by ijson, event by event), and those
+kept in flat arrays, so memory stays far below the file's size. A truncated file is read up to its
+last complete event, with a warning. Several files are read and analysed at once, one process per
+core (PERFSCOPE_IMPORT_WORKERS=1: one after another), each returning only its per-step results; the
+rows are written in rank order by the importing process.
 
 Per `ProfilerStep#N` range (DESIGN.md, "Imported traces"):
 
@@ -23,14 +26,19 @@ import contextlib
 import gzip
 import json
 import math
+import multiprocessing as mp
+import os
 import re
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
+import msgspec
 import numpy as np
 
 from ..errors import PerfscopeError
@@ -83,6 +91,49 @@ _OPS = (
 )  # fmt: skip
 _HEAD_BYTES = 1 << 18
 _TAIL_BYTES = 1 << 16
+#: a piece of the events decoded at once (a few thousand events), and the most of the document
+#: outside the events the fast reader holds (Kineto writes a few KB there)
+_BLOCK_BYTES = 1 << 17
+_SKELETON_MAX_BYTES = 4 << 20
+
+
+class _Args(msgspec.Struct):
+    """The args the import reads; msgspec skips the others without building them."""
+
+    correlation: Any = None
+    collective_name: Any = msgspec.field(default=None, name="Collective name")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """As dict.get on the event's args, for the keys above."""
+        value = getattr(self, _ARG_FIELDS.get(key, "-"), None)
+        return default if value is None else value
+
+
+_ARG_FIELDS = {
+    "correlation": "correlation", "Collective name": "collective_name", "Group size": "group_size",
+    "dtype": "dtype", "In msg nelems": "in_msg_nelems", "Input Dims": "input_dims",
+    "Input type": "input_type",
+}  # fmt: skip
+
+
+class _Ev(msgspec.Struct):
+    """The fields of an event the import reads, of any JSON type (args: an object, else not this path)."""
+
+    ph: Any = None
+    ts: Any = None
+    dur: Any = None
+    cat: Any = None
+    name: Any = None
+    tid: Any = None
+    args: _Args | None = None
+
+
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Ev])
 
 
 def op_name(raw: str) -> str:
@@ -97,7 +148,7 @@ def op_name(raw: str) -> str:
     return key or "unknown"
 
 
-def _nbytes(args: dict[str, Any]) -> int | None:
+def _nbytes(args: dict[str, Any] | _Args) -> int | None:
     """Payload bytes of a collective from the args Kineto records, None where it does not say (or
     says something no tensor is: a negative, non-finite or beyond-2^62 count is a damaged shape)."""
     dtype = str(args.get("dtype") or "").lower()
@@ -264,10 +315,14 @@ class RankTrace:
         return len(self.k_start) > 0 or bool(self.comm_kernels)
 
     def to_ns(self, ts_us: float) -> int:
-        # whole µs and the fraction apart: µs since the epoch (older traces) times 1000 is past
-        # float64's 2^53 and would lose the last digits
-        whole = math.floor(ts_us)
-        return whole * 1000 + round((ts_us - whole) * 1000.0) + (self.base_ns or 0)
+        return _to_ns(ts_us, self.base_ns)
+
+
+def _to_ns(ts_us: float, base_ns: int | None) -> int:
+    # whole µs and the fraction apart: µs since the epoch (older traces) times 1000 is past
+    # float64's 2^53 and would lose the last digits
+    whole = math.floor(ts_us)
+    return whole * 1000 + round((ts_us - whole) * 1000.0) + (base_ns or 0)
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -347,20 +402,152 @@ def _metadata(trace: RankTrace, head: bytes, tail: bytes) -> None:
 
 
 def read_trace(path: Path) -> RankTrace:
-    """Stream one Kineto file into a RankTrace."""
+    """Stream one Kineto file into a RankTrace.
+
+    The common case, a JSON object whose `traceEvents` array holds objects, is cut at its events'
+    ends into pieces of about `_BLOCK_BYTES` and each piece decoded at once by msgspec into structs of
+    the few fields the import reads (other keys are skipped, not built): memory stays that of a piece.
+    Anything else (a truncated or malformed file, an event of an unusual shape, a file no gzip reader
+    can finish) is read again from its first byte by the streaming parser (ijson), which says where
+    it breaks. Both see every byte through the same JsonGuard first."""
+    trace = _read_fast(path)
+    if trace is not None:
+        return trace
     trace = RankTrace(path)
-    try:
-        raw = _open(path)
-    except OSError as exc:
-        raise PerfscopeError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    raw = _open_or_refuse(path)
     reader = _Tail(raw, str(path))
     with raw:
         for ev in _events(path, trace, reader):
             trace.events += 1
-            _take(trace, ev)
+            _take(trace, ev.get("ph"), ev.get("ts"), ev.get("dur"), ev.get("cat"), ev.get("name"),
+                  ev.get("tid"), ev.get("args"))  # fmt: skip
     trace.flush()
     _metadata(trace, bytes(reader.head), bytes(reader.tail))
     return trace
+
+
+def _open_or_refuse(path: Path) -> IO[bytes]:
+    try:
+        return _open(path)
+    except OSError as exc:
+        raise PerfscopeError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+class _NotCommon(Exception):
+    """The file is not of the shape the fast reader takes: read it with the streaming parser."""
+
+
+def _read_fast(path: Path) -> RankTrace | None:
+    """The file read piece by piece with msgspec, None where it is not of the common shape."""
+    trace = RankTrace(path)
+    raw = _open_or_refuse(path)
+    reader = _Tail(raw, str(path))
+    guard = reader.guard
+    guard.track_shallow = True
+    skeleton = bytearray()  # the document without the bytes of its events
+    pend = bytearray()  # bytes of the events array not decoded yet
+    in_events = False
+    first_piece = True
+    try:
+        with raw:
+            offset = 0  # of the block's first byte
+            while True:
+                try:
+                    block = reader.read(_BLOCK_BYTES)
+                except (EOFError, zlib.error, gzip.BadGzipFile, OSError):
+                    return None
+                if not block:
+                    break
+                pos, byte, depth = guard.shallow_pos, guard.shallow_byte, guard.shallow_depth
+                # the top-level arrays opening and closing: a handful in a file
+                tops = np.flatnonzero(((byte == 91) & (depth == 2)) | ((byte == 93) & (depth == 1)))
+                cur = 0
+                for j in tops.tolist():
+                    at = int(pos[j]) - offset
+                    if byte[j] == 91:  # [
+                        skeleton += block[cur : at + 1]
+                        cur = at + 1
+                        in_events = _opens_events(skeleton)
+                        first_piece = True
+                    elif in_events:  # ] ending the events
+                        pend += block[cur:at]
+                        cur = at
+                        _decode(trace, pend, len(pend), first_piece)
+                        pend.clear()
+                        in_events = False
+                if in_events:
+                    pend += block[cur:]
+                    ends = pos[(byte == 125) & (depth == 2)] - offset
+                    ends = ends[ends >= cur]
+                    if len(ends):  # cut after the block's last complete event
+                        cut = len(pend) - (len(block) - int(ends[-1]) - 1)
+                        _decode(trace, pend, cut, first_piece)
+                        del pend[:cut]
+                        first_piece = False
+                else:
+                    skeleton += block[cur:]
+                if len(skeleton) > _SKELETON_MAX_BYTES:
+                    return None
+                offset += len(block)
+    except _NotCommon:
+        return None
+    if in_events or not isinstance(_decode_any(skeleton), dict):
+        return None  # cut short, or malformed outside the events: the streaming parser says where
+    trace.flush()
+    _metadata(trace, bytes(reader.head), bytes(reader.tail))
+    return trace
+
+
+def _opens_events(skeleton: bytearray) -> bool:
+    """Whether the top-level array whose `[` ends `skeleton` is the value of the `traceEvents` key."""
+    before = bytes(skeleton[-256:-1]).rstrip()
+    if not before.endswith(b":"):
+        return False
+    key = before[:-1].rstrip()
+    if not key.endswith(b'"traceEvents"'):
+        return False
+    return key[:-13].rstrip()[-1:] in (b"{", b",")
+
+
+def _decode_any(doc: bytearray) -> Any:
+    try:
+        return msgspec.json.decode(doc)
+    except msgspec.DecodeError:
+        return None
+
+
+def _decode(trace: RankTrace, pend: bytearray, end: int, first: bool) -> None:
+    """Take the events of `pend[:end]`, a run of whole events of the array (after a comma unless
+    `first`), copied once into a buffer of its own; raise _NotCommon where it is not one."""
+    i = _skip_space(pend, 0, end)
+    if not first and i < end:
+        if pend[i] != 44:  # ,
+            raise _NotCommon
+        i = _skip_space(pend, i + 1, end)
+        if i == end:
+            raise _NotCommon  # a comma before the `]`
+    if i == end:
+        return
+    buf = bytearray(b"[")
+    with memoryview(pend) as view:
+        buf += view[i:end]
+    buf.append(93)  # ]
+    try:
+        events = _EVENTS_DECODER.decode(buf)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise _NotCommon from None
+    del buf
+    trace.events += len(events)
+    take = _take
+    for ev in events:
+        if ev.ph == "X":  # about 40% are flow and metadata events: not even a call for them
+            take(trace, "X", ev.ts, ev.dur, ev.cat, ev.name, ev.tid, ev.args)
+
+
+def _skip_space(b: bytearray, i: int, end: int) -> int:
+    while i < end and b[i] in b" \t\r\n":
+        i += 1
+    return i
 
 
 def _num(v: Any) -> float | None:
@@ -385,10 +572,11 @@ def _correlation(t: RankTrace, v: Any) -> int:
     return int(v)
 
 
-def _take(t: RankTrace, ev: dict[str, Any]) -> None:
-    if ev.get("ph") != "X":
+def _take(t: RankTrace, ph: Any, ts: Any, dur: Any, cat: Any, name: Any, tid: Any, args: Any) -> None:
+    """Keep what one event says (its fields as the JSON gave them: any type)."""
+    if ph != "X":
         return
-    ts, dur = _num(ev.get("ts")), _num(ev.get("dur"))
+    ts, dur = _num(ts), _num(dur)
     if ts is None or dur is None or dur < 0:
         return
     if not (-MAX_TRACE_US <= ts <= MAX_TRACE_US and dur <= MAX_TRACE_US):
@@ -396,13 +584,10 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
             f"{t.path}: an event's time is out of range (ts {shown(ts)} µs, dur {shown(dur)} µs); "
             "not a trace this tool reads"
         )
-    cat = ev.get("cat")
     cat = cat.lower() if isinstance(cat, str) else None
-    name = ev.get("name")
     if not isinstance(name, str):
         return
-    args = ev.get("args")
-    args = args if isinstance(args, dict) else {}
+    args = args if isinstance(args, (dict, _Args)) else {}
     end = ts + dur
     if end > t.last_us:
         t.last_us = end
@@ -430,12 +615,12 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
         return
     m = _STEP_RE.match(name)
     if m:
-        t.step(int(m.group(1)), ts, end, ev.get("tid"))
+        t.step(int(m.group(1)), ts, end, tid)
         return
     if name.startswith(_COMM_CPU_PREFIXES):
         if name.startswith(_COMM_RANGE_PREFIXES):
             t.comm_ranges.append(_Comm(op_name(name), _nbytes(args), ts, end, ts))
-        t.cc_tid.append(t.thread(ev.get("tid")))
+        t.cc_tid.append(t.thread(tid))
         t.cc_start.append(ts)
         t.cc_end.append(end)
         return
@@ -446,7 +631,7 @@ def _take(t: RankTrace, ev: dict[str, Any]) -> None:
     elif name.startswith(_BACKWARD_PREFIX):
         t.backward_start.append(ts)
         t.backward_end.append(end)
-    t.busy(ev.get("tid"), ts, end)
+    t.busy(tid, ts, end)
 
 
 # ---- per-step arithmetic ---------------------------------------------------------------------------
@@ -629,21 +814,100 @@ def _intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # ---- the import ---------------------------------------------------------------------------------------
 
+#: how many processes read the files at once (1: one after another, in this process)
+WORKERS_ENV = "PERFSCOPE_IMPORT_WORKERS"
+
+
+@dataclass
+class RankFile:
+    """What the import keeps of one file once read and analysed: its per-step results and the few
+    facts about the file the run needs, never the event arrays (a worker returns only this)."""
+
+    path: Path
+    rank: int | None
+    world_size: int | None
+    backend: str
+    hostname: str
+    device_model: str
+    base_ns: int | None
+    truncated: str | None
+    events: int
+    last_us: float
+    has_gpu: bool
+    talks: bool
+    step_starts: tuple[float, float] | None  # the first and the last ProfilerStep start, µs
+    last_end_us: float
+    results: list[StepResult]
+    pid: int = field(default_factory=os.getpid)  # of the process that read it
+
+    def to_ns(self, ts_us: float) -> int:
+        return _to_ns(ts_us, self.base_ns)
+
+
+def read_file(path: Path) -> RankFile:
+    """One file read and analysed (what a worker process runs)."""
+    t = read_trace(path)
+    starts = np.frombuffer(t.st_start, dtype=np.float64) if t.st_start else np.empty(0)
+    ends = np.frombuffer(t.st_end, dtype=np.float64) if t.st_end else np.empty(0)
+    return RankFile(
+        path=path, rank=t.rank, world_size=t.world_size, backend=t.backend, hostname=t.hostname,
+        device_model=t.device_model, base_ns=t.base_ns, truncated=t.truncated, events=t.events,
+        last_us=t.last_us, has_gpu=t.has_gpu, talks=_talks(t),
+        step_starts=(float(starts.min()), float(starts.max())) if len(starts) else None,
+        last_end_us=float(ends.max()) if len(ends) else -math.inf,
+        results=analyse(t) if t.has_steps else [],
+    )  # fmt: skip
+
+
+def _workers(n_files: int) -> int:
+    value = os.environ.get(WORKERS_ENV, "").strip()
+    if value:
+        if not (value.isascii() and value.isdigit()) or int(value) < 1:
+            raise PerfscopeError(f"{WORKERS_ENV}={shown(value)} is not a number of processes (1 or more)")
+        wanted = int(value)
+    else:
+        wanted = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(n_files, wanted, os.cpu_count() or 1))
+
+
+def read_files(paths: Sequence[Path]) -> Iterator[RankFile]:
+    """Each file read and analysed, in the order given: in a pool of processes (one per core, at most
+    one per file) when there are several, each returning only its per-step results, so memory stays
+    that of a few files however many there are. A PerfscopeError in a worker is the same one line."""
+    workers = _workers(len(paths))
+    if workers == 1:
+        yield from (read_file(p) for p in paths)
+        return
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload([__name__])
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(read_file, p) for p in paths]
+        try:
+            for p, f in zip(paths, futures, strict=True):
+                try:
+                    yield f.result()
+                except PerfscopeError as exc:
+                    raise PerfscopeError(exc.message, exit_code=exc.exit_code, detail=exc.detail) from None
+                except BrokenProcessPool:
+                    raise PerfscopeError(
+                        f"{p}: the process reading it died (out of memory?); {WORKERS_ENV}=1 reads the "
+                        "files one at a time"
+                    ) from None
+        finally:
+            for f in futures:
+                f.cancel()
+
 
 def _ns(us: float) -> int:
     return round(us * 1000.0)
 
 
-def _assign_ranks(traces: list[RankTrace], opts: ImportOptions) -> int:
+def _assign_ranks(traces: list[RankFile], opts: ImportOptions) -> int:
     """Fill in missing ranks from the flags; returns the world size."""
     missing = [t for t in traces if t.rank is None]
-    if (
-        missing
-        and opts.rank is None
-        and opts.world_size is None
-        and len(traces) == 1
-        and not _talks(traces[0])
-    ):
+    if missing and opts.rank is None and opts.world_size is None and len(traces) == 1 and not traces[0].talks:
         # one file, no distributedInfo (PyTorch before 1.10 never wrote it) and no collective in
         # it: a single-process job, rank 0 of 1
         traces[0].rank, traces[0].world_size = 0, 1
@@ -683,7 +947,7 @@ def _talks(t: RankTrace) -> bool:
     return bool(t.comm_kernels or t.comm_ranges or t.cc_start)
 
 
-def _anchor_clocks(traces: list[RankTrace]) -> str:
+def _anchor_clocks(traces: list[RankFile]) -> str:
     """Kineto's timestamps count from an arbitrary origin; `baseTimeNanoseconds` (newer traces)
     makes them wall-clock. Traces without it are anchored so that the lowest rank's last event ends
     when its file was last written (the profiler writes at the end), one offset for all of them, so
@@ -694,7 +958,7 @@ def _anchor_clocks(traces: list[RankTrace]) -> str:
     epoch = [
         t
         for t in missing
-        if t.has_steps and _EPOCH_US[0] <= min(t.st_start) and max(t.st_start) <= _EPOCH_US[1]
+        if t.step_starts and _EPOCH_US[0] <= t.step_starts[0] and t.step_starts[1] <= _EPOCH_US[1]
     ]
     if len(epoch) == len(missing):  # traces before baseTimeNanoseconds: the timestamps are wall-clock
         for t in missing:
@@ -710,13 +974,13 @@ def _anchor_clocks(traces: list[RankTrace]) -> str:
 def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     traces = []
     warnings = []
-    for p in paths:
-        t = read_trace(p)
+    for t in read_files(paths):
+        p = t.path
         if t.truncated:
             if not t.events:
                 raise PerfscopeError(f"{p}: not a Kineto JSON trace: {t.truncated}")
             warnings.append(f"{p}: {t.truncated}; imported the {t.events:,} events before it")
-        if not t.has_steps:
+        if not t.step_starts:
             raise PerfscopeError(
                 f"{p}: no ProfilerStep#N ranges, so no steps to import; record with "
                 "torch.profiler.profile(schedule=...) and call prof.step() once per step"
@@ -732,13 +996,12 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     with RunImport(opts, ORIGIN, run_id) as run:
         for t in traces:
             rank = t.rank or 0
-            results = analyse(t)
-            first = t.to_ns(min(t.st_start))
+            first = t.to_ns(t.step_starts[0]) if t.step_starts else 0
             run.rank(rank, hostname=t.hostname, device_name=t.device_model or ("cuda" if gpu else "cpu"),
                      device_index=None, started_ns=first)  # fmt: skip
-            for r in results:
+            for r in t.results:
                 _write_step(run, rank, t, r, clock, world)
-            last = t.to_ns(max(t.st_end))
+            last = t.to_ns(t.last_end_us)
             started = first if started is None else min(started, first)
             ended = last if ended is None else max(ended, last)
         for w in warnings:
@@ -760,7 +1023,7 @@ def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
         )
 
 
-def _write_step(run: RunImport, rank: int, t: RankTrace, r: StepResult, clock: str, world: int) -> None:
+def _write_step(run: RunImport, rank: int, t: RankFile, r: StepResult, clock: str, world: int) -> None:
     comm_total = 0
     for seq, (c, exposed_us) in enumerate(r.comm):
         dur = _ns(c.end - c.start)
