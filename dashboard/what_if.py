@@ -7,7 +7,6 @@ import pyarrow as pa
 import streamlit as st
 
 from perfscope.charts.what_if import (
-    cost_ns,
     heatmap_rows,
     what_if_attribution,
     what_if_heatmap,
@@ -15,6 +14,7 @@ from perfscope.charts.what_if import (
     what_if_steps,
     worker_label,
 )
+from perfscope.explain.rules_what_if import _cost as cost_ns  # the finding's cost: at most the excess
 from perfscope.report.text import literal as md
 from perfscope.report.what_if import CAUSE_WORDS
 
@@ -71,13 +71,13 @@ def render(ctx: Context, run_id: str) -> None:
     if workers:
         w = workers[0]
         words.append(
-            f"The costliest worker, {md(worker_label(w))}, adds {ms(cost_ns(row, w['slowdown']))} to the "
-            "ideal step when it alone is as recorded."
+            f"The costliest worker, {md(worker_label(w))}, costs {ms(cost_ns(row, w['slowdown']))} per "
+            "step when it alone is as recorded (at most the whole excess, as in the findings)."
         )
     ops = row.get("by_op_type") or []
     if ops:
         words.append(
-            f"The costliest op type, {md(ops[0]['op_type'])}, adds {ms(cost_ns(row, ops[0]['slowdown']))}."
+            f"The costliest op type, {md(ops[0]['op_type'])}, costs {ms(cost_ns(row, ops[0]['slowdown']))}."
         )
     st.markdown(" ".join(words))
     charts(what_if_steps(table, run_id), what_if_heatmap(table, run_id), what_if_attribution(table, run_id))

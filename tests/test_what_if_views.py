@@ -26,6 +26,7 @@ from perfscope.charts.what_if import (
     what_if_heatmap,
     what_if_steps,
 )
+from perfscope.explain import explain
 from perfscope.exporters.perfetto_ideal import IDEAL_PID, IDEAL_STEP_TID
 from perfscope.report import collect, render_report
 from perfscope.report.model import ChartBlock, Num, TableBlock, format_value
@@ -110,6 +111,12 @@ def test_stage_imbalance_puts_the_long_stage_first(tmp_path: Path) -> None:
     assert stages[0]["cost_ms"] > 3 * max(s["cost_ms"] for s in stages[1:])
     cells = [r for r in _datasets(what_if_heatmap(table)) if "dp_rank" in r]
     assert {c["stage"] for c in cells} == {0, 1, 2} and {c["dp_rank"] for c in cells} == {0, 1}
+    # the report's words give the stage the cost its finding gives it (at most the whole excess)
+    with open_store(store) as st:
+        (f,) = [g for top in explain(st) for g in top.flatten() if g.rule == "what-if"]
+    sec = _section(store)
+    words = " ".join(str(b) for block in sec.blocks if isinstance(block, list) for b in block)
+    assert f"stage 1 costs {format_value('cost_ns', f.numbers['cost_ns'])}" in words
 
 
 @pytest.mark.parametrize("name", ["what_if_heatmap", "what_if_attribution", "what_if_steps"])

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..charts.what_if import cost_ns, what_if_run, worker_label
-from .model import Num, Para, Ref, Section, table_block, table_columns
+from ..charts.what_if import what_if_run, worker_label
+from ..explain.rules_what_if import _cost as cost_ns  # the finding's cost: at most the whole excess
+from .model import Num, Para, Ref, Section, format_value, table_block, table_columns
 
 if TYPE_CHECKING:
     from .sections import Context
@@ -49,24 +50,23 @@ def run_words(row: dict[str, Any]) -> Para:
     workers = row.get("by_worker") or []
     if workers:
         w = workers[0]
-        parts.append(f"worker {worker_label(w)} adds {_ms(cost_ns(row, w['slowdown']))}")
+        parts.append(f"worker {worker_label(w)} costs {_ms(cost_ns(row, w['slowdown']))}")
     stages = row.get("by_stage") or []
     if len(stages) > 1:
-        parts.append(f"stage {stages[0]['stage']} adds {_ms(cost_ns(row, stages[0]['slowdown']))}")
+        parts.append(f"stage {stages[0]['stage']} costs {_ms(cost_ns(row, stages[0]['slowdown']))}")
     ops = row.get("by_op_type") or []
     if ops:
-        parts.append(f"op type {ops[0]['op_type']} adds {_ms(cost_ns(row, ops[0]['slowdown']))}")
+        parts.append(f"op type {ops[0]['op_type']} costs {_ms(cost_ns(row, ops[0]['slowdown']))}")
     if parts:
         para.append(
-            " Left alone as recorded, every other op at its ideal time, the costliest "
-            + "; ".join(parts)
-            + " per step."
+            " Left alone as recorded, every other op at its ideal time (what each costs is at most the "
+            "whole excess, as in the findings), the costliest " + "; ".join(parts) + " per step."
         )
     return para
 
 
 def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.3g} ms"
+    return format_value("cost_ns", ns)
 
 
 def what_if(ctx: Context) -> Section | None:
