@@ -1,8 +1,10 @@
-"""Reads a store: validates its segments and exposes one DuckDB view per table.
+"""Lists a store: which segments are read, per table and partition (`list_store`, `Listing`), checked
+against the untrusted folder, and the SQL of the DuckDB views over them (`create_views`); the open
+store that holds a connection is reader.py.
 
-A truncated, corrupt or foreign file is skipped and named in a warning; it never breaks a query.
-The connection can read only the store's own folder. Live segments (`.arrows`, perfscope.store.live) are
-read up to their last complete batch and registered on the connection beside the Parquet files.
+A truncated, corrupt or foreign file is skipped and named; it never breaks a query. Nothing outside
+the store's own folder is read. Live segments (`.arrows`, perfscope.store.live) are read up to their
+last complete batch and registered on the connection beside the Parquet files.
 """
 
 from __future__ import annotations
