@@ -38,9 +38,11 @@ WORLD = 4
 #: the pipeline's steps: the steady state drops 10 warm-up steps
 STEPS = 14
 MICRO = 2
-WORK_S = 0.004
-#: stage 1's extra forward work per micro-batch: a stage to find
-EXTRA_S = 0.006
+WORK_S = 0.008
+#: stage 1's extra forward work per micro-batch: a stage to find (large beside the scheduling noise
+#: of 4 ranks on 2 cores: at 6 ms against 4 ms of work the cause was read as data imbalance in 1 of 6
+#: runs at load 8-9)
+EXTRA_S = 0.024
 HIDDEN = 8
 
 FAKE_MEGATRON = '''
@@ -303,6 +305,7 @@ def test_analyze_reads_the_recorded_layout_in_what_if(
     # read as a recorded job: its phases are ops (not only its transfers), its longer stage is found
     assert {"forward", "backward", "forward-send", "allreduce"} <= {o["op_type"] for o in d["by_op_type"]}, d
     assert d["by_stage"][0]["stage"] == 1 and d["cause"] == "stage-imbalance", d
+    assert d["by_stage"][1]["slowdown"] < 1 + (d["by_stage"][0]["slowdown"] - 1) / 2, d
     assert d["steps"] >= 1 and d["replay_error"] < 0.05, d
 
 
