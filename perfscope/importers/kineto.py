@@ -576,8 +576,14 @@ def _take(t: RankTrace, ph: Any, ts: Any, dur: Any, cat: Any, name: Any, tid: An
     """Keep what one event says (its fields as the JSON gave them: any type)."""
     if ph != "X":
         return
-    ts, dur = _num(ts), _num(dur)
-    if ts is None or dur is None or dur < 0:
+    tt, td = type(ts), type(dur)
+    if (tt is float or tt is int) and (td is float or td is int) and ts - ts == 0 and dur - dur == 0:
+        ts, dur = float(ts), float(dur)  # the common case, _num's answer without its calls
+    else:
+        ts, dur = _num(ts), _num(dur)
+        if ts is None or dur is None:
+            return
+    if dur < 0:
         return
     if not (-MAX_TRACE_US <= ts <= MAX_TRACE_US and dur <= MAX_TRACE_US):
         raise PerfscopeError(
