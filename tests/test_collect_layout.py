@@ -6,6 +6,7 @@ One launch of 4 processes records five runs, one after the other, each into its 
   micro-batch, sleeps for work) with a data-parallel allreduce of each stage's gradients on that
   stage's own group; its rank r is dp r // 2 at stage r % 2 (the dimensions as given, the last
   fastest, like init_device_mesh);
+- `dp`: parallel={"dp": 4}, every rank a data-parallel rank, rank 3 slower;
 - `mesh`: profile(parallel=init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")));
 - `bad`: parallel={"dp": 3, "pp": 3} on 4 ranks: one warning, NULL coordinates, the job goes on;
 - `ddp`: a DDP model on each stage's data-parallel group (its buckets are that group's);
@@ -159,6 +160,13 @@ def layout_job(rank: int, world_size: int, root: str) -> dict[str, Any]:
     with perfscope.profile(f"{root}/degrees", parallel={"dp": 2, "pp": 2}, **opts) as prof:
         runs["degrees"] = prof.run_id
         _pipeline(prof, rank, stage_groups, STEPS)
+    with perfscope.profile(f"{root}/dp", parallel={"dp": world_size}, **opts) as prof:
+        for _ in range(STEPS):
+            with prof.phase("forward"):
+                time.sleep(WORK_S + (WORK_S if rank == 3 else 0.0))  # rank 3: a slow worker
+            with prof.phase("sync"):
+                dist.all_reduce(torch.ones(4))
+            prof.step()
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
     with perfscope.profile(f"{root}/mesh", parallel=mesh, **opts) as prof:
         runs["mesh"] = prof.run_id
@@ -382,3 +390,22 @@ def test_degrees_are_a_mesh_in_the_order_given() -> None:
         resolve([2, 2], 0, 4)
     # nothing given and no Megatron in the process: unknown
     assert "megatron.core.parallel_state" not in sys.modules and resolve(None, 0, 4) is None
+
+
+def test_analyze_reads_a_recorded_data_parallel_layout(
+    recorded: tuple[Path, dict[int, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = recorded
+    ranks = _query(root / "dp", _COORDS)
+    assert [(r["dp_rank"], r["pp_stage"], r["tp_rank"], r["cp_rank"]) for r in ranks] == [
+        (r, 0, 0, 0) for r in range(WORLD)
+    ]
+    capsys.readouterr()
+    assert main(["analyze", str(root / "dp"), "--json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)["what_if"]
+    # read as a recorded data-parallel job: its phases are ops, every rank a worker at stage 0
+    assert {"forward", "allreduce"} <= {o["op_type"] for o in d["by_op_type"]}, d
+    assert sorted((w["dp_rank"], w["stage"], w["ranks"]) for w in d["by_worker"]) == [
+        (r, 0, [r]) for r in range(WORLD)
+    ]
+    assert d["by_worker"][0]["ranks"] == [3] and d["cause"] == "slow-worker", d
