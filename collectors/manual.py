@@ -6,9 +6,10 @@ is open it opens one around itself. Its row in `comm` carries the payload and th
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from .dist_recorder import quiet
+from .dist_recorder import group_members, quiet
 from .phases import Timeline
 from .step_rows import EXPOSED_ALL, Collective, Span
 
@@ -62,7 +63,13 @@ def all_reduce(
     import torch.distributed as dist
 
     nbytes = tensor.numel() * tensor.element_size()
-    with CollectiveBlock(timeline, "allreduce", nbytes):
+    members: tuple[int | None, str | None] = (None, None)  # NULL: matched by the run's world size
+    if timeline is not None:  # its process group: size and members (comm.group_ranks)
+        with contextlib.suppress(Exception):
+            members = group_members(dist, group)
+    with CollectiveBlock(timeline, "allreduce", nbytes) as block:
+        if block._c is not None:
+            block._c.group_size, block._c.group_ranks = members
         if op is None:
             dist.all_reduce(tensor, group=group)
         else:

@@ -186,6 +186,7 @@ def layout_job(rank: int, world_size: int, root: str) -> dict[str, Any]:
         prof.watch(model)
         for _ in range(2):
             model(torch.ones(2, 4)).sum().backward()
+            prof.all_reduce(torch.ones(2), group=stage_groups[rank % 2])  # a hand-written one
             prof.step()
     sys.path.insert(0, f"{root}/fake")
     import megatron.core.parallel_state as ps  # the stand-in
@@ -289,6 +290,12 @@ def test_collectives_record_their_process_group(recorded: tuple[Path, dict[int, 
         root / "ddp", "SELECT DISTINCT rank, group_size, group_ranks FROM comm WHERE bucket IS NOT NULL"
     )
     assert sorted((b["rank"], b["group_size"], b["group_ranks"]) for b in buckets) == [
+        (r, 2, "0,2" if r % 2 == 0 else "1,3") for r in range(WORLD)
+    ]
+    manual = _query(
+        root / "ddp", "SELECT DISTINCT rank, group_size, group_ranks FROM comm WHERE bucket IS NULL"
+    )
+    assert sorted((m["rank"], m["group_size"], m["group_ranks"]) for m in manual) == [
         (r, 2, "0,2" if r % 2 == 0 else "1,3") for r in range(WORLD)
     ]
     # the default group is every rank
