@@ -351,6 +351,20 @@ def reap(tmp_path: Path) -> Iterator[None]:
             os.kill(int(ready.read_text()), signal.SIGKILL)
 
 
+def _default_signals() -> None:
+    """As an interactive shell starts a command: the forwarded signals at their default disposition. A
+    test run started in the background of a non-interactive shell (`cmd &`) or under nohup has SIGINT
+    and SIGQUIT, or SIGHUP, ignored; the command would inherit that, and perfscope run rightly keeps an
+    ignored signal ignored (a run of .ci/run started with `nohup ... &` failed five tests on it)."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _controlling_terminal() -> None:
+    _default_signals()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the terminal is the session's
+
+
 def _start_recorded(tmp_path: Path, *job: str) -> subprocess.Popen[str]:
     """`perfscope run` of a job in a process group of its own, as a shell with job control starts it
     (in this session: a group whose parent is in another session is orphaned and ignores Ctrl-Z)."""
@@ -361,6 +375,7 @@ def _start_recorded(tmp_path: Path, *job: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         process_group=0,
+        preexec_fn=_default_signals,
     )
 
 
@@ -418,7 +433,7 @@ def test_ctrl_c_on_a_terminal_reaches_the_job_once(tmp_path: Path, reap: None) -
             [str(BIN / "perfscope"), "run", "--store", "S", "--poll-hz", "0", "--",
              sys.executable, script.name, log.name],
             cwd=tmp_path, env=_env(), stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the terminal is the session's
+            preexec_fn=_controlling_terminal,
         )  # fmt: skip
         os.close(slave)
         _wait_for(tmp_path / "job.log.ready")
@@ -437,7 +452,7 @@ def test_a_signal_ignored_by_perfscope_run_stays_ignored(tmp_path: Path, reap: N
         ["nohup", str(BIN / "perfscope"), "run", "--store", "S", "--poll-hz", "0", "--",
          sys.executable, script.name, log.name],
         cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, process_group=0,
+        stderr=subprocess.DEVNULL, process_group=0, preexec_fn=_default_signals,
     )  # fmt: skip
     _wait_for(tmp_path / "job.log.ready")
     os.kill(wrapper.pid, signal.SIGHUP)  # nohup execs perfscope: same pid

