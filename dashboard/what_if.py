@@ -11,6 +11,7 @@ from perfscope.charts.what_if import (
     what_if_attribution,
     what_if_heatmap,
     what_if_run,
+    what_if_step_heatmap,
     what_if_steps,
     worker_label,
 )
@@ -80,7 +81,12 @@ def render(ctx: Context, run_id: str) -> None:
             f"The costliest op type, {md(ops[0]['op_type'])}, costs {ms(cost_ns(row, ops[0]['slowdown']))}."
         )
     st.markdown(" ".join(words))
-    charts(what_if_steps(table, run_id), what_if_heatmap(table, run_id), what_if_attribution(table, run_id))
+    charts(
+        what_if_steps(table, run_id),
+        what_if_heatmap(table, run_id),
+        what_if_step_heatmap(table, run_id),
+        what_if_attribution(table, run_id),
+    )
     st.subheader("Per worker")
     show_table(pa.Table.from_pylist(heatmap_rows(row)), WORKER_COLUMNS)
     definition_note("what_if")

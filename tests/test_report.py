@@ -215,7 +215,7 @@ def test_markdown_report_and_pngs(md_report: tuple[Path, Path], analyses: dict) 
     md_path = md_report[0]
     text = md_path.read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert len(images) == 21  # the charts, communication's two and what-if's three included
+    assert len(images) == 22  # the charts, communication's two and what-if's four included
     for rel in images:
         assert rel.startswith("study_files/")
         w, h = _png_size((md_path.parent / rel).read_bytes())
@@ -250,7 +250,7 @@ def test_download_bytes_are_the_cli_file(study: Path, html_report: tuple[Path, P
         names = z.namelist()
         assert "report.md" in names
         pngs = [n for n in names if n.endswith(".png")]
-        assert len(pngs) == 21
+        assert len(pngs) == 22
         assert all(_png_size(z.read(n))[0] > 0 for n in pngs)
         assert "report_files/" in z.read("report.md").decode()
 

@@ -206,6 +206,30 @@ def test_slow_worker_named_and_ideal_is_the_job_without_it(tmp_path: Path) -> No
     assert f.numbers["cost_ns"] == pytest.approx(w["actual_step_ns"] - w["ideal_step_ns"], rel=0.1)
 
 
+def test_each_workers_slowdown_is_given_per_step(tmp_path: Path) -> None:
+    """The heat map over steps: a worker slow from step 6 on is slow in those steps' bins only, and the
+    bins' means give back its whole-run slowdown."""
+    from perfscope.analysis import what_if as wi
+
+    first = synthetic(4, 2, steps=6, seed=1)
+    later = synthetic(4, 2, steps=6, seed=2, slow={(2, 1): 1.8})
+    shift = pc.add(later.column("step"), 6)
+    both = pa.concat_tables([first, later.set_column(later.schema.get_field_index("step"), "step", shift)])
+    start = np.asarray(both.column("start_ts"), dtype=float)
+    span = float(np.asarray(first.column("start_ts")).max() + np.asarray(first.column("duration")).max())
+    start[first.num_rows :] += span + 0.01  # the later steps after the first ones
+    both = both.set_column(both.schema.get_field_index("start_ts"), "start_ts", pa.array(start))
+    w = _what_if(tmp_path, both, 4, 2)
+    assert w["steps"] == 12 and w["steps_per_bin"] == 1
+    by = {(x["dp_rank"], x["stage"]): x for x in w["by_worker"]}
+    slow = by[(2, 1)]["step_slowdown"]
+    assert len(slow) == 12 and all(s > 1.15 for s in slow[6:]) and all(s < 1.05 for s in slow[:6]), slow
+    assert max(max(x["step_slowdown"]) for k, x in by.items() if k != (2, 1)) < 1.05
+    # bins of several steps when a run has more steps than bins
+    t, ideal = np.array([2.0, 2.0, 1.0, 1.0, 3.0]), np.ones(5)
+    assert wi._binned_ratios(t, ideal, 2) == [2.0, 1.0, 3.0]
+
+
 def test_balanced_job_has_no_cause(tmp_path: Path) -> None:
     w = _what_if(tmp_path, synthetic(4, 2), 4, 2)
     assert w["cause"] == "none"

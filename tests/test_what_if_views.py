@@ -24,6 +24,7 @@ from perfscope.charts.what_if import (
     attribution_rows,
     what_if_attribution,
     what_if_heatmap,
+    what_if_step_heatmap,
     what_if_steps,
 )
 from perfscope.explain import explain
@@ -155,11 +156,29 @@ def test_report_section_shows_the_numbers_and_charts(slow_worker: Path) -> None:
     assert any(getattr(b, "anchor", "").startswith("finding-") for blk in sec.blocks if isinstance(blk, list)
                for b in blk)  # fmt: skip
     charts = [b.name for b in sec.blocks if isinstance(b, ChartBlock)]
-    assert charts == ["what_if_steps", "what_if_heatmap", "what_if_attribution"]
+    assert charts == ["what_if_steps", "what_if_heatmap", "what_if_step_heatmap", "what_if_attribution"]
     (tbl,) = [b for b in sec.blocks if isinstance(b, TableBlock)]
     assert [r["run_id"] for r in tbl.rows] == [row["run_id"]]
     assert format_value("ideal_step_ns", tbl.rows[0]["ideal_step_ns"]) == format_value(
         "ideal_step_ns", row["ideal_step_ns"]
+    )
+
+
+def test_step_heatmap_is_each_workers_slowdown_step_by_step(slow_worker: Path) -> None:
+    """The heat map over steps holds every step of every worker, from the analysis' own per-step
+    slowdowns; the slow worker is the hottest row in every step."""
+    table = _what_if(slow_worker)
+    (row,) = table.to_pylist()
+    cells = [r for r in _datasets(what_if_step_heatmap(table)) if "worker" in r]
+    assert len(cells) == len(row["by_worker"]) * row["steps"]
+    hottest = {}
+    for c in cells:
+        if c["slowdown"] > hottest.get(c["step"], ("", 0.0))[1]:
+            hottest[c["step"]] = (c["worker"], c["slowdown"])
+    assert {w for w, _ in hottest.values()} == {"dp 2 · stage 1 (rank 6)"}, hottest
+    top = next(w for w in row["by_worker"] if (w["dp_rank"], w["stage"]) == (2, 1))
+    assert sorted(c["slowdown"] for c in cells if c["worker"] == "dp 2 · stage 1 (rank 6)") == pytest.approx(
+        sorted(top["step_slowdown"]), rel=1e-12
     )
 
 
@@ -190,7 +209,7 @@ def test_dashboard_tab_shows_the_analysis(slow_worker: Path) -> None:
     assert metric(at, "Ideal step") == f"{row['ideal_step_ns'] / 1e6:,.2f} ms"
     assert metric(at, "Recorded step") == f"{row['actual_step_ns'] / 1e6:,.2f} ms"
     assert metric(at, "Cause") == "slow-worker"
-    assert len(list(at.get("vega_lite_chart"))) == 3
+    assert len(list(at.get("vega_lite_chart"))) == 4
     assert any("rank 6" in w.value for w in at.warning)  # the explainer's finding
     df = at.dataframe[0].value
     assert len(df) == 8
@@ -200,7 +219,7 @@ def test_dashboard_tab_on_the_sample_store() -> None:
     at = clean(open_page(PATTERNS, "run", run=PIPELINE_RUN, run_tab="What-if"))
     (row,) = [r for r in _what_if(PATTERNS).to_pylist() if r["run_id"] == PIPELINE_RUN]
     assert metric(at, "Slowdown S") == f"{row['slowdown']:.3f}"
-    assert len(list(at.get("vega_lite_chart"))) == 3
+    assert len(list(at.get("vega_lite_chart"))) == 4
     # a run without a what-if row (the parameter server) says why, draws nothing
     at = clean(open_page(PATTERNS, "run", run="20261123T191907Z-d4a36cbc", run_tab="What-if"))
     assert any("No what-if for this run" in i.value for i in at.info)

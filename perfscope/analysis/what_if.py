@@ -283,6 +283,18 @@ def _ratio(t: np.ndarray, ideal: np.ndarray) -> float:
     return float(t.mean() / ideal.mean()) if ideal.mean() > 0 else 1.0
 
 
+#: the per-step slowdowns of a worker are given for at most this many bins of consecutive steps
+MAX_STEP_BINS = 200
+
+
+def _binned_ratios(t: np.ndarray, ideal: np.ndarray, per_bin: int) -> list[float]:
+    """Each bin of `per_bin` consecutive steps: its mean step time over its mean ideal step time."""
+    n = len(t)
+    edges = np.arange(0, n, per_bin)
+    num, den = np.add.reduceat(t, edges), np.add.reduceat(ideal, edges)
+    return [float(a / b) if b > 0 else 1.0 for a, b in zip(num.tolist(), den.tolist(), strict=True)]
+
+
 def _share(s_x: float, s: float) -> float:
     return (s_x - 1.0) / (s - 1.0) if s > 1.0 else 0.0
 
@@ -306,6 +318,7 @@ def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
         return replay(g, np.where(mask, g.x, x_ideal), np.where(mask, g.gap, gap_ideal))
 
     by_worker, worker_steps = [], {}
+    per_bin = -(-len(t_ideal) // MAX_STEP_BINS)  # steps per bin of the per-step slowdowns
     for d, st in sorted(set(zip(dp.tolist(), stage.tolist(), strict=True))):
         mask = (dp == d) & (stage == st)
         t = mixed(mask)
@@ -316,6 +329,7 @@ def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
                 "stage": st,
                 "ranks": sorted(set(rank[mask].tolist())),
                 "slowdown": _ratio(t, t_ideal),
+                "step_slowdown": _binned_ratios(t, t_ideal, per_bin),
             }
         )
     by_stage = [
@@ -332,6 +346,7 @@ def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
     causes = _causes(cols, g, s, t_act, t_ideal, worker_steps, by_stage)
     return {
         "steps": len(t_rec),
+        "steps_per_bin": per_bin,
         "replay_error": float(np.mean(np.abs(t_act - t_rec) / np.maximum(t_rec, 1.0))),
         "actual_step_ns": float(t_rec.mean()),
         "ideal_step_ns": float(t_ideal.mean()),
@@ -684,12 +699,13 @@ def _columns(t: pa.Table) -> dict[str, np.ndarray]:
 
 
 WORKER = pa.struct([("dp_rank", pa.int64()), ("stage", pa.int64()), ("ranks", pa.list_(pa.int64())),
-                    ("slowdown", pa.float64())])  # fmt: skip
+                    ("slowdown", pa.float64()), ("step_slowdown", pa.list_(pa.float64()))])  # fmt: skip
 SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
         ("source", pa.string()),
         ("steps", pa.int64()),
+        ("steps_per_bin", pa.int64()),
         ("replay_error", pa.float64()),
         ("actual_step_ns", pa.float64()),
         ("ideal_step_ns", pa.float64()),
@@ -706,7 +722,8 @@ SCHEMA = pa.schema(
 @analysis("what_if", "What-if: step time without each slow worker, stage or op type", "what-if")
 def what_if(store: Store, sel: Selection) -> pa.Table:
     """Per run with a parallel layout (ranks.dp_rank, pp_stage) and op-level rows: steps, replay_error,
-    actual_step_ns, ideal_step_ns, slowdown (actual / ideal), by_worker, by_stage, by_op_type (each
+    actual_step_ns, ideal_step_ns, slowdown (actual / ideal), by_worker (with each worker's slowdown per
+    bin of steps_per_bin consecutive steps, at most MAX_STEP_BINS bins), by_stage, by_op_type (each
     sorted by slowdown, largest first), cause and second_cause (slow-worker, stage-imbalance,
     data-imbalance, none)."""
     rows = []

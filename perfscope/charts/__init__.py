@@ -23,7 +23,7 @@ from .stragglers import last_rank_chart, wait_heatmap
 from .style import ChartLike
 from .sync import busbw_chart, sync_time_chart
 from .utilisation import energy_chart, utilisation_chart
-from .what_if import what_if_attribution, what_if_heatmap, what_if_steps
+from .what_if import what_if_attribution, what_if_heatmap, what_if_step_heatmap, what_if_steps
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,12 @@ CHARTS: dict[str, ChartSpec] = {
         _spec("comm_ops", "Communication by op type and phase", comm_ops_chart, "comm_ops"),
         _spec("comm_roles", "Per rank and role: compute and waiting", comm_roles_chart, "comm_by_role"),
         _spec("what_if_heatmap", "What-if: slowdown per worker", what_if_heatmap, "what_if"),
+        _spec(
+            "what_if_step_heatmap",
+            "What-if: slowdown per worker, step by step",
+            what_if_step_heatmap,
+            "what_if",
+        ),
         _spec(
             "what_if_attribution",
             "What-if: the excess by stage, op type and worker",

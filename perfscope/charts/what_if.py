@@ -1,5 +1,6 @@
-"""What-if (issue 23): per-worker slowdown as a dp rank × stage heat map, the step's excess over the
-ideal attributed to stages, op types and workers, and the recorded step beside the ideal one.
+"""What-if (issue 23): per-worker slowdown as a dp rank × stage heat map and step by step, the step's
+excess over the ideal attributed to stages, op types and workers, and the recorded step beside the
+ideal one.
 
 Every builder reads the `what_if` analysis table only (one row per run: means over the run's steps,
 as the analysis gives them) and draws one run: the one asked for, else the one with the largest
@@ -113,6 +114,71 @@ def what_if_heatmap(what_if: pa.Table | None, run_id: str | None = None) -> Char
         [
             f"run {row['run_id']}, means over {row['steps']} steps: the step with only this worker as "
             "recorded, every other op at its ideal time, over the ideal step (1 = no cost)"
+        ],
+    )
+
+
+#: the workers the heat map over steps draws (most costly first): a row per worker
+TOP_STEP_WORKERS = 32
+
+
+def step_heatmap_rows(row: Row, top_workers: int = TOP_STEP_WORKERS) -> list[Row]:
+    """One cell per worker and bin of steps (`steps_per_bin` consecutive steps; one step when the run
+    has at most the analysis' MAX_STEP_BINS): the step's slowdown with only that worker as recorded."""
+    per_bin = int(row.get("steps_per_bin") or 1)
+    workers = sorted(row.get("by_worker") or [], key=lambda w: -(w["slowdown"] or 0.0))[:top_workers]
+    return [
+        {
+            "worker": worker_label(w),
+            "order": i,
+            "step": k * per_bin,
+            "slowdown": float(v),
+        }
+        for i, w in enumerate(workers)
+        for k, v in enumerate(w.get("step_slowdown") or [])
+    ]
+
+
+def what_if_step_heatmap(what_if: pa.Table | None, run_id: str | None = None) -> ChartLike:
+    """Each worker's slowdown step by step, for one run: a worker slow in every step is a bad node or
+    GPU; one slow in some steps only is its data or a neighbour."""
+    title = "What-if: slowdown per worker, step by step"
+    row = what_if_run(what_if, run_id)
+    values = step_heatmap_rows(row) if row else []
+    if row is None or not values:
+        return _missing(title, run_id)
+    per_bin = int(row.get("steps_per_bin") or 1)
+    workers = [v["worker"] for v in sorted(values, key=lambda v: v["order"]) if v["step"] == 0]
+    top = max(v["slowdown"] for v in values)
+    step_title = "step (of the steady steps)" if per_bin == 1 else f"first step of each bin of {per_bin}"
+    chart = (
+        alt.Chart(data(values))
+        .mark_rect()
+        .encode(
+            x=alt.X("step:O", title=step_title, axis=alt.Axis(labelAngle=0, labelOverlap=True)),
+            y=alt.Y("worker:N", title="worker", sort=workers),
+            color=alt.Color(
+                "slowdown:Q",
+                title="slowdown S",
+                scale=alt.Scale(scheme="orangered", domain=[1.0, max(top, 1.01)], clamp=True),
+            ),
+            tooltip=[
+                alt.Tooltip("worker:N"),
+                alt.Tooltip("step:O"),
+                alt.Tooltip("slowdown:Q", format=".3f", title="S with only this worker as recorded"),
+            ],
+        )
+        .properties(width=WIDTH, height=max(60, min(PANEL_HEIGHT * 2, 18 * len(workers))))
+    )
+    shown = len(workers)
+    total = len(row.get("by_worker") or [])
+    return finish(
+        chart,
+        title,
+        [
+            f"run {row['run_id']}: each step with only this worker as recorded, every other op at its "
+            "ideal time, over the ideal step (1 = no cost)"
+            + (f"; the {shown} costliest of {total} workers" if shown < total else "")
         ],
     )
 

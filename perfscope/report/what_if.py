@@ -96,6 +96,7 @@ def what_if(ctx: Context) -> Section | None:
     why = "the run the what-if finding names" if named else "the run with the largest slowdown"
     s.blocks.append(ctx.chart("what_if_steps", f"run {run_id}, {why}", run_id=run_id))
     s.blocks.append(ctx.chart("what_if_heatmap", f"run {run_id}", run_id=run_id))
+    s.blocks.append(ctx.chart("what_if_step_heatmap", f"run {run_id}", run_id=run_id))
     s.blocks.append(ctx.chart("what_if_attribution", f"run {run_id}", run_id=run_id))
     s.blocks.append(
         table_block(
