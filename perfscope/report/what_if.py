@@ -11,7 +11,7 @@ from ..explain.rules_what_if import _cost as cost_ns  # the finding's cost: at m
 from .model import Num, Para, Ref, Section, format_value, table_block, table_columns
 
 if TYPE_CHECKING:
-    from .sections import Context
+    from .context import Context
 
 #: what each cause means, in words
 CAUSE_WORDS = {
