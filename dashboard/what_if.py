@@ -15,7 +15,7 @@ from perfscope.charts.what_if import (
     what_if_steps,
     worker_label,
 )
-from perfscope.explain.rules_what_if import _cost as cost_ns  # the finding's cost: at most the excess
+from perfscope.explain.rules_what_if import cost_ns  # the finding's cost: at most the excess
 from perfscope.report.text import literal as md
 from perfscope.report.what_if import CAUSE_WORDS
 

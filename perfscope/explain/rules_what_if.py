@@ -18,7 +18,7 @@ def _hosts(ctx: Context, run_id: str, ranks: list[int]) -> list[str]:
     return sorted({h for k in ranks if (h := names.get(k))})
 
 
-def _cost(row: dict[str, Any], slowdown: float) -> float:
+def cost_ns(row: dict[str, Any], slowdown: float) -> float:
     """ns per step that x costs: its slowdown over the ideal step, at most the whole excess (ops
     elsewhere faster than typical take the rest back)."""
     excess = max(0.0, row["actual_step_ns"] - row["ideal_step_ns"])
@@ -54,7 +54,7 @@ def what_if_cause(ctx: Context) -> list[Finding]:
         }
         if cause == "stage-imbalance":
             top, fastest = r["by_stage"][0], r["by_stage"][-1]
-            cost = _cost(r, top["slowdown"])
+            cost = cost_ns(r, top["slowdown"])
             title = f"Pipeline stage {top['stage']} is too long in run {run}: it costs {dur(cost)} per step"
             text = (
                 f"{base} Stage {top['stage']} alone, as recorded, makes it {num(top['slowdown'])}: its "
@@ -71,7 +71,7 @@ def what_if_cause(ctx: Context) -> list[Finding]:
             numbers.update({"stage": top["stage"], "stage_slowdown": top["slowdown"], "cost_ns": cost})
         elif cause == "slow-worker":
             w = r["by_worker"][0]
-            cost = _cost(r, w["slowdown"])
+            cost = cost_ns(r, w["slowdown"])
             hosts = _hosts(ctx, run, w["ranks"])
             where = f" on {listing(hosts)}" if hosts else ""
             title = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..charts.what_if import what_if_run, worker_label
-from ..explain.rules_what_if import _cost as cost_ns  # the finding's cost: at most the whole excess
+from ..explain.rules_what_if import cost_ns  # the finding's cost: at most the whole excess
 from .model import Num, Para, Ref, Section, format_value, table_block, table_columns
 
 if TYPE_CHECKING:
