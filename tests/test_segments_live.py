@@ -382,8 +382,16 @@ FORKING_WRITER = textwrap.dedent(
         w.append("steps", (1, i, 10**18 + i, 1, 1, 2, 3, 4, 5, 6, 7, 1, 8, "host"))
     w.flush()
     # a DataLoader worker: forked while the segment is live, it outlives its killed parent
-    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))
+    ctx = multiprocessing.get_context("fork")
+    running = ctx.Event()
+
+    def work():
+        running.set()  # the fork handlers have run: the child's copy of the lock is let go
+        time.sleep(120)
+
+    worker = ctx.Process(target=work)
     worker.start()
+    running.wait(60)
     print(worker.pid, flush=True)
     sys.stdin.read()
     """
