@@ -173,3 +173,33 @@ def test_a_file_of_another_shape_is_read_as_the_streaming_parser_reads_it(
     path.write_text(change(text))
     assert (kineto._read_fast(path) is None) == handed_over
     _same(read_trace(path), _streamed(path, monkeypatch))
+
+
+#: a script that imports in-process with no `if __name__` guard (as Streamlit's AppTest script runs)
+UNGUARDED = """
+import sys
+from perfscope.cli import main
+sys.exit(main(["import", "kineto", *sys.argv[2:], "--store", sys.argv[1]]))
+"""
+
+
+def test_an_unguarded_script_calling_the_import_reads_its_files_in_turn(tmp_path: Path) -> None:
+    """Worker processes import the parent's main script again: an unguarded one would run its import
+    once more in every worker (they died: BrokenProcessPool after a dashboard test left AppTest's
+    script as __main__). Such a caller reads its files one after another, and the import succeeds."""
+    import subprocess
+    import sys
+
+    paths = _rank_files(tmp_path, 2)
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = {k: v for k, v in os.environ.items() if k != WORKERS_ENV}
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "S"), *map(str, paths)],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 ranks" in out.stdout and "Traceback" not in out.stderr
+    assert {r["rank"] for r in _rows(tmp_path / "S")["steps"]} == {0, 1}
+    # and a guarded script still reads in parallel: the guard is what makes the workers safe
+    assert kineto._main_can_be_reimported()  # pytest's own main module is guarded

@@ -29,6 +29,7 @@ import math
 import multiprocessing as mp
 import os
 import re
+import sys
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
@@ -876,12 +877,34 @@ def _workers(n_files: int) -> int:
     return max(1, min(n_files, wanted, os.cpu_count() or 1))
 
 
+def _main_can_be_reimported() -> bool:
+    """Whether worker processes may start: forkserver and spawn children import the parent's main
+    script again (as `__mp_main__`). Safe for `perfscope` itself (its console script and
+    `python -m perfscope` guard their work), an interactive session (no script), `python -m pkg`, or a
+    script with an `if __name__ == "__main__":` guard; not for an unguarded script calling perfscope's
+    `main()` in-process (Streamlit's AppTest runs one: its workers died re-running it), which reads
+    its files one after another instead."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and str(getattr(spec, "name", "")).endswith("__main__"):
+        return True
+    path = getattr(main, "__file__", None)
+    if not path:
+        return True
+    try:
+        with open(path, "rb") as f:
+            source = f.read(1 << 20)
+    except OSError:
+        return False
+    return re.search(rb"""__name__\s*==\s*['"]__main__['"]""", source) is not None
+
+
 def read_files(paths: Sequence[Path]) -> Iterator[RankFile]:
     """Each file read and analysed, in the order given: in a pool of processes (one per core, at most
     one per file) when there are several, each returning only its per-step results, so memory stays
     that of a few files however many there are. A PerfscopeError in a worker is the same one line."""
     workers = _workers(len(paths))
-    if workers == 1:
+    if workers == 1 or not _main_can_be_reimported():
         yield from (read_file(p) for p in paths)
         return
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
