@@ -71,7 +71,7 @@ def _varied_row(i: int, rnd: random.Random) -> tuple[object, ...]:
 
 def encoding(rows: int, repeats: int) -> None:
     """CPU time of one Parquet row group of `rows` step rows (snappy), every column offered a
-    dictionary (pyarrow's default) against the writer's choice (perfscope.live.dictionary_columns)."""
+    dictionary (pyarrow's default) against the writer's choice (perfscope.store.live.dictionary_columns)."""
     rnd = random.Random(1)
     tables = {
         "benchmark rows": new_writer.rows_to_table("steps", [_row(i) for i in range(rows)]),

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import perfscope
-import perfscope.store.writer
+import perfscope.store.live
 from perfscope import PerfscopeWarning, open_store
 from perfscope.store.schema import RUNS
 
@@ -231,7 +231,7 @@ def test_a_full_disk_costs_rows_not_the_training(tmp_path: Path, monkeypatch: py
     def no_space(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(perfscope.writer.LiveSegment, "append", no_space)  # every batch meets a full disk
+    monkeypatch.setattr(perfscope.store.live.LiveSegment, "append", no_space)  # every batch meets a full disk
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with perfscope.profile(tmp_path, poll_hz=0, roll_interval_s=0.05) as prof:

@@ -41,7 +41,7 @@ def test_compact_merges_each_partition_into_one_file(tmp_path: Path) -> None:
     res = compact(tmp_path, grace_s=0)
     assert res.partitions == 6 and res.files_merged == 36 and res.files_written == 6
     assert res.rows == 2 * total
-    for part in tmp_path.glob("[!_]*/run_id=*"):  # the tables (not _rollups, perfscope.rollups)
+    for part in tmp_path.glob("[!_]*/run_id=*"):  # the tables (not _rollups, perfscope.store.rollups)
         files = list(part.glob("*.parquet"))
         assert len(files) == 1 and files[0].name.startswith("c-")
     after = open_store(tmp_path).query("SELECT * FROM steps ORDER BY run_id, step")

@@ -1,4 +1,4 @@
-"""The store's manifest (perfscope.manifest): a store of 100,000 segments opens without reading a
+"""The store's manifest (perfscope.store.manifest): a store of 100,000 segments opens without reading a
 footer; a missing, broken, foreign, stale or lying manifest is rebuilt to the truth, and a lie it
 may still tell is bounded; a SIGKILL mid-save leaves the old manifest or the new one, whole."""
 
