@@ -63,3 +63,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.module is not None and item.module.__name__ in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _main_module_restored() -> object:
+    """Streamlit's AppTest runs a page as `__main__` and leaves it there: every later test then has an
+    unguarded temporary script as its main module, which worker processes (forkserver, spawn) import
+    again, and perfscope's Kineto import reads its files in turn for such a caller. Each test starts
+    with pytest's own main module."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None and sys.modules.get("__main__") is not main:
+        sys.modules["__main__"] = main
