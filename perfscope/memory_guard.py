@@ -67,7 +67,8 @@ class MemoryGuard:
     """Stops the main thread (KeyboardInterrupt) when the process tree's RSS grows past `limit` bytes
     above where it began; `tripped` says it did, `said` says so in words."""
 
-    def __init__(self, limit: int, shown: str) -> None:
+    def __init__(self, limit: int, shown: str, verb: str = "") -> None:
+        self.verb = verb
         self.limit = limit
         self.shown = shown
         self.tripped = False
@@ -106,7 +107,9 @@ class MemoryGuard:
                 self.tripped = True
                 _thread.interrupt_main()
                 if not self._stop.wait(GRACE_S):  # native code that never returns to Python
-                    print(f"perfscope: {self.said}", file=sys.stderr, flush=True)
+                    # the same line the command would have printed (its main thread is in native code)
+                    who = f"perfscope {self.verb}" if self.verb else "perfscope"
+                    print(f"{who}: {self.said}", file=sys.stderr, flush=True)
                     os._exit(EXIT)
                 return
 
@@ -118,7 +121,7 @@ def guard_for(verb: str) -> MemoryGuard | None:
     if verb not in GUARDED or not value:
         return None
     limit = parse_size(value)
-    return MemoryGuard(limit, one_line(value)) if limit is not None else None
+    return MemoryGuard(limit, one_line(value), verb) if limit is not None else None
 
 
 def stopped_in_time(guard: MemoryGuard | None) -> bool:

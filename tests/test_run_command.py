@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,14 +100,33 @@ def _script(tmp_path: Path, name: str, body: str, **consts: int) -> Path:
     return path
 
 
+#: what torch's gloo backend prints when a rank aborts at interpreter exit (a C++ thread still
+#: joinable): seen on the bare torchrun run, before perfscope is involved, 1 run in 6 under load
+#: although the script ends with a barrier and destroy_process_group
+TORCH_EXIT_ABORT = "terminate called without an active exception"
+
+
+def _launch_job(args: list[str], cwd: Path, store: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """_launch, once more when a rank died of torch's abort at exit after the training had finished
+    (its store, if any, emptied first): that abort is torch's, the bare run shows it too."""
+    out = _launch(args, cwd)
+    if out.returncode != 0 and TORCH_EXIT_ABORT in out.stderr and "done" in out.stdout:
+        if store is not None:
+            shutil.rmtree(store, ignore_errors=True)
+        out = _launch(args, cwd)
+    return out
+
+
 def test_torchrun_ddp_script_recorded_without_change(tmp_path: Path) -> None:
     steps = 9
     script = _script(tmp_path, "plain.py", PLAIN_DDP, STEPS=steps)
     torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", script.name]
-    bare = _launch(torchrun, tmp_path)
+    bare = _launch_job(torchrun, tmp_path)
     assert bare.returncode == 0, bare.stderr
-    recorded = _launch(
-        [str(BIN / "perfscope"), "run", "--store", "S", "--experiment", "plain", "--", *torchrun], tmp_path
+    recorded = _launch_job(
+        [str(BIN / "perfscope"), "run", "--store", "S", "--experiment", "plain", "--", *torchrun],
+        tmp_path,
+        tmp_path / "S",
     )
     assert recorded.returncode == 0, recorded.stderr
 

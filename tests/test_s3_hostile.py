@@ -182,12 +182,14 @@ def _files(folder: Path) -> dict[str, int]:
 
 
 def _uploadable(folder: Path) -> list[str]:
-    """The store files of a staging folder (not hidden, not temporary), relative to it."""
+    """The store files of a staging folder an upload sends (not hidden, not temporary, not the one
+    process's rollups, which are never uploaded), relative to it."""
     return sorted(
         p.relative_to(folder).as_posix()
         for p in folder.rglob("*")
         if p.is_file()
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        and p.relative_to(folder).parts[0] != "_rollups"
         and not p.name.endswith(".tmp")
     )
 

@@ -92,10 +92,12 @@ def test_equal_threads_within_the_cores_or_none_recorded_is_silent(
 
 def test_a_real_gloo_job_records_threads_and_gets_the_confound_first(tmp_path: Path) -> None:
     """What a newcomer's torchrun job does: N=1 keeps the default threads, N=2 gets OMP_NUM_THREADS=1."""
-    one = {"steps": 12, "threads": 2, "env": {"OMP_NUM_THREADS": None, "MKL_NUM_THREADS": "2"}}
+    # 40 steps: the CPU time per rank is read from host samples inside the steady window, which 12 steps
+    # left too short for a 20 Hz poller on a loaded machine (CI: no sample in it, no CPU time said)
+    one = {"steps": 40, "threads": 2, "env": {"OMP_NUM_THREADS": None, "MKL_NUM_THREADS": "2"}}
     results_ok(run_ranks(ddp_worker, 1, str(tmp_path), one))
     results_ok(
-        run_ranks(ddp_worker, 2, str(tmp_path), {"steps": 12, "threads": 1, "env": {"MKL_NUM_THREADS": None}})
+        run_ranks(ddp_worker, 2, str(tmp_path), {"steps": 40, "threads": 1, "env": {"MKL_NUM_THREADS": None}})
     )
     with open_store(tmp_path) as store:
         ranks = store.query(

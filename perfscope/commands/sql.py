@@ -1,7 +1,8 @@
 """Run a read-only SQL query over a store's tables (runs, steps, spans, comm, gpu_samples, ...).
 
 The result streams in batches to standard output or the file named, so its size is bounded by neither
-memory nor the terminal; `--timeout` and `--memory-limit` bound the query itself (see perfscope.store.user_sql).
+memory nor the terminal; `--timeout` and `--memory-limit` bound the query itself (see
+perfscope.store.user_sql).
 """
 
 from __future__ import annotations
