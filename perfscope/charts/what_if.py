@@ -105,7 +105,9 @@ def what_if_heatmap(what_if: pa.Table | None, run_id: str | None = None) -> Char
             ],
         )
         .properties(
-            width=max(120, min(WIDTH, 40 * len(stages))), height=max(60, min(PANEL_HEIGHT * 2, 22 * len(dps)))
+            # the full width whatever the stages: the subtitle is wrapped for it (narrower, it was cut off)
+            width=WIDTH,
+            height=max(60, min(PANEL_HEIGHT * 2, 22 * len(dps))),
         )
     )
     return finish(
