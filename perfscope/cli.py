@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _show_warning
         try:
             code = int(module.run(args))
+            if stopped := _memory_stop(guard, args.verb):  # the stop met code that carried on
+                return stopped
             if argv is None and hasattr(module, "end_as_job"):  # the command line, not in-process
                 code = module.end_as_job(args, code)  # `run`: die of the job's signal, as timeout does
             return code

@@ -34,6 +34,14 @@ def shown(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text):,} chars)"
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` is a Ctrl-C (or PERFSCOPE_MEMORY_LIMIT's stop, which arrives as one) that native
+    code turned into its own error: DuckDB ends an interrupted query with "Query interrupted"."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return type(exc).__name__ == "InterruptException" or "Query interrupted" in str(exc)
+
+
 class StoreError(PerfscopeError):
     """The store is missing, empty, foreign or of an unreadable schema version."""
 

@@ -1,12 +1,13 @@
 """PERFSCOPE_MEMORY_LIMIT bounds the whole process of a perfscope command, not DuckDB alone.
 
-DuckDB's own memory limit (store.analysis_memory_limit) covers its buffer pool; Arrow results, parsed
-traces and Python objects are outside it. When PERFSCOPE_MEMORY_LIMIT is set, the commands that read
-or write a store (`analyze`, `report`, `import`, `export`, `sql`, `info`, `compact`, `simulate`) run
-under a watchdog: the resident memory of the command's process and its children, above what the
-process held when the command began (the interpreter and its libraries, about 100-200 MB, which no
-setting moves), stays under the limit. Past it the command is stopped with one line that says so, as
-Ctrl-C would stop it (its clean-up runs; an import leaves nothing half-written), and exits 1.
+DuckDB's own memory limit (store.listing.analysis_memory_limit, half of this one) covers its buffer
+pool; Arrow results, parsed traces and Python objects are outside it. When PERFSCOPE_MEMORY_LIMIT is
+set, the commands that read or write a store (`analyze`, `report`, `import`, `export`, `sql`, `info`,
+`compact`, `simulate`) run under a watchdog: the resident memory of the command's process and its
+children, above what the process held when the command began (the interpreter and its libraries,
+about 100-200 MB, which no setting moves), stays under the limit. Past it the command is stopped
+with one line that says so, as Ctrl-C would stop it (its clean-up runs; an import leaves nothing
+half-written), and exits 1.
 
 Not `run` (the training job's memory is its own), `dashboard` (a server: its user queries are bounded
 by user_sql's query slots) or `top`. The watchdog samples every 20 ms: a spike shorter than that can
@@ -25,6 +26,7 @@ from types import TracebackType
 import psutil
 
 from .errors import one_line
+from .sizes import parse_size
 
 ENV = "PERFSCOPE_MEMORY_LIMIT"
 GUARDED = frozenset({"analyze", "report", "import", "export", "sql", "info", "compact", "simulate"})
@@ -33,25 +35,6 @@ INTERVAL_S = 0.02
 GRACE_S = 5.0
 #: exit status of a command stopped at the limit
 EXIT = 1
-
-_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
-_UNITS |= {"k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
-_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_size(text: str) -> int | None:
-    """'4GB', '512MiB', '1.5 gb' in bytes; None for anything else (or a size under 1 MB)."""
-    s = text.strip().lower().replace(" ", "")
-    num = s.rstrip("kmgtib")
-    unit = s[len(num) :]
-    if unit not in _UNITS or not num:
-        return None
-    try:
-        value = float(num)
-    except ValueError:
-        return None
-    n = value * _UNITS[unit]
-    return int(n) if 1e6 <= n < 1 << 60 else None
 
 
 def _tree_rss(proc: psutil.Process, with_children: bool) -> int:

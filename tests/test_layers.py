@@ -23,7 +23,7 @@ PACKAGES = {
     "perfscope.dashboard": ROOT / "dashboard",
 }
 #: the modules outside perfscope/store/ that the store may import: below every room
-FOUNDATION = {"perfscope.errors", "perfscope.words", "perfscope.duckdb_check"}
+FOUNDATION = {"perfscope.errors", "perfscope.words", "perfscope.duckdb_check", "perfscope.sizes"}
 
 
 def modules() -> dict[str, Path]:

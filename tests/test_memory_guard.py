@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from perfscope import open_store
-from perfscope.memory_guard import parse_size
+from perfscope.sizes import parse_size
 
 DEMO = Path(__file__).resolve().parent.parent / "sample_traces" / "demo-cpu"
 STEP = '{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","pid":1,"tid":1,"ts":100,"dur":10}'
@@ -55,6 +55,14 @@ def test_a_query_past_the_limit_stops_in_one_line(tmp_path: Path) -> None:
     out = _perfscope("256MiB", "sql", str(DEMO), sql, "--format", "csv", "-o", "wide.csv", cwd=tmp_path)
     _stopped(out, "sql", "256MiB")
     assert not (tmp_path / "wide.csv").exists()
+
+
+def test_an_analysis_stopped_inside_a_query_says_so_and_prints_nothing(tmp_path: Path) -> None:
+    """The stop arrives in a rule's DuckDB query as "Query interrupted": the rule must not be skipped
+    as if it had failed on odd data, leaving a half explanation printed with exit 0."""
+    out = _perfscope("8MiB", "analyze", str(DEMO), "--json", cwd=tmp_path)
+    _stopped(out, "analyze", "8MiB")
+    assert out.stdout == "" and "failed" not in out.stderr
 
 
 def test_an_import_past_the_limit_stops_and_publishes_nothing(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The analysis connection's DuckDB memory limit: 2 GB unless PERFSCOPE_MEMORY_LIMIT says otherwise,
-and the numbers do not depend on it (DuckDB spills beyond it)."""
+"""The analysis connection's DuckDB memory limit: 2 GB unless PERFSCOPE_MEMORY_LIMIT says otherwise (DuckDB
+then gets half of it, the rest of the process the other half), and the numbers do not depend on it
+(DuckDB spills beyond it)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def test_default_limit_is_2_gb(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_environment_moves_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _limit_gib(monkeypatch, "512MiB") == pytest.approx(0.5, rel=0.05)
-    assert _limit_gib(monkeypatch, "3 GB") == pytest.approx(3e9 / 2**30, rel=0.05)
+    assert _limit_gib(monkeypatch, "512MiB") == pytest.approx(0.25, rel=0.05)
+    assert _limit_gib(monkeypatch, "3 GiB") == pytest.approx(1.5, rel=0.05)
 
 
 @pytest.mark.parametrize("value", ["lots", "1GB; SET enable_external_access=true", "-1GB", "50%"])
@@ -65,4 +66,6 @@ def test_analyze_gives_the_same_numbers_under_a_small_limit() -> None:
             return a == pytest.approx(b, rel=1e-9, nan_ok=True)
         return a == b
 
-    assert close(analyze("64MiB"), analyze("4GB"))
+    # the whole command grows by about 125 MB on the sample here (more threads, more on bigger
+    # machines), so it runs to the end under 512 MiB with DuckDB held to 256 MiB
+    assert close(analyze("512MiB"), analyze("4GB"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 
 from ..analysis import Selection
-from ..errors import PerfscopeWarning
+from ..errors import PerfscopeWarning, is_interrupt
 from ..store.reader import Store
 from . import rules_comm, rules_compute, rules_patterns, rules_quality, rules_topology, rules_what_if  # noqa: F401  (registers rules)
 from .biggest_loss import uncovered_losses
@@ -31,7 +31,8 @@ def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
     repeats on other groups).
 
     A rule that fails on data it did not expect is skipped with a warning naming it, so one odd
-    store never hides the other findings.
+    store never hides the other findings; an interrupted query (Ctrl-C, PERFSCOPE_MEMORY_LIMIT) stops
+    the explanation instead.
     """
     ctx = Context(store, sel or Selection())
     findings: list[Finding] = []
@@ -39,6 +40,8 @@ def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
         try:
             findings += r.fn(ctx)
         except Exception as exc:  # a rule's bug must not take the whole explanation down
+            if is_interrupt(exc):  # Ctrl-C or the memory limit's stop, met inside a query: stop
+                raise KeyboardInterrupt from exc
             warnings.warn(
                 f"perfscope: rule {r.id} failed ({type(exc).__name__}: {exc}); its findings are missing.",
                 PerfscopeWarning,

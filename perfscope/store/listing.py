@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -29,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StoreError, one_line, warn_once
+from ..sizes import parse_size
 from .live import LIVE_SUFFIX, read_live, twin
 from .manifest import SAVE_MIN_CHANGES, Entries, Manifest
 from .schema import (
@@ -834,13 +834,19 @@ _spill: list[str] = []
 
 #: the analysis connection's DuckDB memory limit unless PERFSCOPE_MEMORY_LIMIT says otherwise
 DEFAULT_ANALYSIS_MEMORY_LIMIT = "2GB"
+#: the share of PERFSCOPE_MEMORY_LIMIT that DuckDB's buffer pool gets: the limit bounds the whole
+#: process of a command (memory_guard.py), and Arrow results, Python objects and DuckDB's own
+#: per-thread allocations need the rest, so DuckDB spills well before the process is stopped
+DUCKDB_SHARE = 0.5
 
 
 def analysis_memory_limit() -> str:
-    """PERFSCOPE_MEMORY_LIMIT when it is a size DuckDB takes ("4GB", "512MiB"), else the default."""
+    """DuckDB's memory limit for analyses: half of PERFSCOPE_MEMORY_LIMIT when that is a size
+    ("4GB", "512MiB"), else the default."""
     value = os.environ.get("PERFSCOPE_MEMORY_LIMIT", "").strip()
-    if re.fullmatch(r"\d{1,6}(\.\d{1,3})?\s?[KMGT]i?B", value, re.IGNORECASE):
-        return value
+    size = parse_size(value)
+    if size is not None:
+        return f"{int(size * DUCKDB_SHARE)}B"  # digits and a unit: safe as a literal
     if value:
         warn_once(
             "memory-limit-env",
