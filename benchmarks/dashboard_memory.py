@@ -31,6 +31,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "dashboard"))  # tests/rooms.py
 
 from browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from test_dashboard_browser import dashboard_server, settle  # noqa: E402

@@ -215,7 +215,7 @@ def tail(text: str, lines: int = 5) -> str:
 def pytest_gpu(budget: Budget) -> dict[str, Any]:
     files = sorted(
         str(p.relative_to(ROOT))
-        for p in (ROOT / "tests").glob("test_*.py")
+        for p in (ROOT / "tests").rglob("test_*.py")
         if "mark.gpu" in p.read_text(errors="replace")
     )
     if not files:

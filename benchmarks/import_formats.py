@@ -7,7 +7,7 @@ to hundreds of MB: memory should stay flat in the file's size.
 A Horovod timeline is written as horovod/common/timeline.cc writes it (metadata lines, then every
 event appended on one line, the array closed after the last): per step and tensor a negotiation with
 one tick per rank, then ALLREDUCE with a nested NCCL_ALLREDUCE. An Nsight Systems export is built
-with the documented tables (the DDL of tests/test_import_nsys.py): per step a perfscope `step`
+with the documented tables (the DDL of tests/importers/test_import_nsys.py): per step a perfscope `step`
 range, forward and backward ranges, compute kernels and one NCCL kernel. Each import runs as its own
 process (benchmarks/analysis.py's timer): wall time, CPU time and peak RSS, with the load average.
 """
@@ -25,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "importers"))  # tests/rooms.py
 from analysis import _measure  # the benchmarks' one timer
 from test_import_nsys import SCHEMA  # Nsight Systems' documented tables
 

@@ -5,7 +5,7 @@ tables (issue 23: "a 128-rank, 250,000-op trace imported and analysed in seconds
     .venv/bin/python benchmarks/what_if.py --layouts 2x8,16x8 --ops 250000 --dir /tmp/bench-what-if --keep
 
 A layout DPxPP is a GPipe job of DP data-parallel ranks by PP pipeline stages (tp = cp = 1), written by
-tests/test_what_if.py's `synthetic` (the op table of the straggler study's schema, Megatron-LM's op
+tests/analysis/test_what_if.py's `synthetic` (the op table of the straggler study's schema, Megatron-LM's op
 names: forward/backward compute per micro-batch, blocking forward/backward send and recv between
 stages, a reduce-scatter per stage over its dp group, the gradient-norm all-reduce, the optimizer),
 with its last stage 20% longer (so the analysis has a cause to find: stage-imbalance). The number of
@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))  # tests/rooms.py
 from analysis import _measure  # the benchmarks' one timer
 from test_what_if import synthetic  # the GPipe op-table generator of the what-if tests
 

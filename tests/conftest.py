@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from rooms import on_path
+
+on_path()  # a room's tests may import another room's fixtures (tests/rooms.py)
 
 # Never let a test talk to the outside world by accident, and keep BLAS single-threaded:
 # this suite runs multi-process jobs on 2 cores.

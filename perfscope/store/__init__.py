@@ -1,6 +1,6 @@
 """The store: a folder of Parquet files, one table per folder, hive-partitioned by run, that any
 engine reads as it is. Its modules are read in the order of LAYERS; each imports only earlier ones
-(and never perfscope.analysis and the rooms above it), which tests/test_layers.py checks.
+(and never perfscope.analysis and the rooms above it), which tests/project/test_layers.py checks.
 
 What it promises, and where each promise is kept:
 - The contract: every table, column, type and unit (schema.py); the warm-up cut the rollups and the

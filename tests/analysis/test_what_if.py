@@ -1,0 +1,375 @@
+"""What-if analysis of 3D-parallel jobs (issue 23): the straggler study's real op table imported through
+the CLI, synthetic op tables of known causes, hostile op tables refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from perfscope.analysis import Selection, run_analysis
+from perfscope.explain import explain
+from perfscope.store.open import open_store
+
+STUDY = Path("/work/shared/traces/straggler-study")
+if not STUDY.exists():  # the repository's copy, wherever the checkout is
+    STUDY = Path(__file__).resolve().parents[3] / "shared" / "traces" / "straggler-study"
+
+
+def _cli(*args: str | int | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    env.pop("PERFSCOPE_TRACEBACK", None)
+    return subprocess.run(
+        [sys.executable, "-m", "perfscope", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def _analyze(store: Path) -> dict:
+    res = _cli("analyze", store, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.skipif(
+    not (STUDY / "trace-ST.parquet").exists(), reason="the straggler study's trace is not here"
+)
+def test_straggler_study_stage_imbalance(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    res = _cli(
+        "import", "op-table", STUDY / "trace-ST.parquet", "--meta", STUDY / "meta-ST.yaml", "--store", store
+    )
+    assert res.returncode == 0, res.stderr
+    out = _analyze(store)
+    expected = json.loads((STUDY / "expected-ST.json").read_text())
+    (w,) = out["what_if"]
+    assert w["slowdown"] == pytest.approx(expected["straggler_slowdown"], rel=0.10)
+    assert w["by_stage"][0]["stage"] == 3
+    assert w["by_stage"][0]["slowdown"] == pytest.approx(expected["by_stage"]["3"], rel=0.10)
+    assert w["cause"] == "stage-imbalance"
+    assert w["replay_error"] < 0.03
+    assert w["steps"] == 32 and len(w["by_worker"]) == 8
+    # the compute ops carry the excess, as in the study's attribution by op type
+    assert {r["op_type"] for r in w["by_op_type"][:2]} == {"forward-compute", "backward-compute"}
+    (f,) = [f for f in out["findings"] if f["rule"] == "what-if"]
+    assert "stage 3" in f["title"] and "fewer layers" in f["recommendation"]
+    # the layout reached the store
+    with open_store(store) as s:
+        ranks = s.query(
+            "SELECT rank, dp_rank, pp_stage, tp_rank, cp_rank FROM ranks ORDER BY rank"
+        ).to_pylist()
+        runs = s.query("SELECT dp_size, pp_size, tp_size, cp_size FROM runs").to_pylist()
+        groups = s.query(
+            "SELECT DISTINCT group_ranks FROM comm WHERE name = 'grads-reduce-scatter'"
+        ).to_pylist()
+    assert [(r["dp_rank"], r["pp_stage"]) for r in ranks] == [(r % 2, r // 2) for r in range(8)]
+    assert runs == [{"dp_size": 2, "pp_size": 4, "tp_size": 1, "cp_size": 1}]
+    assert sorted(g["group_ranks"] for g in groups) == ["0,1", "2,3", "4,5", "6,7"]
+
+
+def synthetic(
+    dp: int,
+    pp: int,
+    *,
+    m: int = 4,
+    steps: int = 12,
+    fwd: float = 0.010,
+    slow: dict[tuple[int, int], float] | None = None,
+    noise: float = 0.01,
+    seed: int = 0,
+    uneven: float = 0.0,
+) -> pa.Table:
+    """An op table of a GPipe job (all forwards, then all backwards, blocking send/recv, a
+    reduce-scatter per stage over the dp group, a gradient-norm all-reduce over every rank, the
+    optimizer), timed by the schedule itself. `slow` multiplies a worker's (dp rank, stage) compute;
+    `uneven` multiplies each dp rank's compute in each step by 1 to 1 + uneven at random (the data,
+    sequence lengths, differ between dp ranks from step to step)."""
+    rng = np.random.default_rng(seed)
+    slow = slow or {}
+    data = 1 + uneven * rng.random((steps, dp))
+    rows: list[tuple] = []
+    ready = np.zeros((dp, pp))
+    xfer = 0.0002
+    seq: dict[tuple[int, int, str], int] = {}
+    current = [0]  # the step being written
+
+    def emit(d: int, s: int, op: str, start: float, end: float, mb: int = -1) -> None:
+        k = seq.get((d, s, op), 0)
+        seq[(d, s, op)] = k + 1
+        rows.append((d, s, s * dp + d, current[0], op, start, end - start, k, 0, mb, s))
+
+    def compute(d: int, s: int, op: str, base: float, mb: int) -> None:
+        t = base * slow.get((d, s), 1.0) * data[current[0], d] * (1 + noise * rng.standard_normal())
+        emit(d, s, op, ready[d, s], ready[d, s] + t, mb)
+        ready[d, s] += t
+
+    for step in range(steps):
+        seq.clear()
+        current[0] = step
+        for phase, order, base in (("forward", range(pp), fwd), ("backward", range(pp - 1, -1, -1), 2 * fwd)):
+            pending = np.zeros((dp, pp))
+            for k in range(m):
+                prev = None
+                for s in order:
+                    for d in range(dp):
+                        if prev is not None:  # the transfer from the previous stage in this direction
+                            start_send, start_recv = pending[d, prev], ready[d, s]
+                            end = max(start_send, start_recv) + xfer
+                            emit(d, prev, f"{phase}-send", start_send, end)
+                            emit(d, s, f"{phase}-recv", start_recv, end)
+                            ready[d, prev] = max(ready[d, prev], end)
+                            ready[d, s] = end
+                        compute(d, s, f"{phase}-compute", base, k)
+                        pending[d, s] = ready[d, s]
+                    prev = s
+        for s in range(pp):
+            end = ready[:, s].max() + 0.002
+            for d in range(dp):
+                emit(d, s, "grads-reduce-scatter", ready[d, s], end)
+                ready[d, s] = end
+        end = ready.max() + 0.0005
+        for s in range(pp):
+            for d in range(dp):
+                emit(d, s, "optimizer-clip-main-grad", ready[d, s], end)
+                ready[d, s] = end
+                compute(d, s, "optimizer", 0.003, -1)
+    cols = list(zip(*rows, strict=True))
+    names = (
+        "dp_rank",
+        "stage",
+        "rank",
+        "step",
+        "optype",
+        "start_ts",
+        "duration",
+        "seq_id",
+        "mc",
+        "mb_id",
+        "gmc",
+    )
+    return pa.table({n: list(c) for n, c in zip(names, cols, strict=True)})
+
+
+def _what_if(
+    tmp_path: Path, table: pa.Table, dp: int, pp: int, name: str = "t", *args: str | int, csv: bool = False
+) -> dict:
+    path = tmp_path / f"{name}.{'csv' if csv else 'parquet'}"
+    if csv:
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path)
+    store = tmp_path / f"store-{name}"
+    res = _cli("import", "op-table", path, "--dp", dp, "--pp", pp, "--store", store, *args)
+    assert res.returncode == 0, res.stderr
+    with open_store(store) as s:
+        (row,) = run_analysis("what_if", s, Selection()).to_pylist()
+        row["findings"] = [g for f in explain(s) for g in f.flatten() if g.rule == "what-if"]
+    return row
+
+
+def _recorded_step(table: pa.Table) -> float:
+    """Mean step time of a synthetic table (its steps follow one another)."""
+    step = np.asarray(table.column("step"))
+    start = np.asarray(table.column("start_ts"))
+    end = start + np.asarray(table.column("duration"))
+    return float(np.mean([end[step == k].max() - start[step == k].min() for k in np.unique(step)]))
+
+
+def test_slow_worker_named_and_ideal_is_the_job_without_it(tmp_path: Path) -> None:
+    slow = synthetic(4, 2, slow={(2, 1): 1.6})
+    w = _what_if(tmp_path, slow, 4, 2)
+    assert w["cause"] == "slow-worker"
+    top = w["by_worker"][0]
+    assert (top["dp_rank"], top["stage"], top["ranks"]) == (2, 1, [6])
+    assert w["replay_error"] < 0.01
+    # the ideal step is the same job without the slow worker, within 5%
+    without = _recorded_step(synthetic(4, 2))
+    assert w["ideal_step_ns"] / 1e9 == pytest.approx(without, rel=0.05)
+    assert w["slowdown"] > 1.2
+    (f,) = w["findings"]
+    assert (
+        "dp rank 2 at stage 1" in f.title and "rank 6" in f.title and "Replace or cordon" in f.recommendation
+    )
+    assert f.numbers["cost_ns"] == pytest.approx(w["actual_step_ns"] - w["ideal_step_ns"], rel=0.1)
+
+
+def test_each_workers_slowdown_is_given_per_step(tmp_path: Path) -> None:
+    """The heat map over steps: a worker slow from step 6 on is slow in those steps' bins only, and the
+    bins' means give back its whole-run slowdown."""
+    from perfscope.analysis import what_if as wi
+
+    first = synthetic(4, 2, steps=6, seed=1)
+    later = synthetic(4, 2, steps=6, seed=2, slow={(2, 1): 1.8})
+    shift = pc.add(later.column("step"), 6)
+    both = pa.concat_tables([first, later.set_column(later.schema.get_field_index("step"), "step", shift)])
+    start = np.asarray(both.column("start_ts"), dtype=float)
+    span = float(np.asarray(first.column("start_ts")).max() + np.asarray(first.column("duration")).max())
+    start[first.num_rows :] += span + 0.01  # the later steps after the first ones
+    both = both.set_column(both.schema.get_field_index("start_ts"), "start_ts", pa.array(start))
+    w = _what_if(tmp_path, both, 4, 2)
+    assert w["steps"] == 12 and w["steps_per_bin"] == 1
+    by = {(x["dp_rank"], x["stage"]): x for x in w["by_worker"]}
+    slow = by[(2, 1)]["step_slowdown"]
+    assert len(slow) == 12 and all(s > 1.15 for s in slow[6:]) and all(s < 1.05 for s in slow[:6]), slow
+    assert max(max(x["step_slowdown"]) for k, x in by.items() if k != (2, 1)) < 1.05
+    # bins of several steps when a run has more steps than bins
+    t, ideal = np.array([2.0, 2.0, 1.0, 1.0, 3.0]), np.ones(5)
+    assert wi._binned_ratios(t, ideal, 2) == [2.0, 1.0, 3.0]
+
+
+def test_balanced_job_has_no_cause(tmp_path: Path) -> None:
+    w = _what_if(tmp_path, synthetic(4, 2), 4, 2)
+    assert w["cause"] == "none"
+    assert w["slowdown"] == pytest.approx(1.0, abs=0.03)
+    assert w["replay_error"] < 0.01
+    assert w["findings"] == []
+
+
+def test_long_stage_is_stage_imbalance(tmp_path: Path) -> None:
+    w = _what_if(tmp_path, synthetic(2, 3, slow={(0, 1): 1.8, (1, 1): 1.8}), 2, 3)
+    assert w["cause"] == "stage-imbalance"
+    assert w["by_stage"][0]["stage"] == 1
+    (f,) = w["findings"]
+    assert "stage 1" in f.title and "fewer layers" in f.recommendation
+
+
+def test_work_that_moves_between_dp_ranks_is_data_imbalance(tmp_path: Path) -> None:
+    w = _what_if(tmp_path, synthetic(4, 2, uneven=0.5, steps=16), 4, 2)
+    assert w["cause"] == "data-imbalance"
+    assert w["slowdown"] > 1.05
+    (f,) = w["findings"]
+    assert "sequence packing" in f.recommendation
+
+
+def test_data_parallel_job_without_pipeline(tmp_path: Path) -> None:
+    """pp = 1: a DDP-like job whose dp rank 1 is slow; the ideal is the job without the delay."""
+    w = _what_if(tmp_path, synthetic(2, 1, slow={(1, 0): 1.5}), 2, 1)
+    assert w["cause"] == "slow-worker" and w["by_worker"][0]["dp_rank"] == 1
+    assert w["ideal_step_ns"] / 1e9 == pytest.approx(_recorded_step(synthetic(2, 1)), rel=0.05)
+
+
+def _hostile(tmp_path: Path, table: pa.Table, *args: str, name: str = "h.parquet") -> str:
+    path = tmp_path / name
+    if name.endswith(".csv"):
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path)
+    res = _cli("import", "op-table", path, "--store", tmp_path / "store", *args)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2, res.stderr
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert not list((tmp_path / "store").glob("*/run_id=*"))  # nothing of the run is left
+    return lines[0]
+
+
+def _with(table: pa.Table, column: str, values: list) -> pa.Table:
+    i = table.column_names.index(column)
+    return table.set_column(i, column, pa.array(values))
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("missing", "no column duration"),
+        ("nan", "duration holds nan"),
+        ("negative", "no negative"),
+        ("rank", "column rank holds 1000000000"),
+        ("claimed", "no job has more than"),
+        ("meta", "only flat 'key: value' lines"),
+        ("world", "contradicts itself"),
+        ("span", "no job runs that long"),
+        ("csv-nan", "duration holds nan"),
+    ],
+)
+def test_hostile_op_tables_are_refused_in_one_line(tmp_path: Path, case: str, says: str) -> None:
+    good = synthetic(2, 2, steps=2)
+    n = good.num_rows
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("dp_size: 2\npp_size: 2\n")
+    layout = ("--dp", "2", "--pp", "2")
+    if case == "missing":
+        line = _hostile(tmp_path, good.drop_columns(["duration"]), *layout)
+    elif case == "nan":
+        line = _hostile(tmp_path, _with(good, "duration", [float("nan")] * n), "--meta", str(meta))
+    elif case == "negative":
+        line = _hostile(tmp_path, _with(good, "duration", [-1.0] * n), *layout)
+    elif case == "rank":
+        line = _hostile(tmp_path, _with(good, "rank", [10**9] * n), *layout)
+    elif case == "claimed":
+        line = _hostile(tmp_path, good, "--dp", str(10**9), "--pp", "2")
+    elif case == "world":
+        meta.write_text("dp_size: 2\npp_size: 2\nworld_size: 1000000\n")
+        line = _hostile(tmp_path, good, "--meta", str(meta))
+    elif case == "span":  # every step restarts its clock and lasts a year
+        line = _hostile(tmp_path, _with(good, "duration", [3.0e7] * n), *layout)
+    elif case == "meta":
+        meta.write_text("dp_size: 2\nparallel:\n  pp_size: 2\n")
+        line = _hostile(tmp_path, good, "--meta", str(meta))
+    else:
+        line = _hostile(tmp_path, _with(good, "duration", [float("nan")] * n), *layout, name="h.csv")
+    assert line.startswith("perfscope import: error: ") and says in line, line
+
+
+def test_version_2_stores_read_the_layout_as_null(tmp_path: Path) -> None:
+    """Segments written before schema version 3 lack the layout columns: they read as NULL, and
+    what_if leaves such runs out instead of failing."""
+    from perfscope.store.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
+
+    assert SCHEMA_VERSION >= 3
+    store = tmp_path / "store-old"
+    path = tmp_path / "t.parquet"
+    pq.write_table(synthetic(2, 2, steps=3), path)
+    assert _cli("import", "op-table", path, "--dp", 2, "--pp", 2, "--store", store).returncode == 0
+    for table in ("runs", "ranks", "comm"):
+        new = [c.name for c in TABLES[table].columns if c.since >= 3]
+        for seg in (store / table).glob("run_id=*/*.parquet"):
+            t = pq.read_table(seg, partitioning=None).drop_columns(new)
+            meta = {META_TABLE: table.encode(), META_VERSION: b"2"}
+            pq.write_table(t.replace_schema_metadata(meta), seg)
+    with open_store(store) as s:
+        ranks = s.query("SELECT count(*) AS n, count(dp_rank) AS laid FROM ranks").to_pylist()
+        comm = s.query("SELECT count(*) AS n, count(group_ranks) AS grouped FROM comm").to_pylist()
+        runs = s.query("SELECT dp_size, pp_size FROM runs").to_pylist()
+        assert run_analysis("what_if", s, Selection()).num_rows == 0
+    assert ranks == [{"n": 4, "laid": 0}] and comm[0]["n"] > 0 and comm[0]["grouped"] == 0
+    assert runs == [{"dp_size": None, "pp_size": None}]
+    assert _analyze(store)["what_if"] == []
+
+
+def test_csv_reads_as_parquet(tmp_path: Path) -> None:
+    table = synthetic(4, 2, slow={(2, 1): 1.6}, steps=6)
+    a = _what_if(tmp_path, table, 4, 2, "p")
+    b = _what_if(tmp_path, table, 4, 2, "c", csv=True)
+    assert b["cause"] == a["cause"] == "slow-worker"
+    assert b["slowdown"] == pytest.approx(a["slowdown"], rel=1e-3)
+
+
+def test_a_worker_is_all_its_tensor_parallel_ranks(tmp_path: Path) -> None:
+    """tp 2: every op of the table runs on both tensor-parallel ranks of its worker (Megatron-LM's
+    rank order: tp fastest); the slow worker is named with both ranks, and its peers are matched
+    tp rank with tp rank."""
+    base = synthetic(2, 2, slow={(1, 1): 1.6}, steps=6)
+    parts = []
+    for tp_rank in range(2):
+        rank = pc.add(pc.multiply(base.column("rank"), 2), tp_rank)
+        parts.append(base.set_column(base.column_names.index("rank"), "rank", rank))
+    w = _what_if(tmp_path, pa.concat_tables(parts), 2, 2, "tp", "--tp", 2)
+    assert w["cause"] == "slow-worker"
+    top = w["by_worker"][0]
+    assert (top["dp_rank"], top["stage"], top["ranks"]) == (1, 1, [6, 7])
+    assert w["replay_error"] < 0.01

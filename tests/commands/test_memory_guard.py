@@ -1,0 +1,89 @@
+"""PERFSCOPE_MEMORY_LIMIT bounds a command's whole process, not DuckDB alone (issue 22): past it the
+command stops with one line and exit 1, leaving nothing half-written; under it nothing changes."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfscope import open_store
+from perfscope.sizes import parse_size
+
+DEMO = Path(__file__).resolve().parents[2] / "sample_traces" / "demo-cpu"
+STEP = '{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","pid":1,"tid":1,"ts":100,"dur":10}'
+
+
+def _perfscope(limit: str | None, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFSCOPE_")}
+    if limit is not None:
+        env["PERFSCOPE_MEMORY_LIMIT"] = limit
+    return subprocess.run(
+        [sys.executable, "-m", "perfscope", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _stopped(out: subprocess.CompletedProcess[str], verb: str, limit: str) -> None:
+    assert out.returncode == 1, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        f"perfscope {verb}: stopped: its memory grew past PERFSCOPE_MEMORY_LIMIT={limit}"
+    )
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr
+
+
+def test_sizes() -> None:
+    assert parse_size("512MiB") == 512 << 20 and parse_size("4GB") == 4 * 10**9
+    assert parse_size(" 1.5 gib ") == int(1.5 * (1 << 30)) and parse_size("300mb") == 300 * 10**6
+    for bad in ("", "lots", "12 parsecs", "-1GB", "1KB", "nanGB", "1e400GB", "GB"):
+        assert parse_size(bad) is None, bad
+
+
+def test_a_query_past_the_limit_stops_in_one_line(tmp_path: Path) -> None:
+    """Rows of 20,000 characters build GBs of Arrow outside DuckDB's limit: stopped, and no CSV."""
+    sql = "SELECT repeat('x', 20000) AS s FROM range(100000)"
+    out = _perfscope("256MiB", "sql", str(DEMO), sql, "--format", "csv", "-o", "wide.csv", cwd=tmp_path)
+    _stopped(out, "sql", "256MiB")
+    assert not (tmp_path / "wide.csv").exists()
+
+
+def test_an_analysis_stopped_inside_a_query_says_so_and_prints_nothing(tmp_path: Path) -> None:
+    """The stop arrives in a rule's DuckDB query as "Query interrupted": the rule must not be skipped
+    as if it had failed on odd data, leaving a half explanation printed with exit 0."""
+    out = _perfscope("8MiB", "analyze", str(DEMO), "--json", cwd=tmp_path)
+    _stopped(out, "analyze", "8MiB")
+    assert out.stdout == "" and "failed" not in out.stderr
+
+
+def test_an_import_past_the_limit_stops_and_publishes_nothing(tmp_path: Path) -> None:
+    trace = tmp_path / "steps.pt.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        f.write('{"traceEvents":[' + ",".join([STEP] * 1_000_000) + "]}")
+    out = _perfscope("16MiB", "import", "kineto", str(trace), "--store", "S", cwd=tmp_path)
+    _stopped(out, "import", "16MiB")
+    store = tmp_path / "S"
+    if store.exists():
+        with open_store(store) as s:
+            assert s.query("SELECT count(*) AS n FROM runs").to_pylist() == [{"n": 0}]
+    # the same import with room: it runs as before
+    out = _perfscope("1GiB", "import", "kineto", str(trace), "--store", "S", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with open_store(store) as s:
+        assert s.query("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": 1}]
+
+
+@pytest.mark.parametrize("limit", ["1GiB", None])
+def test_under_the_limit_a_command_answers_as_before(tmp_path: Path, limit: str | None) -> None:
+    out = _perfscope(limit, "analyze", str(DEMO), "--json", cwd=tmp_path)
+    assert out.returncode == 0 and '"findings"' in out.stdout, out.stderr[-2000:]
+    assert "stopped" not in out.stderr

@@ -1,0 +1,211 @@
+"""`perfscope dashboard` served for real, every page loaded in headless Chromium, screenshots saved."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
+from storegen import make_run
+
+from perfscope.simulate import write_study
+from perfscope.simulate.presets import parse_config, seed_study_config
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "dashboard"
+
+RUN = "sim-seed-scaling-hpdlf-horovod-nccl-n006-b75-s2022"
+#: screenshot name, how to get there (open a URL, click a page in the navigation, click a tab), where,
+#: and how many charts the page then draws. Clicks keep the loaded app: a URL reloads all of it.
+STEPS: list[tuple[str, str, str, int]] = [
+    ("overview", "url", "", 0),
+    ("scaling", "page", "Scaling", 3),
+    ("scaling-sync", "tab", "Sync", 2),
+    ("scaling-phases", "tab", "Phases", 2),
+    ("scaling-utilisation", "tab", "Utilisation", 2),
+    ("batch", "page", "Batch size", 2),
+    ("compare", "page", "Compare", 1),
+    ("sql", "page", "SQL", 0),
+    ("run", "url", f"run?run={RUN}", 1),
+    ("run-stragglers", "tab", "Stragglers", 2),
+    ("run-telemetry", "tab", "Telemetry", 2),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"perfscope dashboard exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} did not answer within {timeout_s} s")
+
+
+@contextmanager
+def dashboard_server(
+    store: Path, log: Path, host: str = "127.0.0.1", *, token: bool = False, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`perfscope dashboard STORE` on a free port; yields its URL and process once it answers, and
+    always ends it (the CLI and the Streamlit server it started) afterwards. Without an access token
+    unless `token` (the access tests read it from the log: `printed_token`)."""
+    port = free_port()
+    extra = (*extra, *([] if host == "127.0.0.1" else ["--host", host]), *([] if token else ["--no-token"]))
+    with open(log, "wb") as out:
+        # its own session, so the CLI and the Streamlit server it started end together
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfscope", "dashboard", str(store), "--port", str(port), *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        url = f"http://{host}:{port}"
+        _wait_healthy(url, proc)
+        yield url, proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a test may have ended it already
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+_STATE = """() => [
+    document.querySelector('.stApp')?.getAttribute('data-test-script-state') ?? 'loading',
+    document.querySelectorAll('[data-stale="true"], [data-testid="stSkeleton"]').length,
+    document.querySelectorAll('h1').length,
+    document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length,
+    document.querySelectorAll('[data-testid]').length,
+]"""
+
+
+def settle(page: Any, charts: int = 0, timeout_s: float = 120, quiet_s: float = 0.5) -> None:
+    """Wait until the page is drawn: its script has finished, nothing stale or a placeholder, a title,
+    `charts` charts, and no change for `quiet_s` (a click's rerun starts a moment after the click)."""
+    deadline = time.monotonic() + timeout_s
+    last: list[Any] = []
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        state = page.evaluate(_STATE)
+        if state != last:
+            last, since = state, time.monotonic()
+        elif (
+            state[0] == "notRunning"
+            and state[1] == 0
+            and state[2] > 0
+            and state[3] >= charts
+            and time.monotonic() - since >= quiet_s
+        ):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"page not drawn within {timeout_s} s: {last}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    pytest.importorskip("playwright.sync_api")
+    root = tmp_path_factory.mktemp("browser")
+    write_study(root / "store", parse_config(seed_study_config()))
+    with dashboard_server(root / "store", root / "server.log") as (url, _):
+        yield url, root / "server.log"
+
+
+def test_cli_prints_the_local_address(server: tuple[str, Path]) -> None:
+    url, log = server
+    text = log.read_text()
+    assert f"perfscope dashboard: {url}" in text
+    assert "warning" not in text.replace("warning: --no-token", "")  # bound to 127.0.0.1: no other
+
+
+def test_every_page_renders_without_errors(server: tuple[str, Path]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    url, log = server
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
+            for name, how, where, charts in STEPS:
+                if how == "url":
+                    page.goto(f"{url}/{where}")
+                else:
+                    page.get_by_role("link" if how == "page" else "tab", name=where, exact=True).first.click()
+                settle(page, charts)
+                body = page.inner_text("body")
+                assert page.locator('[data-testid="stException"]').count() == 0, name
+                assert page.locator('[data-testid="stAlertContentError"]').count() == 0, (name, body[:2000])
+                assert "Traceback" not in body, name
+                drawn = page.locator(".vega-embed canvas, .vega-embed svg")
+                assert drawn.count() >= charts, name
+                for i in range(drawn.count()):
+                    box = drawn.nth(i).bounding_box()
+                    assert box is not None and box["width"] > 50 and box["height"] > 50, (name, i, box)
+                _screenshot(page, ARTIFACTS / f"{name}.png")
+        finally:
+            browser.close()
+    assert not re.search(r"Traceback|Uncaught app exception", log.read_text()), log.read_text()[-3000:]
+
+
+def _screenshot(page: Any, path: Path) -> None:
+    """The whole page: Streamlit scrolls inside its main block, so grow the viewport to fit it first."""
+    height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": 1920, "height": max(1080, min(int(height) + 40, 8000))})
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size({"width": 1920, "height": 1080})
+
+
+def test_live_mode_shows_a_run_written_while_the_page_is_open(tmp_path: Path) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    from playwright.sync_api import sync_playwright
+
+    store = tmp_path / "store"
+    make_run(store, "first", world_size=1, experiment="live")
+    with dashboard_server(store, tmp_path / "server.log") as (url, _), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
+            page.goto(url)
+            settle(page)
+            runs = page.locator('[data-testid="stMetricValue"]').first
+            assert runs.inner_text() == "1"
+            page.get_by_text("Live: follow a store a job is writing").click()
+            settle(page)
+            make_run(store, "second", world_size=2, experiment="live")  # the job writes on
+            # no click, no reload: the page's own timer (every 5 s by default) picks it up
+            page.wait_for_function(
+                "() => document.querySelector('[data-testid=\"stMetricValue\"]')?.innerText === '2'",
+                timeout=30_000,
+            )
+        finally:
+            browser.close()
