@@ -12,7 +12,7 @@ The stores are deleted afterwards unless --keep is given.
 
 Rollups (issue 15): `--rollups` writes the step rows with DuckDB's COPY from range() straight
 into the store's hive layout (schema and perfscope metadata included; about 1 B rows in minutes),
-then `perfscope compact` writes the rollups (perfscope/rollups.py), and `perfscope analyze --json` is
+then `perfscope compact` writes the rollups (perfscope/store/rollups.py), and `perfscope analyze --json` is
 measured with them and without them (the `_rollups` folder moved aside), checking that both give
 the same numbers:
 
