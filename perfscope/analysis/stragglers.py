@@ -11,7 +11,7 @@ from .registry import analysis
 from .scaling import grouped_stats_table
 from .selection import Selection
 from .steady import rank_agg_table, thresholds_table
-from .sync import instances_table
+from .sync import instance_rows_table, instances_table
 
 #: Heat-map buckets of steps per run.
 WAIT_BUCKETS = 2000
@@ -58,6 +58,7 @@ def stragglers(store: Store, sel: Selection) -> pa.Table:
     and per-step aggregates (no extra pass over the steps).
     """
     inst = instances_table(store, sel)
+    rows = instance_rows_table(store, sel)
     gs = grouped_stats_table(store, sel)
     sa = sync_spread_table(store, sel)
     ra = rank_agg_table(store, sel)
@@ -67,8 +68,8 @@ def stragglers(store: Store, sel: Selection) -> pa.Table:
             SELECT c.run_id, c.rank, count(*) AS instances,
                    sum(i.last_entry_ns - c.start_ns)::DOUBLE AS wait_sum,
                    NULL::BIGINT AS steps, 'comm.start_ns' AS wait_source
-            FROM comm c JOIN {inst} i USING (run_id, step, seq)
-            WHERE i.ranks > 1 AND c.peer IS NULL
+            FROM {rows} c JOIN {inst} i USING (run_id, step, grp, nth)
+            WHERE i.ranks > 1
             GROUP BY c.run_id, c.rank
         ), comm_last AS (
             SELECT run_id, last_rank AS rank, count(*) AS last_count
@@ -120,14 +121,15 @@ def stragglers(store: Store, sel: Selection) -> pa.Table:
 def collective_wait(store: Store, sel: Selection) -> pa.Table:
     """Heat map data: per run, rank and step bucket, the wait at collective summed over the step."""
     inst = instances_table(store, sel)
+    rows = instance_rows_table(store, sel)
     thr = thresholds_table(store, sel)
     sa = sync_spread_table(store, sel)
     return store.query(
         f"""
         WITH waits AS (
             SELECT c.run_id, c.rank, c.step, sum(i.last_entry_ns - c.start_ns)::DOUBLE AS wait_ns
-            FROM comm c JOIN {inst} i USING (run_id, step, seq)
-            WHERE i.ranks > 1 AND c.peer IS NULL
+            FROM {rows} c JOIN {inst} i USING (run_id, step, grp, nth)
+            WHERE i.ranks > 1
             GROUP BY c.run_id, c.rank, c.step
             UNION ALL
             SELECT s.run_id, s.rank, s.step, (s.sync_exposed_ns - a.sync_min_ns)::DOUBLE

@@ -19,39 +19,78 @@ from .steady import run_comm_table, thresholds_table
 SCOPE_SQL = "CASE WHEN world_size <= 1 THEN 'single' WHEN nodes <= 1 THEN 'intra-node' ELSE 'inter-node' END"
 
 
-def instances_table(store: Store, sel: Selection) -> str:
-    """Per collective instance (run, step, seq) of the steady steps: bytes and transfer time.
+def instance_rows_table(store: Store, sel: Selection) -> str:
+    """The collective rows of the steady steps, each with the key of the instance it is one rank's
+    part of: (run, step, grp, nth).
 
-    transfer_ns runs from the last rank's entry to the last rank's exit, so the wait for late
-    ranks is not counted as transfer (that wait is the straggler analysis's business). Only
-    collectives: point-to-point rows (a peer) are no instance, and ranks whose calls at one
-    (step, seq) differ in op or group size made different collectives, not one.
+    A call on a recorded process group (`comm.group_ranks`) is matched with its own group's
+    members: grp is the member list and nth the call's order among this rank's calls on that
+    group in the step (by seq), so a tensor-parallel and a data-parallel allreduce of the same op
+    and size, or two replicas' allreduces each on its own group, are never one instance. Without
+    group_ranks (older stores, imports that do not know it) grp is '' and nth the step's seq, the
+    same on every rank: the n-th collective of the step across all ranks. Point-to-point rows (a
+    peer) are no instance.
     """
     thr = thresholds_table(store, sel)
     return temp_table(
         store,
+        ("instance_rows", sel),
+        f"""
+        SELECT c.run_id, c.rank, c.step, c.seq, c.op, c.bytes, c.group_size, c.start_ns, c.dur_ns,
+               coalesce(c.group_ranks, '') AS grp,
+               CASE WHEN c.group_ranks IS NULL THEN c.seq
+                    ELSE row_number() OVER (PARTITION BY c.run_id, c.rank, c.step, c.group_ranks
+                                            ORDER BY c.seq, c.start_ns) - 1
+               END AS nth
+        FROM comm c JOIN {thr} t ON c.run_id = t.run_id AND c.step >= t.first_steady_step
+        WHERE c.peer IS NULL
+        """,
+    )
+
+
+def instances_table(store: Store, sel: Selection) -> str:
+    """Per collective instance (run, step, grp, nth: `instance_rows_table`) of the steady steps:
+    bytes, group size and transfer time.
+
+    transfer_ns runs from the last rank's entry to the last rank's exit, so the wait for late
+    ranks is not counted as transfer (that wait is the straggler analysis's business). Ranks whose
+    calls at one key differ in op or group size made different collectives, not one.
+    """
+    rows = instance_rows_table(store, sel)
+    return temp_table(
+        store,
         ("instances", sel),
         f"""
-        SELECT c.run_id, c.step, c.seq, any_value(c.op) AS op, max(c.bytes) AS bytes,
-               count(*) AS ranks,
+        SELECT c.run_id, c.step, c.grp, c.nth, any_value(c.op) AS op, max(c.bytes) AS bytes,
+               any_value(c.group_size) AS group_size, count(*) AS ranks,
                max(c.start_ns + c.dur_ns) - max(c.start_ns) AS transfer_ns,
                max(c.start_ns) - min(c.start_ns) AS entry_spread_ns,
                max(c.start_ns) AS last_entry_ns,
                arg_max(c.rank, c.start_ns) AS last_rank,
                -- the last rank counts only when nobody entered at the same instant
                count(*) > 1 AND list_count(list_distinct(max(c.start_ns, 2))) = 2 AS last_unique
-        FROM comm c JOIN {thr} t ON c.run_id = t.run_id AND c.step >= t.first_steady_step
-        WHERE c.peer IS NULL
-        GROUP BY c.run_id, c.step, c.seq
+        FROM {rows} c
+        GROUP BY c.run_id, c.step, c.grp, c.nth
         HAVING count(DISTINCT c.op) = 1 AND count(DISTINCT coalesce(c.group_size, 0)) = 1
         """,
     )
 
 
+def ring_factor_sql(n: str) -> str:
+    """The ring allreduce's bus factor 2(n−1)/n for a group of n ranks; NULL for one rank."""
+    return f"CASE WHEN {n} > 1 THEN 2 * ({n} - 1) / {n} END"
+
+
+#: an instance's group size: as recorded, else (version-1 stores) the run's world size
+GROUP_N = "coalesce(i.group_size, i.world_size)"
+
+
 def sync_table(store: Store, sel: Selection) -> str:
     gs = grouped_stats_table(store, sel)
     inst = instances_table(store, sel)
-    busbw = "bytes / (transfer_ns / 1e9) * 2 * (i.world_size - 1) / i.world_size / 1e9"
+    rows = instance_rows_table(store, sel)
+    # the ring factor of the instance's own group (a tensor-parallel pair's is 1, not the world's)
+    busbw = f"bytes / (transfer_ns / 1e9) * {ring_factor_sql(GROUP_N)} / 1e9"
     return temp_table(
         store,
         ("sync", sel),
@@ -61,19 +100,25 @@ def sync_table(store: Store, sel: Selection) -> str:
             WHERE transfer_ns > 0 AND op = 'allreduce'  -- the ring model and busbw are an allreduce's
         ), bw AS (
             -- bytes are unknown in traces that do not record them (nsys, gloo Kineto): such an
-            -- instance has no bandwidth, and a step's bytes are a sum only when every one is known
+            -- instance has no bandwidth, and a step's bytes are a sum only when every one is known.
+            -- Per rank: an instance on a sub-group is a call of its members only, so the calls and
+            -- transfer time of a rank are the instances' summed over their ranks, over the ranks
+            -- (one instance per call of every rank when all run on the whole world)
             SELECT run_id, count(*) AS instances, count(bytes) AS sized,
                    CASE WHEN count(bytes) = count(*) THEN sum(bytes) END AS bytes_sum,
-                   sum(transfer_ns) AS transfer_sum,
+                   sum(ranks)::DOUBLE / max(member_ranks) AS calls_per_rank,
+                   sum(transfer_ns * ranks)::DOUBLE / max(member_ranks) AS transfer_per_rank,
                    median(bytes / (transfer_ns / 1e9) / 1e9) AS algbw,
                    median({busbw}) AS busbw,
                    quantile_cont({busbw}, 0.1) AS busbw_p10,
                    quantile_cont({busbw}, 0.9) AS busbw_p90
-            FROM i GROUP BY run_id
+            FROM i JOIN (SELECT run_id, count(DISTINCT rank) AS member_ranks FROM {rows}
+                         WHERE op = 'allreduce' GROUP BY run_id) USING (run_id)
+            GROUP BY run_id
         ), s AS (
             SELECT g.*, {SCOPE_SQL} AS scope, bw.* EXCLUDE (run_id), c.* EXCLUDE (run_id),
-                   coalesce(c.comm_total_mean, bw.transfer_sum / g.steady_steps) AS comm_total,
-                   coalesce(c.comm_count_mean, bw.instances::DOUBLE / g.steady_steps) AS comm_n,
+                   coalesce(c.comm_total_mean, bw.transfer_per_rank / g.steady_steps) AS comm_total,
+                   coalesce(c.comm_count_mean, bw.calls_per_rank / g.steady_steps) AS comm_n,
                    coalesce(bw.bytes_sum::DOUBLE / g.steady_steps, g.grad_bytes::DOUBLE) AS step_bytes
             FROM {gs} g LEFT JOIN bw USING (run_id) LEFT JOIN {run_comm_table(store, sel)} c USING (run_id)
         )
@@ -118,13 +163,15 @@ def collectives(store: Store, sel: Selection) -> pa.Table:
     inst = instances_table(store, sel)
     return store.query(
         f"""
+        WITH i AS (SELECT inst.*, g.world_size FROM {inst} inst JOIN {gs} g USING (run_id))
         SELECT i.run_id, g.source, g.world_size, g.nodes,
                CASE WHEN g.world_size <= 1 THEN 'single' WHEN g.nodes <= 1 THEN 'intra-node'
                     ELSE 'inter-node' END AS scope,
                i.op, i.bytes, count(*) AS instances, median(i.transfer_ns) AS transfer_ns,
-               CASE WHEN g.world_size > 1 AND i.op = 'allreduce' THEN median(i.bytes / (i.transfer_ns / 1e9))
-                    / 1e9 * 2 * (g.world_size - 1) / g.world_size END AS busbw_gb_per_s
-        FROM {inst} i JOIN {gs} g USING (run_id)
+               CASE WHEN g.world_size > 1 AND i.op = 'allreduce'
+                    THEN median(i.bytes / (i.transfer_ns / 1e9) * {ring_factor_sql(GROUP_N)}) / 1e9
+               END AS busbw_gb_per_s
+        FROM i JOIN {gs} g USING (run_id)
         WHERE i.transfer_ns > 0
         GROUP BY i.run_id, g.source, g.world_size, g.nodes, i.op, i.bytes
         ORDER BY i.run_id, i.op, i.bytes
@@ -139,11 +186,13 @@ def _fit_points(store: Store, sel: Selection) -> list[dict[str, Any]]:
     st = sync_table(store, sel)
     return store.query(
         f"""
-        SELECT g.cluster, g.backend, {SCOPE_SQL} AS scope, g.run_id, g.world_size AS p,
+        SELECT g.cluster, g.backend, {SCOPE_SQL} AS scope, g.run_id,
+               coalesce(i.group_size, g.world_size) AS p,  -- the ring of the instance's own group
                i.bytes::DOUBLE AS n, 1.0 AS k, median(i.transfer_ns) / 1e9 AS t, 'comm' AS data_source
         FROM {inst} i JOIN {gs} g USING (run_id)
-        WHERE i.transfer_ns > 0 AND g.world_size > 1 AND i.op = 'allreduce' AND i.bytes IS NOT NULL
-        GROUP BY g.cluster, g.backend, scope, g.run_id, g.world_size, i.bytes
+        WHERE i.transfer_ns > 0 AND coalesce(i.group_size, g.world_size) > 1 AND i.op = 'allreduce'
+              AND i.bytes IS NOT NULL
+        GROUP BY g.cluster, g.backend, scope, g.run_id, p, i.bytes
         UNION ALL
         SELECT s.cluster, s.backend, s.scope, s.run_id, s.world_size, g.grad_bytes::DOUBLE,
                coalesce(s.comm_count, 1.0), coalesce(c.comm_total_mean, g.sync_exposed_ns) / 1e9,
