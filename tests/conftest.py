@@ -53,6 +53,7 @@ SLOW_MODULES = frozenset(
         "test_s3_store",
         "test_spark",
         "test_store_kill",
+        "test_sync_groups",
         "test_threads_confound",
         "test_threads_shown",
         "test_trackers",
