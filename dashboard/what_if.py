@@ -1,4 +1,5 @@
-"""The Run page's What-if tab (issue 23): the recorded step against the ideal one, the per-worker
+"""The Run page's What-if tab (issue 23): the recorded step against the ideal one, the timeline of one
+step replayed with the recorded and the ideal times (the `what_if_timeline` analysis), the per-worker
 slowdown heat map and the attribution by stage, op type and worker, from the `what_if` analysis."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from perfscope.charts.what_if import (
     what_if_steps,
     worker_label,
 )
+from perfscope.charts.what_if_timeline import what_if_timeline_chart
 from perfscope.explain.rules_what_if import cost_ns  # the finding's cost: at most the excess
 from perfscope.report.text import literal as md
 from perfscope.report.what_if import CAUSE_WORDS
@@ -34,7 +36,8 @@ WORKER_COLUMNS = {
 
 
 def render(ctx: Context, run_id: str) -> None:
-    table = ctx.table("what_if", ctx.refine(run_ids=(run_id,)))
+    one = ctx.refine(run_ids=(run_id,))
+    table = ctx.table("what_if", one)
     row = what_if_run(table, run_id)
     if row is None:
         st.info(
@@ -83,6 +86,7 @@ def render(ctx: Context, run_id: str) -> None:
     st.markdown(" ".join(words))
     charts(
         what_if_steps(table, run_id),
+        what_if_timeline_chart(ctx.table("what_if_timeline", one), run_id),
         what_if_heatmap(table, run_id),
         what_if_step_heatmap(table, run_id),
         what_if_attribution(table, run_id),

@@ -36,6 +36,7 @@ from . import (  # noqa: F401  isort: skip
     comm_patterns,
     rank_timeline,
     what_if,
+    what_if_timeline,
 )
 
 __all__ = [

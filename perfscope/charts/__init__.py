@@ -24,6 +24,7 @@ from .style import ChartLike
 from .sync import busbw_chart, sync_time_chart
 from .utilisation import energy_chart, utilisation_chart
 from .what_if import what_if_attribution, what_if_heatmap, what_if_step_heatmap, what_if_steps
+from .what_if_timeline import what_if_timeline_chart
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,12 @@ CHARTS: dict[str, ChartSpec] = {
             "what_if",
         ),
         _spec("what_if_steps", "What-if: recorded against ideal step", what_if_steps, "what_if"),
+        _spec(
+            "what_if_timeline",
+            "What-if: recorded against ideal timeline of one step",
+            what_if_timeline_chart,
+            "what_if_timeline",
+        ),
     )
 }
 
@@ -136,4 +143,5 @@ __all__ = [
     "to_svg",
     "utilisation_chart",
     "wait_heatmap",
+    "what_if_timeline_chart",
 ]

@@ -29,11 +29,12 @@ def _lane(r: Row) -> str:
     return "collectives" if r["kind"] == "collective" else "steps"
 
 
-def _colours(values: list[Row]) -> tuple[list[str], list[str]]:
-    """Colour domain and range: steps grey, phases in their colours, other names from a palette."""
-    domain, colours = ["step"], [_STEP_COLOUR]
+def name_colours(names: set[str]) -> tuple[list[str], list[str]]:
+    """Colour domain and range of span and op names, sorted: phases in their colours, other names from
+    a palette (also the what-if timeline's)."""
+    domain, colours = [], []
     others = 0
-    for name in sorted({r["colour"] for r in values} - {"step"}):
+    for name in sorted(names):
         domain.append(name)
         phase = _PHASE_OF_SPAN.get(name)
         if phase is not None:
@@ -42,6 +43,12 @@ def _colours(values: list[Row]) -> tuple[list[str], list[str]]:
             colours.append(_OTHER_COLOURS[others % len(_OTHER_COLOURS)])
             others += 1
     return domain, colours
+
+
+def _colours(values: list[Row]) -> tuple[list[str], list[str]]:
+    """Colour domain and range: steps grey, phases in their colours, other names from a palette."""
+    domain, colours = name_colours({r["colour"] for r in values} - {"step"})
+    return ["step", *domain], [_STEP_COLOUR, *colours]
 
 
 def rank_timeline_chart(table: pa.Table | None, run_id: str | None = None) -> ChartLike:

@@ -5,7 +5,8 @@ recorded ranks: a `ideal steps` track with one slice per step (from the recorded
 long as the replayed ideal step) and its ops as the ideal replay places them (every op at its typical
 time among its data-parallel peers, `perfscope.analysis.what_if`), lanes where ops overlap. The
 recorded and the ideal step of a rank sit side by side on one time axis. A run without a what-if row
-(one rank, no layout that can be read) gets no ideal group."""
+(one rank, no layout that can be read) gets no ideal group. The replay is the one the report's and
+the dashboard's timeline chart draws (`perfscope.analysis.what_if_timeline`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis import what_if as wi
 from ..analysis.selection import Selection
-from ..analysis.steady import thresholds_table
+from ..analysis.what_if_timeline import replayed_run, what_if_runs
 from ..store.reader import Store
 from .perfetto_events import meta_event, slice_event
 
@@ -25,21 +25,6 @@ IDEAL_PID = 2_000_000
 IDEAL_STEP_TID, IDEAL_OP_TID = 1, 10
 
 
-def replay_ops(g: wi.Graph, x: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each op's replayed entry and end (ns, op order) with op times `x` and launch gaps `gap`: the
-    replay of `what_if.replay`, keeping every op's times instead of each step's end."""
-    end = np.full(g.n + 1, -np.inf)
-    enter_at = np.empty(g.n)
-    xp, gp = x[g.perm], gap[g.perm]
-    for lo, hi, starts, which in g.levels:
-        enter = np.maximum(end[g.pred_pos[lo:hi]], g.base[lo:hi]) + gp[lo:hi]
-        enter_at[lo:hi] = enter
-        end[lo:hi] = np.maximum.reduceat(enter, starts)[which] + xp[lo:hi]
-    out_enter, out_end = np.empty(g.n), np.empty(g.n)
-    out_enter[g.perm], out_end[g.perm] = enter_at, end[:-1]
-    return out_enter, out_end
-
-
 def ideal_ops(
     store: Store, run_id: str, first: int | None = None, last: int | None = None
 ) -> dict[str, Any] | None:
@@ -47,22 +32,12 @@ def ideal_ops(
     start_ns, end_ns per op, and each step's ideal start and end; None when the run has no what-if (as
     `what_if` decides) or none of its replayed steps is in the window."""
     sel = Selection(run_ids=(run_id,))
-    run = next((r for r in wi._laid_runs(store, sel) if r["run_id"] == run_id), None)
-    if run is None:
+    run = next((r for r in what_if_runs(store, sel) if r["run_id"] == run_id), None)
+    rep = replayed_run(store, sel, run) if run is not None else None
+    if rep is None:
         return None
-    first_step = 0
-    if run["kind"] != "laid":  # recorded runs: from the first steady step, as the analysis reads them
-        thr = thresholds_table(store, sel)
-        got = store.query(f"SELECT first_steady_step AS f FROM {thr} WHERE run_id = ?", [run_id]).to_pylist()
-        first_step = int(got[0]["f"] or 0) if got else 0
-    t = wi._run_ops(store, sel, run_id, kind=run["kind"], first_step=first_step)
-    if t.num_rows == 0:
-        return None
-    cols = wi._columns(t)
-    g = wi.build(cols)
-    if g is None:
-        return None
-    start, end = replay_ops(g, wi.ideal(g, cols, g.x), wi.ideal(g, cols, g.gap, across_stages=False))
+    cols, g = rep.cols, rep.g
+    start, end = rep.ideal()
     step_end = np.full(len(g.step_start), -np.inf)
     np.maximum.at(step_end, g.step_code, end)
     lo = -(2**63) if first is None else first

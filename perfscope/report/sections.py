@@ -55,6 +55,7 @@ ANALYSES_USED: tuple[str, ...] = (
     "comm_ops",
     "comm_by_role",
     "what_if",
+    "what_if_timeline",
     "batch_sweep",
     "metric_curves",
     "time_to_metric",

@@ -1,6 +1,7 @@
 """The report's "What-if" section (issue 23): for the runs that have a `what_if` row, what each step
-would take without each slow worker, stage or op type, in words, a table and three charts. Left out
-when no run has such a row."""
+would take without each slow worker, stage or op type, in words, a table and five charts (the recorded
+and the ideal step, the timeline of one step replayed both ways, the heat maps per worker and over
+steps, the attribution). Left out when no run has such a row."""
 
 from __future__ import annotations
 
@@ -95,6 +96,13 @@ def what_if(ctx: Context) -> Section | None:
     s.blocks.append(run_words(chosen))
     why = "the run the what-if finding names" if named else "the run with the largest slowdown"
     s.blocks.append(ctx.chart("what_if_steps", f"run {run_id}, {why}", run_id=run_id))
+    s.blocks.append(
+        ctx.chart(
+            "what_if_timeline",
+            f"run {run_id}, its step of median slowdown, replayed with the recorded and the ideal times",
+            run_id=run_id,
+        )
+    )
     s.blocks.append(ctx.chart("what_if_heatmap", f"run {run_id}", run_id=run_id))
     s.blocks.append(ctx.chart("what_if_step_heatmap", f"run {run_id}", run_id=run_id))
     s.blocks.append(ctx.chart("what_if_attribution", f"run {run_id}", run_id=run_id))

@@ -1,4 +1,4 @@
-"""What-if views (issue 23): the three charts carry the `what_if` analysis' numbers, the report's
+"""What-if views (issue 23): the charts carry the `what_if` analysis' numbers, the report's
 What-if section and the dashboard's What-if tab show them, on op tables imported through the CLI
 (tests/analysis/test_what_if.py's synthetic GPipe jobs) and on the bundled sample store."""
 
@@ -156,7 +156,13 @@ def test_report_section_shows_the_numbers_and_charts(slow_worker: Path) -> None:
     assert any(getattr(b, "anchor", "").startswith("finding-") for blk in sec.blocks if isinstance(blk, list)
                for b in blk)  # fmt: skip
     charts = [b.name for b in sec.blocks if isinstance(b, ChartBlock)]
-    assert charts == ["what_if_steps", "what_if_heatmap", "what_if_step_heatmap", "what_if_attribution"]
+    assert charts == [
+        "what_if_steps",
+        "what_if_timeline",
+        "what_if_heatmap",
+        "what_if_step_heatmap",
+        "what_if_attribution",
+    ]
     (tbl,) = [b for b in sec.blocks if isinstance(b, TableBlock)]
     assert [r["run_id"] for r in tbl.rows] == [row["run_id"]]
     assert format_value("ideal_step_ns", tbl.rows[0]["ideal_step_ns"]) == format_value(
@@ -209,7 +215,7 @@ def test_dashboard_tab_shows_the_analysis(slow_worker: Path) -> None:
     assert metric(at, "Ideal step") == f"{row['ideal_step_ns'] / 1e6:,.2f} ms"
     assert metric(at, "Recorded step") == f"{row['actual_step_ns'] / 1e6:,.2f} ms"
     assert metric(at, "Cause") == "slow-worker"
-    assert len(list(at.get("vega_lite_chart"))) == 4
+    assert len(list(at.get("vega_lite_chart"))) == 5
     assert any("rank 6" in w.value for w in at.warning)  # the explainer's finding
     df = at.dataframe[0].value
     assert len(df) == 8
@@ -219,7 +225,7 @@ def test_dashboard_tab_on_the_sample_store() -> None:
     at = clean(open_page(PATTERNS, "run", run=PIPELINE_RUN, run_tab="What-if"))
     (row,) = [r for r in _what_if(PATTERNS).to_pylist() if r["run_id"] == PIPELINE_RUN]
     assert metric(at, "Slowdown S") == f"{row['slowdown']:.3f}"
-    assert len(list(at.get("vega_lite_chart"))) == 4
+    assert len(list(at.get("vega_lite_chart"))) == 5
     # a run without a what-if row (the parameter server) says why, draws nothing
     at = clean(open_page(PATTERNS, "run", run="20261123T191907Z-d4a36cbc", run_tab="What-if"))
     assert any("No what-if for this run" in i.value for i in at.info)

@@ -215,7 +215,7 @@ def test_markdown_report_and_pngs(md_report: tuple[Path, Path], analyses: dict) 
     md_path = md_report[0]
     text = md_path.read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert len(images) == 22  # the charts, communication's two and what-if's four included
+    assert len(images) == 23  # the charts, communication's two and what-if's five included
     for rel in images:
         assert rel.startswith("study_files/")
         w, h = _png_size((md_path.parent / rel).read_bytes())

@@ -103,7 +103,7 @@ def test_every_chart_renders_offline(name: str, reports: dict[str, Path]) -> Non
     assert errors == []
     assert scripts == 0
     assert title.startswith("Scaling study")
-    assert len(figures) == 22  # the charts, communication by op and by role and what-if's four included
+    assert len(figures) == 23  # the charts, communication by op and by role and what-if's five included
     for f in figures:
         assert f["svg"], f
         assert f["width"] > 300 and f["height"] > 100, f
