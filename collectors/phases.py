@@ -356,13 +356,14 @@ class Timeline:
             self.discard_open_step()
         self.flush()
 
-    def take_rows(self) -> dict[str, list[tuple[Any, ...]]]:
+    def take_rows(self, *, flat: bool = False) -> dict[str, list[Any]]:
         """The rows of the held steps, by table, built now by the calling thread (the store writer
         pulls them at each roll; flush hands them to `emit`). Safe beside the training thread:
-        finished steps are not changed any more, and each is taken from the deque once."""
-        out: dict[str, list[tuple[Any, ...]]] = {}
+        finished steps are not changed any more, and each is taken from the deque once. With `flat`,
+        each table's rows come as one flat list of their values (write_frozen's `flat`)."""
+        out: dict[str, list[Any]] = {}
 
-        def gather(table: str, rows: list[tuple[Any, ...]]) -> None:
+        def gather(table: str, rows: list[Any]) -> None:
             got = out.get(table)
             if got is None:
                 out[table] = rows
@@ -379,7 +380,7 @@ class Timeline:
                 break
             write_frozen(
                 step, gather, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples,
-                complete=True,
+                complete=True, flat=flat,
             )  # fmt: skip
         return out
 

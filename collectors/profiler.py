@@ -279,7 +279,7 @@ class Profiler:
         )
         self._timeline.hold_ns = int(HOLD_ROWS_S * 1e9)
         self._timeline.wake = self._writer.pull_soon  # the writer builds the rows of short steps
-        self._writer.add_source(self._pull_rows)
+        self._writer.add_source(self._pull_rows, flat=True)
         self._timeline.long_step_ns = int(NO_STEP_WARN_S * 1e9)
         self._timeline.on_long_step = self._no_step_ended
         if self._timing == "cuda" or (self._timing == "auto" and _cuda_in_use()):
@@ -592,10 +592,11 @@ class Profiler:
             if flops is not None and self._columns.get("flops_per_step") is None:
                 self._columns["flops_per_step"] = flops
 
-    def _pull_rows(self) -> dict[str, list[tuple[Any, ...]]]:
-        """The rows of the steps the timeline holds, built on the writer's thread (StoreWriter.add_source)."""
+    def _pull_rows(self) -> dict[str, list[Any]]:
+        """The rows of the steps the timeline holds, built on the writer's thread as flat value lists
+        (StoreWriter.add_source's `flat`)."""
         try:
-            return self._timeline.take_rows()
+            return self._timeline.take_rows(flat=True)
         except Exception as exc:
             self._internal_error(exc)
             return {}

@@ -195,11 +195,17 @@ def write_frozen(
     default_samples: int | None,
     complete: bool,
     open_step: bool = False,
+    flat: bool = False,
 ) -> bool:
     """Emit the rows of a step (`freeze`'s tuple). `shift_ns` turns a host perf reading into ns
     since epoch on rank 0's clock. With `complete`, every mark is known to be resolved; without,
     marks not yet resolved are left out. An `open_step` (one that failed or never ended) gets no
-    steps row. Returns whether a steps row was written."""
+    steps row. Returns whether a steps row was written.
+
+    With `flat`, each table's rows are emitted as one flat list of their values, row after row
+    (what the store writer buffers): no tuple per row is kept, so building many steps' rows makes
+    no garbage-collector work (held as tuples until flattened, a pull's rows were several thousand
+    tracked objects, a gen-0 collection every ~200 steps)."""
     host = marks.clock == "host"
     el = marks.elapsed_ns
     ready = marks.ready
@@ -207,7 +213,8 @@ def write_frozen(
     clock = marks.clock
     index, step_start_host, s0, step_end, samples, n_spans, n_comm = frozen[:_HEAD]
     cols = [0, 0, 0, 0, 0]
-    span_rows = []
+    span_rows: list[Any] = []
+    put_span = span_rows.extend if flat else span_rows.append
     backward: list[tuple[int, int]] = []
     i = _HEAD
     for _ in range(n_spans):
@@ -216,7 +223,7 @@ def write_frozen(
         if end is None or not (host or complete or (ready(start) and ready(end))):
             continue
         dur = end - start if host else el(start, end)
-        span_rows.append((rank, index, name, parent_name, depth, start_host + shift, dur, clock, error))
+        put_span((rank, index, name, parent_name, depth, start_host + shift, dur, clock, error))
         if canon >= 0:
             cols[canon] += dur
             if column >= 0:  # its nearest canonical ancestor's own time excludes it
@@ -224,7 +231,9 @@ def write_frozen(
             if canon == _BACKWARD:
                 start_rel = start - s0 if host else el(s0, start)
                 backward.append((start_rel, start_rel + dur))
-    comm_rows = []
+    comm_rows: list[Any] = []
+    put_comm = comm_rows.extend if flat else comm_rows.append
+    n_comm_rows = 0
     comm_total = 0
     ready_rel: list[int] = []
     done_rel: list[int] = []
@@ -252,22 +261,29 @@ def write_frozen(
             exposed = dur - queued
         if exposed and phase is not None and phase != "sync":
             moved.append((CANONICAL.get(phase, -1), exposed))
-        comm_rows.append(
+        put_comm(
             (rank, index, seq, op, bucket, nbytes, start_host + shift + queued, dur - queued, clock, peer,
              group_size, exposed, is_async, phase, group_ranks, None)  # name: not recorded
         )  # fmt: skip
+        n_comm_rows += 1
     if span_rows:
         emit("spans", span_rows)
     if comm_rows:
         emit("comm", comm_rows)
     if i < len(frozen):
-        emit(
-            "metrics",
-            [
-                (rank, index, frozen[j + 2] + shift, frozen[j], metric_value(frozen[j + 1]))
-                for j in range(i, len(frozen), 3)
-            ],
-        )
+        if flat:
+            metric_rows: list[Any] = []
+            for j in range(i, len(frozen), 3):
+                metric_rows += (rank, index, frozen[j + 2] + shift, frozen[j], metric_value(frozen[j + 1]))
+            emit("metrics", metric_rows)
+        else:
+            emit(
+                "metrics",
+                [
+                    (rank, index, frozen[j + 2] + shift, frozen[j], metric_value(frozen[j + 1]))
+                    for j in range(i, len(frozen), 3)
+                ],
+            )
     if not open_step and (complete or ready(step_end)):
         step_ns = step_end - s0 if host else el(s0, step_end)
         if ready_rel:
@@ -285,11 +301,11 @@ def write_frozen(
                 cols[col] -= waited
         cols = [c if c > 0 else 0 for c in cols]
         other = step_ns - sum(cols)
-        emit(
-            "steps",
-            [(rank, index, step_start_host + shift, step_ns, *cols, other if other > 0 else 0,
-              comm_total, len(comm_rows), samples if samples is not None else default_samples, clock)],
-        )  # fmt: skip
+        if samples is None:
+            samples = default_samples
+        row = (rank, index, step_start_host + shift, step_ns, *cols, other if other > 0 else 0,
+               comm_total, n_comm_rows, samples, clock)  # fmt: skip
+        emit("steps", list(row) if flat else [row])
         return True
     return False
 

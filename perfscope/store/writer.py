@@ -243,7 +243,7 @@ class StoreWriter:
         self._not_yet_written = set(prompt_tables) & set(TABLES)
         self._clean_leftovers = clean_leftovers
         self._closed = False
-        self._sources: list[Callable[[], Mapping[str, Iterable[Row]]]] = []
+        self._sources: list[tuple[Callable[[], Mapping[str, Any]], bool]] = []  # (pull, flat)
         self._thread = threading.Thread(target=self._run, name="perfscope-writer", daemon=True)
         self._thread.start()
 
@@ -275,11 +275,13 @@ class StoreWriter:
             good = [r for r in fitted if r is not None]
         return good
 
-    def add_source(self, pull: Callable[[], Mapping[str, Iterable[Row]]]) -> None:
+    def add_source(self, pull: Callable[[], Mapping[str, Any]], *, flat: bool = False) -> None:
         """`pull()` returns rows by table, taken with the buffers (at each roll, flush and close) by
         whichever thread takes them: a producer that builds its rows late (the collector's step
-        rows) builds them off its own thread. It must not raise."""
-        self._sources.append(pull)
+        rows) builds them off its own thread. It must not raise. With `flat`, each table's rows come
+        as one flat list of their values, row after row, each row of the table's full width (what
+        the buffer holds: added in one C call, no tuple per row made or kept)."""
+        self._sources.append((pull, flat))
 
     def pull_soon(self) -> None:
         """Have the writer thread take the sources' rows now, not at the next roll (cheap, never waits)."""
@@ -359,6 +361,22 @@ class StoreWriter:
         buf.extend(flat)
         return len(buf) >= self._limit[table]
 
+    def _add_flat(self, table: str, flat: list[Any]) -> bool:
+        """Add whole rows given as one flat list of values to `table`'s buffer; whether it is full.
+        A list that is not whole rows (a bug of its producer) is dropped: it would shift every row."""
+        width = self._width[table]
+        if len(flat) % width:
+            self.stats.rows_dropped += len(flat) // width + 1
+            warn_once(
+                f"writer-bad-flat-{table}",
+                f"perfscope: dropped {table} values that do not make whole rows of {width} values; "
+                "this is a bug in the code that produced them.",
+            )
+            return False
+        buf = self._bufs[table]
+        buf.extend(flat)
+        return len(buf) >= self._limit[table]
+
     def _take(self, table: str) -> list[Any]:
         """Remove and return the rows buffered for `table`, without a lock against appends: a copy,
         then a delete of exactly what was copied, each one C call (atomic under the GIL, and under the
@@ -381,9 +399,9 @@ class StoreWriter:
         """Add the sources' rows to the buffers; returns the buffers this filled up, taken."""
         full = {
             table
-            for pull in self._sources
+            for pull, flat in self._sources
             for table, rows in pull().items()
-            if self._add(table, self._whole(table, rows))
+            if (self._add_flat(table, rows) if flat else self._add(table, self._whole(table, rows)))
         }
         return [(t, flat) for t in full if (flat := self._take(t))]
 

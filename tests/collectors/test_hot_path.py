@@ -259,8 +259,8 @@ def test_the_writer_builds_the_rows_of_held_steps_on_its_thread(tmp_path: Path) 
             tl = prof._timeline
             take = tl.take_rows
 
-            def spying() -> dict[str, list[tuple[Any, ...]]]:
-                out = take()
+            def spying(**kw: Any) -> dict[str, list[Any]]:
+                out = take(**kw)
                 if out:
                     builders.append(threading.current_thread().name)
                 return out
@@ -332,3 +332,105 @@ def test_a_sources_rows_short_of_the_tables_width_are_fitted_not_dropped_with_th
     assert [tuple(r.values()) for r in got] == [full] + [
         (0, 1, seq, *full[3:width], *nulls) for seq in (1, 2)
     ]
+
+
+def test_the_rows_a_pull_builds_are_flat_and_make_no_tracked_object_per_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer's pull builds each table's rows as one flat list of values (what its buffer
+    holds): no tuple per row, so building a second of steps makes no garbage-collector work (as
+    tuples, kept until flattened, they were thousands of tracked objects per pull: a gen-0
+    collection every ~200 steps, run on whichever thread allocated next, the training one too)."""
+    steps = 2_000
+    twins = []
+    for _ in range(2):  # the same steps twice, on one counter as their clock
+        counter = itertools.count(1_000_000, 37)
+        monkeypatch.setattr(phases, "perf_ns", lambda counter=counter: next(counter))
+        calls: list[tuple[str, int]] = []
+        clock = HostClock()
+        clock.shift_ns = 1_700_000_000 * 10**9
+        tl = Timeline(0, _CountMarks(counter), clock, lambda t, r, calls=calls: calls.append((t, len(r))))
+        tl.hold_ns = 10**15
+        tl.max_held = 10 * steps  # all held: built below
+        for _ in range(steps):
+            _step(tl)
+        assert calls == [] and len(tl._held) == steps
+        twins.append(tl)
+    gc.collect()
+    gc.disable()
+    try:
+        c0 = gc.get_count()[0]
+        flat = twins[0].take_rows(flat=True)
+        made_flat = gc.get_count()[0] - c0
+        c0 = gc.get_count()[0]
+        rows = twins[1].take_rows()
+        made_rows = gc.get_count()[0] - c0
+    finally:
+        gc.enable()
+    assert made_rows >= 2 * steps  # the row tuples (less the steps freed): what the bound tells apart
+    assert made_flat <= 16, made_flat  # a list per table and a few temporaries, whatever the number of steps
+    assert set(flat) == set(rows) == {"steps", "spans", "metrics"}
+    for table, got in rows.items():
+        assert flat[table] == list(itertools.chain.from_iterable(got)), table
+        assert all(len(r) == len(TABLES[table].columns) for r in got)
+
+
+def test_a_flat_source_adds_whole_rows_and_drops_a_list_that_is_not(tmp_path: Path) -> None:
+    good = [0, 1, "kind", "first", 0, 2, "kind", "second"]
+    ready = [{"events": good}]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with StoreWriter(tmp_path, "run1") as w:
+            w.add_source(lambda: ready.pop(0) if ready else {}, flat=True)
+            w.flush()
+            assert w.stats.rows_written == 2 and w.stats.rows_dropped == 0
+            ready.append({"events": good[:-1]})
+            w.flush()
+    assert w.stats.rows_written == 2 and w.stats.rows_dropped == 2
+    assert any("whole rows" in str(x.message) for x in seen)
+    got = open_store(tmp_path).query("SELECT message FROM events ORDER BY ts_ns").to_pylist()
+    assert [r["message"] for r in got] == ["first", "second"]
+
+
+def _recording_allocations(tmp_path: Path, steps: int) -> int:
+    """Blocks allocated by perfscope's collector code (any thread) and still alive once `steps`
+    more steps were recorded and the profile closed (its writer thread gone), after a warm-up."""
+    import tracemalloc
+
+    import perfscope
+
+    here = str(Path(phases.__file__).parent / "*")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with perfscope.profile(tmp_path, experiment="alloc", batch_size=4, poll_hz=0) as prof:
+            phase = prof.phase
+            for n in (1_000, steps):
+                for _ in range(n):
+                    with phase("data"):
+                        pass
+                    with phase("forward"):
+                        pass
+                    with phase("backward"):
+                        pass
+                    with phase("optimizer"):
+                        pass
+                    prof.log(loss=1.0)
+                    prof.step()
+                if n == 1_000:  # warmed up: every cache filled, the first rows written
+                    prof.flush()
+                    gc.collect()
+                    tracemalloc.start(1)
+    gc.collect()
+    alive = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, here)])
+    tracemalloc.stop()
+    return len(alive.traces)
+
+
+def test_the_recording_calls_keep_nothing_per_step(tmp_path: Path) -> None:
+    """Phases, a log and prof.step() over 10,000 steps, their rows pulled and written by the store
+    writer: what the collector allocated and still holds afterwards is a small constant, not a
+    block per step (a record, span or value kept per step would be 10,000 blocks or more)."""
+    few = _recording_allocations(tmp_path / "few", 1_000)
+    many = _recording_allocations(tmp_path / "many", 10_000)
+    assert many <= 200, (few, many)
+    assert many - few <= 100, (few, many)
