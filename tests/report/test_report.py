@@ -250,7 +250,7 @@ def test_download_bytes_are_the_cli_file(study: Path, html_report: tuple[Path, P
         names = z.namelist()
         assert "report.md" in names
         pngs = [n for n in names if n.endswith(".png")]
-        assert len(pngs) == 22
+        assert len(pngs) == 23
         assert all(_png_size(z.read(n))[0] > 0 for n in pngs)
         assert "report_files/" in z.read("report.md").decode()
 
