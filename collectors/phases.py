@@ -4,6 +4,7 @@ says how)."""
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -17,11 +18,10 @@ from .step_rows import (
     START,
     Collective,
     Emit,
-    Frozen,
     Marks,
     Span,
     StepRecord,
-    freeze,
+    flatten,
     metric_value,
     write_frozen,
     write_step,
@@ -100,7 +100,12 @@ class Timeline:
         #: which builds their rows on its own thread (`take_rows`, at each roll, or soon after
         #: `wake()` once PULL_AT_STEPS gathered): the training thread only appends each step
         self.wake: Callable[[], None] | None = None
-        self._held: deque[Frozen] = deque()  # appended here, popped by whichever thread builds
+        #: the held steps' values (step_rows.flatten: each step after its length), extended here in
+        #: one C call per step, taken (copied, then deleted) by whichever thread builds their rows
+        self._held: list[Any] = []
+        self._held_steps = 0  # steps appended to _held, ever (the training thread's count) ...
+        self._taken_steps = 0  # ... and taken from it (under _taking)
+        self._taking = threading.Lock()  # takers only: an append never waits on it
         self._held_since = 0  # start (host perf) of the first held step
         self._convert = False  # a metric of the open step is not a plain number (a tensor, say)
 
@@ -359,7 +364,9 @@ class Timeline:
     def take_rows(self, *, flat: bool = False) -> dict[str, list[Any]]:
         """The rows of the held steps, by table, built now by the calling thread (the store writer
         pulls them at each roll; flush hands them to `emit`). Safe beside the training thread:
-        finished steps are not changed any more, and each is taken from the deque once. With `flat`,
+        finished steps are not changed any more, and each is taken once (a copy of the held values,
+        then a delete of exactly those, each one C call: what the training thread appends meanwhile
+        stays for the next take; one taker at a time). With `flat`,
         each table's rows come as one flat list of their values (write_frozen's `flat`)."""
         out: dict[str, list[Any]] = {}
 
@@ -373,25 +380,36 @@ class Timeline:
         held, marks, shift = self._held, self.marks, self.clock.shift_ns
         if self.hold_ns == _NEVER:
             self.max_held = PULL_AT_STEPS
-        while held:
-            try:
-                step = held.popleft()
-            except IndexError:  # the other thread took the last one
-                break
+        with self._taking:
+            values = held[:]
+            del held[: len(values)]
+        at, end, steps = 0, len(values), 0
+        while at < end:
+            stop = at + 1 + values[at]
             write_frozen(
-                step, gather, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples,
-                complete=True, flat=flat,
+                values, gather, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples,
+                complete=True, flat=flat, at=at + 1, end=stop,
             )  # fmt: skip
+            at = stop
+            steps += 1
+        if steps:
+            with self._taking:
+                self._taken_steps += steps
         return out
+
+    def held_steps(self) -> int:
+        """Steps held, their rows not yet built (as the training thread sees it)."""
+        return self._held_steps - self._taken_steps
 
     def _hold(self, rec: StepRecord) -> None:
         """Hold a finished, resolved host step; hand the held ones on when enough gathered."""
         held = self._held
         if not held:
             self._held_since = rec.start_host
-        held.append(freeze(rec))
+        held += flatten(rec)  # one C call: a taker sees the whole step or none of it
+        self._held_steps += 1
         self.steps_written += 1  # a complete host step always gets its steps row
-        if rec.end - self._held_since >= self.hold_ns or len(held) >= self.max_held:
+        if rec.end - self._held_since >= self.hold_ns or self.held_steps() >= self.max_held:
             self._hand_on()
 
     def _hand_on(self) -> None:

@@ -25,7 +25,7 @@ How a step's columns are computed (DESIGN.md's definitions):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 #: canonical phase name -> index of its column in the steps row (after rank, step, start_ns, step_ns)
@@ -111,22 +111,23 @@ class StepRecord:
         return not (self.spans or self.comm or self.metrics)
 
 
-#: a finished host step as one tuple of plain values: see `freeze`
-Frozen = tuple[Any, ...]
+#: finished host steps as plain values: see `flatten`
+Frozen = Sequence[Any]
 #: index, start_host, start, end, samples, number of spans, number of collectives; then 9 values per
 #: span, 15 per collective, 3 per metric
 _HEAD = 7
 
 
-def freeze(rec: StepRecord) -> Frozen:
-    """A finished step on the host clock, its collectives done, as one flat tuple of what write_step
-    reads of it (`thaw` gives that back). Plain values only, so the garbage collector stops tracking
-    it at its next pass: steps held until the writer builds their rows cost no collection (the 8
-    lists and the record of a step, kept alive that long, were promoted to the old generation and
-    made its full collections cost several µs per step). Of a span's parent only its name and the
-    column of its nearest canonical ancestor (or -1) are kept; of the collective issued before one
-    on its group, its end."""
-    flat = [rec.index, rec.start_host, rec.start, rec.end, rec.samples, len(rec.spans), len(rec.comm)]
+def flatten(rec: StepRecord) -> list[Any]:
+    """A finished step on the host clock, its collectives done, as a list of plain values: its
+    length less one, then what write_step reads of it (write_frozen's `at` skips the length). Held
+    steps are these values, appended to one list (Timeline._hold): no object per step for the
+    garbage collector (the 8 lists and the record of a step, kept alive until the writer builds its
+    rows, were promoted to the old generation and made its full collections cost several µs per
+    step; a tuple per step still made a gen-0 collection every ~700 steps, on the training thread).
+    Of a span's parent only its name and the column of its nearest canonical ancestor (or -1) are
+    kept; of the collective issued before one on its group, its end."""
+    flat = [0, rec.index, rec.start_host, rec.start, rec.end, rec.samples, len(rec.spans), len(rec.comm)]
     for name, parent, depth, start_host, start, end, error, canon in rec.spans:
         if parent is None:
             flat += (name, None, -1, depth, start_host, start, end, error, canon)
@@ -142,7 +143,8 @@ def freeze(rec: StepRecord) -> Frozen:
                  c.exposed, c.is_async, c.phase, c.peer, c.group_size, c.group_ranks)  # fmt: skip
     for metric in rec.metrics:
         flat += metric
-    return tuple(flat)
+    flat[0] = len(flat) - 1
+    return flat
 
 
 def exposed_sync_ns(ready_ns: list[int], done_ns: list[int], window_start_ns: int, window_end_ns: int) -> int:
@@ -180,8 +182,8 @@ def write_step(
 ) -> bool:
     """Emit the rows of `rec` (see write_frozen)."""
     return write_frozen(
-        freeze(rec), emit, marks, rank=rank, shift_ns=shift_ns, default_samples=default_samples,
-        complete=complete, open_step=open_step,
+        flatten(rec), emit, marks, rank=rank, shift_ns=shift_ns, default_samples=default_samples,
+        complete=complete, open_step=open_step, at=1,
     )  # fmt: skip
 
 
@@ -196,8 +198,10 @@ def write_frozen(
     complete: bool,
     open_step: bool = False,
     flat: bool = False,
+    at: int = 0,
+    end: int | None = None,
 ) -> bool:
-    """Emit the rows of a step (`freeze`'s tuple). `shift_ns` turns a host perf reading into ns
+    """Emit the rows of a step (`flatten`'s values). `shift_ns` turns a host perf reading into ns
     since epoch on rank 0's clock. With `complete`, every mark is known to be resolved; without,
     marks not yet resolved are left out. An `open_step` (one that failed or never ended) gets no
     steps row. Returns whether a steps row was written.
@@ -205,18 +209,22 @@ def write_frozen(
     With `flat`, each table's rows are emitted as one flat list of their values, row after row
     (what the store writer buffers): no tuple per row is kept, so building many steps' rows makes
     no garbage-collector work (held as tuples until flattened, a pull's rows were several thousand
-    tracked objects, a gen-0 collection every ~200 steps)."""
+    tracked objects, a gen-0 collection every ~200 steps).
+
+    The step's values are `frozen[at:end]` (`flatten`'s list holds many steps, each after its
+    length)."""
     host = marks.clock == "host"
     el = marks.elapsed_ns
     ready = marks.ready
     shift = shift_ns
     clock = marks.clock
-    index, step_start_host, s0, step_end, samples, n_spans, n_comm = frozen[:_HEAD]
+    index, step_start_host, s0, step_end, samples, n_spans, n_comm = frozen[at : at + _HEAD]
     cols = [0, 0, 0, 0, 0]
     span_rows: list[Any] = []
     put_span = span_rows.extend if flat else span_rows.append
     backward: list[tuple[int, int]] = []
-    i = _HEAD
+    i = at + _HEAD
+    stop = len(frozen) if end is None else end
     for _ in range(n_spans):
         name, parent_name, column, depth, start_host, start, end, error, canon = frozen[i : i + 9]
         i += 9
@@ -270,10 +278,10 @@ def write_frozen(
         emit("spans", span_rows)
     if comm_rows:
         emit("comm", comm_rows)
-    if i < len(frozen):
+    if i < stop:
         if flat:
             metric_rows: list[Any] = []
-            for j in range(i, len(frozen), 3):
+            for j in range(i, stop, 3):
                 metric_rows += (rank, index, frozen[j + 2] + shift, frozen[j], metric_value(frozen[j + 1]))
             emit("metrics", metric_rows)
         else:
@@ -281,7 +289,7 @@ def write_frozen(
                 "metrics",
                 [
                     (rank, index, frozen[j + 2] + shift, frozen[j], metric_value(frozen[j + 1]))
-                    for j in range(i, len(frozen), 3)
+                    for j in range(i, stop, 3)
                 ],
             )
     if not open_step and (complete or ready(step_end)):
