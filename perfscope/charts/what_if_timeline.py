@@ -145,7 +145,7 @@ def what_if_timeline_chart(table: pa.Table | None, run_id: str | None = None) ->
     )
     chart = alt.layer(bars, rules).properties(width=WIDTH * 2, height=alt.Step(LANE_PX * len(LANES)))
     words = [
-        f"run {run}, step {head['step']}: the step whose slowdown ({head['step_slowdown']:.3g}) is the "
+        f"run {run}, step {head['step']}: the step whose slowdown ({head['step_slowdown']:.3f}) is the "
         f"median of the run's {head['steps']} steps",
         f"recorded: the step replayed with its recorded times, ending at {_ms(head['actual_end_ns'])} "
         f"(recorded step {_ms(head['recorded_step_ns'])}); ideal: every op at its typical time among its "
