@@ -10,6 +10,8 @@ last complete batch and registered on the connection beside the Parquet files.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import hashlib
 import os
 import shutil
@@ -17,7 +19,8 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -201,12 +204,11 @@ def outside(path: Path, root: Path) -> Path | None:
     return None if real == root or real.is_relative_to(root) else real
 
 
-def _inspect(
+def _look(
     path: str | Path, table: str, root: Path, manifest: Manifest | None = None
-) -> Segment | SkippedFile | None:
-    """None when the file vanished meanwhile (a compaction removed it). A Parquet segment's facts
-    come from this process's cache, else from the store's `manifest` (when its entry matches the
-    file's size and mtime_ns), else from its footer; the manifest notes each for its next save."""
+) -> Segment | SkippedFile | _Unread | None:
+    """_inspect, less the footer read: a Parquet file neither cached nor in the manifest comes back
+    as _Unread (its footer to be read, then _learnt)."""
     file = os.fspath(path)
     try:
         st = os.lstat(file)
@@ -236,71 +238,212 @@ def _inspect(
     elif hit is None and manifest is not None:
         hit = manifest.lookup(file, table, st.st_size, st.st_mtime_ns)  # not kept here: it is there
     if hit is None:
-        hit = _inspect_uncached(Path(file), table)
-        if isinstance(hit, SkippedFile) and not os.path.exists(file):
-            return None
-        _inspect_cache[key] = hit
+        return _Unread(file, table, key)
     if manifest is not None and isinstance(hit, Segment):
         manifest.note(file, st.st_size, st.st_mtime_ns, hit)
     return hit
 
 
-def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
+@dataclass(frozen=True, slots=True)
+class _Unread:
+    """A Parquet file whose footer must be read: neither this process's cache nor the manifest
+    knows it (its lstat as `key`: path, size, mtime_ns)."""
+
+    file: str
+    table: str
+    key: tuple[str, int, int]
+
+
+def _inspect(
+    path: str | Path, table: str, root: Path, manifest: Manifest | None = None
+) -> Segment | SkippedFile | None:
+    """None when the file vanished meanwhile (a compaction removed it). A Parquet segment's facts
+    come from this process's cache, else from the store's `manifest` (when its entry matches the
+    file's size and mtime_ns), else from its footer; the manifest notes each for its next save."""
+    res = _look(path, table, root, manifest)
+    if isinstance(res, _Unread):
+        return _learnt(res, _inspect_uncached(Path(res.file), res.table), manifest)
+    return res
+
+
+def _learnt(
+    unread: _Unread, hit: Segment | SkippedFile, manifest: Manifest | None
+) -> Segment | SkippedFile | None:
+    """What its footer said of an unread file, kept in this process's cache and noted in the
+    manifest; None when the file is gone (removed while it was read)."""
+    if isinstance(hit, SkippedFile) and not os.path.exists(unread.file):
+        return None
+    _inspect_cache[unread.key] = hit
+    if manifest is not None and isinstance(hit, Segment):
+        manifest.note(unread.file, unread.key[1], unread.key[2], hit)
+    return hit
+
+
+#: footers read at once on a cold open (pyarrow opens and parses a footer without the GIL)
+FOOTER_READERS = min(
+    8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+)
+#: fewer footers to read than this are read in the listing's own thread
+_PARALLEL_MIN = 64
+#: footers one task of the pool reads
+_CHUNK = 64
+#: a cold open reading at least this many footers reports its progress (footer_progress)
+PROGRESS_MIN_FOOTERS = 2000
+#: seconds between two progress reports
+_PROGRESS_EVERY_S = 0.1
+
+FooterProgress = Callable[[int, int], None]
+_progress: contextvars.ContextVar[FooterProgress | None] = contextvars.ContextVar(
+    "perfscope_footer_progress", default=None
+)
+
+
+@contextlib.contextmanager
+def footer_progress(report: FooterProgress) -> Iterator[None]:
+    """While inside, a listing that reads at least PROGRESS_MIN_FOOTERS footers (a store nobody
+    opened before: no manifest) calls `report(read, to_read)` as it goes, at most every 0.1 s, and
+    once with read == to_read when done. The command line's terminal progress line; the library
+    itself never writes to a terminal."""
+    token = _progress.set(report)
     try:
-        meta = pq.read_metadata(path)
+        yield
+    finally:
+        _progress.reset(token)
+
+
+def _read_chunk(chunk: list[_Unread]) -> list[Segment | SkippedFile]:
+    return [_inspect_uncached(Path(u.file), u.table) for u in chunk]
+
+
+def _read_footers(unread: list[_Unread]) -> list[Segment | SkippedFile]:
+    """The footers of `unread`, in order: FOOTER_READERS threads at a time when there are many."""
+    total = len(unread)
+    report = _progress.get() if total >= PROGRESS_MIN_FOOTERS else None
+    parallel = total >= _PARALLEL_MIN and FOOTER_READERS > 1
+    if not parallel and report is None:
+        return _read_chunk(unread)
+    chunks = [unread[i : i + _CHUNK] for i in range(0, total, _CHUNK)]
+    out: list[Segment | SkippedFile] = []
+    shown = time.monotonic()
+    pool = ThreadPoolExecutor(FOOTER_READERS, thread_name_prefix="perfscope-footers") if parallel else None
+    try:
+        for got in pool.map(_read_chunk, chunks) if pool is not None else map(_read_chunk, chunks):
+            out += got
+            if report is not None and time.monotonic() - shown >= _PROGRESS_EVERY_S:
+                report(len(out), total)
+                shown = time.monotonic()
+    finally:
+        if pool is not None:  # an interrupt waits for the chunks being read, not for the rest
+            pool.shutdown(wait=True, cancel_futures=True)
+        if report is not None:
+            report(total, total)
+    return out
+
+
+def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
+    """A Parquet segment's facts from its footer (safe to call from several threads at once)."""
+    try:
+        quick = _read_footer(path)
+        if isinstance(quick, SkippedFile):
+            return quick
+        meta, footprint = quick if quick is not None else (pq.read_metadata(path), _footprint(path))
         arrow_schema = meta.schema.to_arrow_schema()
-        footprint = _footprint(path)
     except Exception as exc:
         return SkippedFile(str(path), f"not a readable Parquet file (truncated or corrupt): {exc}")
     kv = meta.metadata or {}
-    version = _check_meta(path, kv, arrow_schema, table, "Parquet file")
+    facts = _schema_facts(arrow_schema, table, meta.num_columns)
+    version = _check_meta(path, kv, arrow_schema, table, "Parquet file", facts.problem)
     if isinstance(version, SkippedFile):
         return version
     replaces, claim_problem = parse_replaces(kv.get(META_REPLACES))
+    file = str(path)
     return Segment(
-        file=str(path),
-        name=path.name,
+        file=file,
+        name=file[file.rfind(os.sep) + 1 :],
         table=table,
         version=version,
-        columns=frozenset(arrow_schema.names),
+        columns=facts.columns,
         num_rows=meta.num_rows,
         replaces=replaces,
         footprint=footprint,
         claim_problem=claim_problem,
-        ranges=_ranges(meta),
+        ranges=_ranges(meta, facts.leaves),
         replaces_raw=kv.get(META_REPLACES),
     )
 
 
-def _ranges(meta: pq.FileMetaData) -> tuple[int | None, ...]:
+@dataclass(frozen=True)
+class _SchemaFacts:
+    """What a listing checks of a segment's columns, the same for every file of one Arrow schema."""
+
+    #: why the columns cannot enter the table's view (_type_problem), or ''
+    problem: str
+    #: the column names (one frozenset shared by the segments of the schema)
+    columns: frozenset[str]
+    #: each RANGE_COLUMNS name's Parquet leaf column, when the schema is flat (a leaf per field)
+    leaves: dict[str, int] | None
+
+
+#: (table, number of Parquet leaf columns, serialized Arrow schema) -> its facts; files of one
+#: writer share a schema, so the checks run once per schema, not once per file
+_schema_cache: dict[tuple[str, int, bytes], _SchemaFacts] = {}
+_SCHEMA_CACHE_MAX = 256
+
+
+def _schema_facts(arrow_schema: pa.Schema, table: str, leaves: int) -> _SchemaFacts:
+    key = (table, leaves, arrow_schema.serialize().to_pybytes())
+    facts = _schema_cache.get(key)
+    if facts is None:
+        names = arrow_schema.names
+        flat = len(names) == leaves and not any(pa.types.is_nested(t) for t in arrow_schema.types)
+        leaf = {n: i for i, n in enumerate(names) if n in RANGE_COLUMNS} if flat else None
+        facts = _SchemaFacts(_type_problem(arrow_schema, table), frozenset(names), leaf)
+        if len(_schema_cache) >= _SCHEMA_CACHE_MAX:
+            _schema_cache.clear()
+        _schema_cache[key] = facts
+    return facts
+
+
+def _ranges(meta: pq.FileMetaData, leaf: dict[str, int] | None = None) -> tuple[int | None, ...]:
     """Smallest and largest value of each of the manifest's RANGE_COLUMNS, from every row group's
-    statistics; None and None for a column absent, or without them in some row group."""
-    leaf = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
-    found: list[int | None] = []
-    for col in RANGE_COLUMNS:
-        i = leaf.get(col)
-        found += [None, None]
-        if i is None:
-            continue
-        lo: int | None = None
-        hi: int | None = None
-        for g in range(meta.num_row_groups):
-            rg = meta.row_group(g)
+    statistics; None and None for a column absent, or without them in some row group. `leaf`: each
+    column's leaf index, when known (else found by path in the footer's schema)."""
+    if leaf is None:
+        leaf = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+    cols = [leaf.get(col) for col in RANGE_COLUMNS]
+    ok = [i is not None for i in cols]
+    lo: list[int | None] = [None] * len(cols)
+    hi: list[int | None] = [None] * len(cols)
+    for g in range(meta.num_row_groups):
+        if not any(ok):
+            break
+        rg = meta.row_group(g)
+        for k, i in enumerate(cols):
+            if not ok[k] or i is None:
+                continue
             st = rg.column(i).statistics
             if st is not None and st.has_min_max and isinstance(st.min, int) and isinstance(st.max, int):
-                lo = st.min if lo is None else min(lo, st.min)
-                hi = st.max if hi is None else max(hi, st.max)
+                low, high = st.min, st.max
+                lo[k] = low if lo[k] is None else min(lo[k], low)  # type: ignore[type-var]
+                hi[k] = high if hi[k] is None else max(hi[k], high)  # type: ignore[type-var]
             elif not (st is not None and st.has_null_count and st.null_count == rg.num_rows):
-                break
-        else:
-            found[-2:] = [lo, hi]
+                ok[k] = False
+    found: list[int | None] = []
+    for k in range(len(cols)):
+        found += [lo[k], hi[k]] if ok[k] else [None, None]
     return tuple(found)
 
 
 def _check_meta(
-    path: Path, kv: dict[bytes, bytes], arrow_schema: pa.Schema, table: str, kind: str
+    path: Path,
+    kv: dict[bytes, bytes],
+    arrow_schema: pa.Schema,
+    table: str,
+    kind: str,
+    wrong: str | None = None,
 ) -> int | SkippedFile:
-    """The schema version a segment's metadata gives, or why it cannot enter the table's view."""
+    """The schema version a segment's metadata gives, or why it cannot enter the table's view
+    (`wrong`: _type_problem's answer, when already known)."""
     if META_TABLE not in kv or META_VERSION not in kv:
         return SkippedFile(str(path), f"foreign {kind}: no perfscope metadata")
     file_table = kv[META_TABLE].decode(errors="replace")
@@ -310,7 +453,8 @@ def _check_meta(
         version = int(kv[META_VERSION])
     except ValueError:
         return SkippedFile(str(path), f"unreadable schema version {kv[META_VERSION]!r}")
-    wrong = _type_problem(arrow_schema, table)
+    if wrong is None:
+        wrong = _type_problem(arrow_schema, table)
     if wrong:
         return SkippedFile(str(path), wrong)
     return version
@@ -343,6 +487,55 @@ def _inspect_live(path: Path, table: str) -> Segment | SkippedFile | None:
         footprint=f"live:{path}",
         live=data,
     )
+
+
+#: bytes read from a file's end at first: a segment's whole footer, mostly (one read per file)
+_TAIL_BYTES = 1 << 16
+
+
+def _read_footer(path: Path) -> tuple[pq.FileMetaData, str] | SkippedFile | None:
+    """The file's Parquet footer and footprint (as _footprint hashes it) from one open and one or two
+    reads of its end, parsed without the GIL held; None when the footer is not where its length says
+    or does not parse, so that the caller reads the file as before and gives the same reason."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # never blocks on a FIFO
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced since the listing looked at it
+            return SkippedFile(str(path), "not a regular file")
+        size = st.st_size
+        n = min(size, _TAIL_BYTES)
+        tail = os.pread(fd, n, size - n)
+        if n < 12 or len(tail) != n or tail[-4:] != b"PAR1":
+            return None
+        footer_len = int.from_bytes(tail[-8:-4], "little")
+        if footer_len + 8 > size - 4:  # not inside the file after its leading magic
+            return None
+        if footer_len + 8 > n:
+            tail = os.pread(fd, footer_len + 8, size - footer_len - 8)
+            if len(tail) != footer_len + 8:
+                return None
+        end = memoryview(tail)[len(tail) - footer_len - 8 :]
+        meta = _parse_footer(pa.BufferReader(pa.py_buffer(end)))
+    except Exception:
+        return None
+    finally:
+        os.close(fd)
+    digest = hashlib.blake2b(f"{size}\0".encode(), digest_size=16)
+    digest.update(end[:footer_len])
+    return meta, digest.hexdigest()
+
+
+def _parse_footer(source: pa.NativeFile) -> pq.FileMetaData:
+    """A footer's metadata (pq.read_metadata, less what ParquetFile builds beside it for reading)."""
+    reader_type = getattr(pq, "ParquetReader", None)
+    if reader_type is None:  # pragma: no cover (pyarrow 14 to 26 have it)
+        return pq.read_metadata(source)
+    reader = reader_type()
+    reader.open(source)
+    return reader.metadata
 
 
 def _footprint(path: Path) -> str:
@@ -554,57 +747,86 @@ def list_store(
     manifest = Manifest.load(str(root))
     folders: list[str] = []
     live_seen: set[str] = set()
+    # First every folder is scanned and each Parquet file looked up (cache, manifest); then the
+    # footers nobody knows are read, in threads; then the partitions are settled in the order found.
+    plan: list[SkippedFile | _Partition] = []
     for name in TABLES:
         table_dir = root / name
-        blocks: list[Block] = []
-        listing.blocks[name] = blocks
+        listing.blocks[name] = []
         if not table_dir.is_dir():
             continue
         real = outside(table_dir, root)
         if real is not None:
-            listing.skipped.append(
-                SkippedFile(str(table_dir), f"a folder leading to {real}, outside the store")
-            )
+            plan.append(SkippedFile(str(table_dir), f"a folder leading to {real}, outside the store"))
             continue
         for stray in sorted([*table_dir.glob("*.parquet"), *table_dir.glob(f"*{LIVE_SUFFIX}")]):
-            listing.skipped.append(SkippedFile(str(stray), f"not inside a {PARTITION_KEY}=... folder"))
-        for part in _partition_dirs(table_dir, root, listing.skipped):
+            plan.append(SkippedFile(str(stray), f"not inside a {PARTITION_KEY}=... folder"))
+        foreign: list[SkippedFile] = []
+        for part in _partition_dirs(table_dir, root, foreign):
+            plan += foreign
+            foreign.clear()
             if run_id is not None and part.name != f"{PARTITION_KEY}={run_id}":
                 continue
             folder = f"{part}{os.sep}"
             folders.append(folder)
             scan = _partition_entries(part)
-            names, live = scan.parquet, scan.live
-            whole = None if live else _whole(manifest, folder, name, scan)
-            if whole is not None:
-                if len(whole):
-                    blocks.append(Block(folder, entries=whole))
+            whole = None if scan.live else _whole(manifest, folder, name, scan)
+            looked = (
+                [] if whole is not None else [_look(folder + f, name, root, manifest) for f in scan.parquet]
+            )
+            plan.append(_Partition(name, part, scan, whole, looked))
+        plan += foreign
+    unread = [x for p in plan if isinstance(p, _Partition) for x in p.looked if isinstance(x, _Unread)]
+    read = iter(_read_footers(unread))
+    for item in plan:
+        if isinstance(item, SkippedFile):
+            listing.skipped.append(item)
+            continue
+        name, part, scan, live = item.table, item.part, item.scan, item.scan.live
+        blocks = listing.blocks[name]
+        folder = f"{part}{os.sep}"
+        if item.whole is not None:
+            if len(item.whole):
+                blocks.append(Block(folder, entries=item.whole))
+            continue
+        found: list[Segment] = []
+        for res in item.looked:
+            _admit(_learnt(res, next(read), manifest) if isinstance(res, _Unread) else res, listing, found)
+        sealed = {seg.name.removesuffix(".parquet") for seg in found} if live else set()
+        for fname in live:
+            path = part / fname
+            if path.stem in sealed:  # a valid twin holds its rows
+                listing.sealed_live.append(path)
                 continue
-            found: list[Segment] = []
-            for fname in names:
-                _admit(_inspect(folder + fname, name, root, manifest), listing, found)
-            sealed = {seg.name.removesuffix(".parquet") for seg in found} if live else set()
-            for fname in live:
-                path = part / fname
-                if path.stem in sealed:  # a valid twin holds its rows
-                    listing.sealed_live.append(path)
-                    continue
-                if not read_live:
-                    continue
-                live_seen.add(str(path))
-                res = _inspect(path, name, root)
-                if res is None and twin(path).name not in scan.names:
-                    res = _inspect(twin(path), name, root, manifest)  # sealed since the scan
-                _admit(res, listing, found)
-            kept = _partition_segments(found, listing)
-            if kept:
-                blocks.append(Block(folder, kept))
+            if not read_live:
+                continue
+            live_seen.add(str(path))
+            res = _inspect(path, name, root)
+            if res is None and twin(path).name not in scan.names:
+                res = _inspect(twin(path), name, root, manifest)  # sealed since the scan
+            _admit(res, listing, found)
+        kept = _partition_segments(found, listing)
+        if kept:
+            blocks.append(Block(folder, kept))
     if read_live:
         _forget_live(folders, live_seen)
     worth = 1 if save_manifest else SAVE_MIN_CHANGES
     if run_id is None and save_manifest is not False and manifest.changes >= worth:
         manifest.save()
     return listing
+
+
+@dataclass
+class _Partition:
+    """A partition folder as the first pass of list_store found it."""
+
+    table: str
+    part: Path
+    scan: _Folder
+    #: the manifest's entries for the whole folder, when they match it
+    whole: Entries | None
+    #: else each Parquet file as looked up (_look), in the scan's order
+    looked: list[Segment | SkippedFile | _Unread | None]
 
 
 def _whole(manifest: Manifest, folder: str, table: str, scan: _Folder) -> Entries | None:
