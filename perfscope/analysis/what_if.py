@@ -9,7 +9,9 @@ dependency graph is built from what was recorded:
 - each rank's ops in recorded order: an op waits for the latest op of its rank that ended before it
   started (ops that overlap, a compute and a transfer on another stream, run side by side), plus the
   launch gap recorded between the two;
-- a point-to-point send and its recv (the k-th send from a to b with the k-th recv on b from a), the
+- a point-to-point send and its recv (the k-th send from a to b with the k-th recv on b from a; in
+  an imported op table, of the same direction, forward or backward: an interleaved pipeline's two
+  stages of pp = 2 send each other both, and NCCL keeps each direction's order), the
   transfers one rank launched together (same start: Megatron-LM's batched send/recv), and the members
   of a collective (the k-th call of the same name on the same process group, comm.group_ranks) make
   one sync group: none ends before its last member enters; each member then takes its own recorded
@@ -169,7 +171,8 @@ def build(cols: dict[str, np.ndarray]) -> Graph | None:
     p2p = peer >= 0
     src = np.where(is_send, rank, peer)
     dst = np.where(is_send, peer, rank)
-    a1, b1 = _group_edges(_codes(step_code, src, dst, pnth), p2p)
+    pdir = cols.get("pdir", np.zeros(n, dtype=np.int64))  # forward 0, backward 1 (`_columns`)
+    a1, b1 = _group_edges(_codes(step_code, src, dst, pdir, pnth), p2p)
     a2, b2 = _group_edges(_codes(step_code, rank, start.astype(np.int64)), p2p)
     coll = (grp >= 0) & ~p2p
     a3, b3 = _group_edges(_codes(step_code, grp, name, nth), coll)
@@ -547,17 +550,18 @@ def _run_ops(
                    GROUP BY rank),
         ops AS (
             SELECT rank, step, name, start_ns, dur_ns, -1 AS peer, NULL AS grp, false AS is_send,
-                   true AS compute
+                   true AS compute, 0 AS pdir
             FROM spans WHERE run_id = {run} AND depth = 1
             UNION ALL
             SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(peer, -1),
-                   group_ranks, op IN ('send', 'isend'), false
+                   group_ranks, op IN ('send', 'isend'), false,
+                   CASE WHEN coalesce(name, '') LIKE 'backward%' THEN 1 ELSE 0 END
             FROM comm WHERE run_id = {run}
         )
         SELECT o.*, k.dp_rank, k.pp_stage,
                row_number() OVER (PARTITION BY step, o.rank, name ORDER BY start_ns, dur_ns) - 1 AS nth,
-               row_number() OVER (PARTITION BY step, o.rank, peer, is_send ORDER BY start_ns, dur_ns) - 1
-                   AS pnth
+               row_number() OVER (PARTITION BY step, o.rank, peer, is_send, pdir ORDER BY start_ns, dur_ns)
+                   - 1 AS pnth
         FROM ops o JOIN k USING (rank)
         WHERE start_ns IS NOT NULL AND dur_ns IS NOT NULL AND step IS NOT NULL
         ORDER BY step, o.rank, start_ns, dur_ns, name, peer, is_send, compute
@@ -695,6 +699,13 @@ def _columns(t: pa.Table) -> dict[str, np.ndarray]:
     alone = unit < 0
     unit[alone] = int(unit.max(initial=-1)) + 1 + np.arange(int(alone.sum()))
     cols["unit"] = unit
+    # the direction of a pipeline transfer (1: backward) where the op table names it: under interleaving
+    # the same two ranks exchange forward and backward transfers both ways (pp = 2)
+    cols["pdir"] = (
+        np.asarray(t.column("pdir").to_numpy(zero_copy_only=False), dtype=np.int64)
+        if "pdir" in t.column_names
+        else np.zeros(n, dtype=np.int64)
+    )
     return cols
 
 

@@ -41,6 +41,11 @@ from .intervals import length, merge
 
 ORIGIN = "op-table"
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id")
+#: columns read when present: the micro-batch and the local model chunk of a compute op (-1 elsewhere)
+OPTIONAL = ("mb_id", "mc")
+#: a transfer belongs to the compute of its direction that ended this little after it started (clock
+#: rounding: the study's float32 seconds)
+SLACK_NS = 100_000
 #: keys a meta file may hold (the study's), and the flags they stand for
 META_KEYS = {
     "dp_size": "dp",
@@ -155,7 +160,7 @@ def _read(path: Path) -> pa.Table:
         missing = [c for c in REQUIRED if c not in pf.schema_arrow.names]
         if missing:
             raise PerfscopeError(f"{path}: not an op table: no column {', '.join(missing)}")
-        return pf.read(columns=[c for c in pf.schema_arrow.names if c in (*REQUIRED, "mb_id")])
+        return pf.read(columns=[c for c in pf.schema_arrow.names if c in (*REQUIRED, *OPTIONAL)])
     except PerfscopeError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -197,6 +202,54 @@ def _float_column(t: pa.Table, name: str, path: Path) -> np.ndarray:
     return values
 
 
+def _peer_stage(s: int, c: int, to_next: bool, pp: int, vpp: int) -> int | None:
+    """The stage at the other end of a pipeline transfer made by stage `s` for its model chunk `c`
+    (Megatron-LM's interleaved layout: virtual stage c·pp + s), toward the next virtual stage
+    (`to_next`: a forward send, a backward recv) or the previous one; None at the model's ends."""
+    v = c * pp + s + (1 if to_next else -1)
+    if pp == 1 or not 0 <= v < pp * vpp:
+        return None
+    return v % pp
+
+
+def _transfer_chunks(
+    ops: np.ndarray,
+    optype: np.ndarray,
+    start_ns: np.ndarray,
+    dur_ns: np.ndarray,
+    mc: np.ndarray | None,
+    pp: int,
+    vpp: int,
+) -> dict[int, int | None]:
+    """The model chunk of each pipeline transfer of one rank's step (`ops`, in start order) under
+    interleaving: a send carries the output of the last compute of its direction that ended before it
+    started, a recv feeds the next compute of its direction. A compute's chunk is its `mc`, else
+    Megatron-LM's schedule's: the k-th forward runs chunk (k mod pp·vpp) div pp, the k-th backward
+    the reverse. None: no such compute (a transfer before the first or after the last)."""
+    out: dict[int, int | None] = {}
+    for direction, forward in (("forward", True), ("backward", False)):
+        sends = [i for i in ops.tolist() if optype[i] == f"{direction}-send"]
+        recvs = [i for i in ops.tolist() if optype[i] == f"{direction}-recv"]
+        if not sends and not recvs:
+            continue
+        comp = np.array([i for i in ops.tolist() if optype[i] == f"{direction}-compute"], dtype=np.int64)
+        k = np.arange(len(comp))
+        chunks = (k % (pp * vpp)) // pp
+        if not forward:
+            chunks = vpp - 1 - chunks
+        if mc is not None and len(comp):
+            chunks = np.where(mc[comp] >= 0, mc[comp], chunks)
+        c_start = start_ns[comp]
+        c_end = np.maximum.accumulate(start_ns[comp] + dur_ns[comp]) if len(comp) else c_start
+        for i in sends:
+            j = int(np.searchsorted(c_end, start_ns[i] + SLACK_NS, side="right")) - 1
+            out[i] = int(chunks[j]) if j >= 0 else None
+        for i in recvs:
+            j = int(np.searchsorted(c_start, start_ns[i], side="left"))
+            out[i] = int(chunks[j]) if j < len(comp) else None
+    return out
+
+
 def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     """`perfscope import op-table` without a layout: refused in one line (the table cannot say it)."""
     raise PerfscopeError("op-table: give --meta META.yaml, or --dp N --pp N [--tp N --cp N]")
@@ -234,6 +287,17 @@ def import_op_table(
     if optype_col.null_count:
         raise PerfscopeError(f"{path}: column optype has {optype_col.null_count:,} empty values")
     optype = np.asarray(optype_col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+    vpp = lay["vpp"]
+    mc: np.ndarray | None = None
+    if "mc" in t.column_names:  # the local model chunk of a compute op, -1 (or empty) elsewhere
+        i_mc = t.column_names.index("mc")
+        t = t.set_column(i_mc, "mc", t.column("mc").fill_null(-1))
+        mc = _int_column(t, "mc", path, -1, MAX_ROWS)
+        if len(mc) and int(mc.max()) >= vpp:
+            raise PerfscopeError(
+                f"{path}: column mc holds model chunk {int(mc.max())}, but the layout has vpp {vpp}: "
+                "give --vpp (or vpp_size in the meta file)"
+            )
 
     # each rank has one place in the layout, and it is Megatron-LM's
     coords: dict[int, tuple[int, int]] = {}
@@ -291,6 +355,7 @@ def import_op_table(
                 "kept as compute of phase 'other'"
             )
 
+        unplaced: dict[str, int] = {}  # interleaved transfers whose model chunk is unknown, by op
         idx = np.lexsort((start, step, rank))
         bounds = np.flatnonzero(np.diff(rank[idx]) | np.diff(step[idx])) + 1
         for chunk in np.split(idx, bounds):
@@ -300,6 +365,7 @@ def import_op_table(
             comm_iv = []
             comm_total = 0
             seq = 0
+            model_chunk = _transfer_chunks(chunk, optype, start_ns, dur_ns, mc, pp, vpp) if vpp > 1 else {}
             for i in chunk.tolist():
                 op = optype[i]
                 phase, kind, fn = OPS.get(op, ("other", None, None))
@@ -310,15 +376,22 @@ def import_op_table(
                     continue
                 peer: int | None = None
                 if kind == "p2p":
-                    forward = op.startswith("forward")
-                    to_next = forward == (fn == "send")
-                    ps = s + 1 if to_next else s - 1
-                    if not 0 <= ps < pp:
-                        edge = (
-                            f"{op} at the {'last' if to_next else 'first'} stage has no peer: kept as compute"
-                        )
-                        if edge not in imp.result.warnings:
-                            imp.warn(edge)
+                    to_next = op.startswith("forward") == (fn == "send")
+                    c = model_chunk.get(i, 0) if vpp > 1 else 0
+                    ps = _peer_stage(s, c, to_next, pp, vpp) if c is not None else None
+                    if ps is None:
+                        if c is None:
+                            unplaced[op] = unplaced.get(op, 0) + 1
+                        else:
+                            end = "last" if to_next else "first"
+                            edge = (
+                                f"{op} at the {end} stage has no peer: kept as compute"
+                                if vpp == 1
+                                else f"{op} of the model's {end} chunk (stage {s}, model chunk {c}) has no "
+                                "peer: kept as compute"
+                            )
+                            if edge not in imp.result.warnings:
+                                imp.warn(edge)
                         imp.span(
                             r, st, op, int(start_ns[i]), int(dur_ns[i]), clock="cuda", parent=phase, depth=1
                         )
@@ -361,10 +434,12 @@ def import_op_table(
             )
         if overlapping:
             imp.warn("start_ts restarts at every step: steps are laid end to end in step order")
-        if lay["vpp"] > 1:
+        if unplaced:
+            counts = ", ".join(f"{n:,} {shown(o, 30)}" for o, n in sorted(unplaced.items()))
             imp.warn(
-                f"interleaved pipeline (vpp {lay['vpp']}): transfers between the last and the first stage "
-                "(the next model chunk) are kept as compute, not matched with their peer"
+                f"interleaved pipeline (vpp {vpp}): {sum(unplaced.values()):,} transfer(s) ({counts}) with "
+                "no compute of their direction to belong to (a send after one, a recv before one): their "
+                "model chunk, so their peer stage, is unknown; kept as compute"
             )
         return imp.finish(
             world_size=world,

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,12 +90,18 @@ def synthetic(
     noise: float = 0.01,
     seed: int = 0,
     uneven: float = 0.0,
+    vpp: int | None = None,
+    batched: bool = False,
 ) -> pa.Table:
     """An op table of a GPipe job (all forwards, then all backwards, blocking send/recv, a
     reduce-scatter per stage over the dp group, a gradient-norm all-reduce over every rank, the
     optimizer), timed by the schedule itself. `slow` multiplies a worker's (dp rank, stage) compute;
     `uneven` multiplies each dp rank's compute in each step by 1 to 1 + uneven at random (the data,
-    sequence lengths, differ between dp ranks from step to step)."""
+    sequence lengths, differ between dp ranks from step to step).
+
+    `vpp`: instead, Megatron-LM's interleaved 1F1B schedule with vpp model chunks per stage (`m` a
+    multiple of pp), each chunk a vpp-th of the stage's layers, timed by a small simulation of its
+    own (see `_interleaved`; `batched`: its exchanges recorded as batch_isend_irecv's)."""
     rng = np.random.default_rng(seed)
     slow = slow or {}
     data = 1 + uneven * rng.random((steps, dp))
@@ -104,20 +111,32 @@ def synthetic(
     seq: dict[tuple[int, int, str], int] = {}
     current = [0]  # the step being written
 
-    def emit(d: int, s: int, op: str, start: float, end: float, mb: int = -1) -> None:
+    def emit(
+        d: int, s: int, op: str, start: float, end: float, mb: int = -1, mc: int = 0, gmc: int | None = None
+    ) -> None:
         k = seq.get((d, s, op), 0)
         seq[(d, s, op)] = k + 1
-        rows.append((d, s, s * dp + d, current[0], op, start, end - start, k, 0, mb, s))
+        rows.append(
+            (d, s, s * dp + d, current[0], op, start, end - start, k, mc, mb, s if gmc is None else gmc)
+        )
+
+    def took(d: int, s: int, base: float) -> float:
+        return base * slow.get((d, s), 1.0) * data[current[0], d] * (1 + noise * rng.standard_normal())
 
     def compute(d: int, s: int, op: str, base: float, mb: int) -> None:
-        t = base * slow.get((d, s), 1.0) * data[current[0], d] * (1 + noise * rng.standard_normal())
+        t = took(d, s, base)
         emit(d, s, op, ready[d, s], ready[d, s] + t, mb)
         ready[d, s] += t
 
     for step in range(steps):
         seq.clear()
         current[0] = step
-        for phase, order, base in (("forward", range(pp), fwd), ("backward", range(pp - 1, -1, -1), 2 * fwd)):
+        if vpp is not None:
+            for d in range(dp):
+                _interleaved(d, pp, vpp, m, fwd, xfer, ready[d], emit, took, batched)
+        for phase, order, base in (
+            (("forward", range(pp), fwd), ("backward", range(pp - 1, -1, -1), 2 * fwd)) if vpp is None else ()
+        ):
             pending = np.zeros((dp, pp))
             for k in range(m):
                 prev = None
@@ -159,6 +178,116 @@ def synthetic(
         "gmc",
     )
     return pa.table({n: list(c) for n, c in zip(names, cols, strict=True)})
+
+
+def _interleaved(
+    d: int,
+    pp: int,
+    vpp: int,
+    m: int,
+    fwd: float,
+    xfer: float,
+    ready: np.ndarray,
+    emit: Callable[..., None],
+    took: Callable[[int, int, float], float],
+    batched: bool = False,
+) -> None:
+    """One step of dp rank `d`'s pipeline under Megatron-LM's interleaved 1F1B schedule (without
+    overlapped communication), from each stage's `ready` time (updated). Stage s runs its m·vpp
+    forwards in Megatron's order (the k-th: model chunk (k mod pp·vpp) div pp, micro-batch
+    (k div pp·vpp)·pp + k mod pp; the backwards the same with the chunks reversed): a warm-up of
+    2·(pp − s − 1) + (vpp − 1)·pp forwards (all of them when m = pp), then a forward and a backward at
+    a time, then the remaining backwards. After each of these it exchanges, as Megatron's batched
+    send/recv does, the outputs just computed and the inputs of its next forward and next backward
+    (posted one after the other, 20 µs apart), and waits for all of them. Virtual stage v = chunk·pp +
+    stage feeds v + 1 in the forward and v − 1 in the backward; a transfer ends `xfer` after both of
+    its sides are posted. `batched`: a stage's transfers of one exchange are recorded as Megatron-LM's
+    batch_isend_irecv is (the straggler study's traces): all posted at once, each lasting until the
+    last of them ends. Timed by its own clock: a stage moves when what it waits for is known; a
+    stage that can never move is a deadlock (an error here, not a table)."""
+    total, group, gap = m * vpp, pp * vpp, 0.0 if batched else 0.00002
+    assert m % pp == 0, "Megatron-LM's interleaved schedule runs a multiple of pp micro-batches"
+    Op = tuple[str, int, int, int]  # (phase, stage, chunk, micro-batch) of a compute
+
+    def compute_op(s: int, k: int, forward: bool) -> Op:
+        c = (k % group) // pp
+        return (
+            "forward" if forward else "backward",
+            s,
+            c if forward else vpp - 1 - c,
+            (k // group) * pp + k % pp,
+        )
+
+    def neighbour(op: Op, toward: int) -> Op | None:
+        """The compute of the next (toward 1) or previous (-1) virtual stage on the same micro-batch."""
+        v = op[2] * pp + op[1] + toward
+        return (op[0], v % pp, v // pp, op[3]) if 0 <= v < group else None
+
+    def feeds(op: Op) -> Op | None:  # the compute that takes op's output
+        return neighbour(op, 1 if op[0] == "forward" else -1)
+
+    def fed_by(op: Op) -> Op | None:  # the compute whose output op takes in
+        return neighbour(op, -1 if op[0] == "forward" else 1)
+
+    # each stage: segments of (computes, then the transfers exchanged after them)
+    plans: list[list[tuple[list[Op], list[tuple[str, Op]]]]] = []
+    for s in range(pp):
+        warm = total if m == pp else min(2 * (pp - s - 1) + (vpp - 1) * pp, total)
+        f = [compute_op(s, k, True) for k in range(total)]
+        b = [compute_op(s, k, False) for k in range(total)]
+        runs: list[list[Op]] = [[x] for x in f[:warm]]
+        runs += [[f[warm + j], b[j]] for j in range(total - warm)] + [[x] for x in b[total - warm :]]
+        plan: list[tuple[list[Op], list[tuple[str, Op]]]] = [([], [("recv", f[0])])]
+        nf, nb = 0, 0  # the next forward and backward not yet received
+        for ops in runs:
+            sends = [("send", x) for x in ops]
+            nf += sum(x[0] == "forward" for x in ops)
+            nb += sum(x[0] == "backward" for x in ops)
+            recvs = [("recv", f[nf])] if nf < total else []
+            if nf >= warm and nb < total and (nb > 0 or nf == warm):
+                recvs.append(("recv", b[nb]))
+            plan.append((ops, sends + recvs))
+        for _, xs in plan:  # only the transfers that have a peer
+            xs[:] = [(kind, x) for kind, x in xs if (feeds(x) if kind == "send" else fed_by(x)) is not None]
+        plans.append(plan)
+
+    sent: dict[Op, float] = {}  # a compute's output: when its send was posted
+    wanted: dict[Op, float] = {}  # a compute's input: when its recv was posted
+    pos, clock, waiting = [0] * pp, [float(x) for x in ready], [False] * pp
+    while any(pos[s] < len(plans[s]) for s in range(pp)):
+        moved = False
+        for s in range(pp):
+            while pos[s] < len(plans[s]):
+                ops, xs = plans[s][pos[s]]
+                if not waiting[s]:  # run the computes, then post the transfers
+                    for op in ops:
+                        dur = took(d, s, (fwd if op[0] == "forward" else 2 * fwd) / vpp)
+                        emit(d, s, f"{op[0]}-compute", clock[s], clock[s] + dur, op[3], op[2], op[2] * pp + s)
+                        clock[s] += dur
+                    for n, (kind, x) in enumerate(xs):
+                        (sent if kind == "send" else wanted)[x] = clock[s] + n * gap
+                    waiting[s], moved = True, True
+                other: list[Op] = []
+                for kind, x in xs:
+                    o = feeds(x) if kind == "send" else fed_by(x)
+                    assert o is not None  # transfers without a peer were left out of the plan
+                    other.append(o)
+                seen = [
+                    (wanted if kind == "send" else sent).get(o)
+                    for (kind, _), o in zip(xs, other, strict=True)
+                ]
+                if None in seen:
+                    break
+                t = clock[s]
+                done = [max(t + n * gap, float(p or 0.0)) + xfer for n, p in enumerate(seen)]
+                end = max([t, *done])
+                for n, (kind, x) in enumerate(xs):  # batched: each op as long as the whole batch
+                    emit(d, s, f"{x[0]}-{kind}", t + n * gap, end if batched else done[n], -1, -1, -1)
+                clock[s], waiting[s], moved = end, False, True
+                pos[s] += 1
+        if not moved:
+            raise AssertionError(f"the interleaved schedule deadlocks at {pos}")
+    ready[:] = clock
 
 
 def _what_if(
