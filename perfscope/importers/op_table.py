@@ -5,9 +5,11 @@ seq_id, and optionally mc, gmc, mb_id. Parquet or CSV.
 
 Compute ops (forward-compute, backward-compute, optimizer, gc ...) become `spans` of their rank's
 step (depth 1, the phase as parent) and the step's phase columns; pipeline send/recv become
-point-to-point `comm` rows with the peer stage's rank; the data-parallel reduce-scatter / all-gather,
-the embedding and layernorm all-reduces and the gradient-norm all-reduce become collectives on their
-process group (`comm.group_ranks`). Every rank's coordinates go to `ranks`, the sizes to `runs`.
+point-to-point `comm` rows with the peer stage's rank (with interleaving, vpp > 1, the stage of the
+next or previous virtual stage of the transfer's model chunk: `_transfer_chunks`); the data-parallel
+reduce-scatter / all-gather, the embedding and layernorm all-reduces and the gradient-norm all-reduce
+become collectives on their process group (`comm.group_ranks`). Every rank's coordinates go to
+`ranks`, the sizes to `runs`.
 
 Ranks are laid out as Megatron-LM does: rank = ((stage·dp + dp_rank)·cp + cp_rank)·tp + tp_rank, so
 tp_rank = rank mod tp and cp_rank = (rank div tp) mod cp. A table whose start_ts restarts at every
