@@ -29,6 +29,12 @@ cold (no manifest: every footer read, the manifest saved), `info` warm (best of 
 with `--compact`, `perfscope compact` on a hard-linked copy and `analyze --json` after it. The
 building takes minutes (about 8 ms a segment on a loaded 2-core machine): `--store-dir` keeps the
 store and reuses it.
+
+    git worktree add --detach /tmp/before REV
+    .venv/bin/python benchmarks/store_listing.py --shape one-run --before-tree /tmp/before --repeat 2
+
+`--before-tree` measures `info` cold then warm by the perfscope of that checkout and by this tree in
+turn, `--repeat` rounds, on the same store (each cold open starts without a manifest).
 """
 
 from __future__ import annotations
@@ -184,21 +190,29 @@ def old_tree(commit: str, dest: Path) -> Path:
     return dest
 
 
-def command(*args: str) -> dict[str, Any]:
-    """`python -m perfscope ARGS` in a fresh process: wall time, peak RSS and exit status."""
+def command(*args: str, tree: Path = REPO) -> dict[str, Any]:
+    """`python -m perfscope ARGS` of the perfscope in `tree`, in a fresh process: wall time, CPU time,
+    peak RSS and exit status."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "perfscope", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(tree)},
         cwd="/",
     )
     _, status, use = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall_s": wall, "rss_mb": use.ru_maxrss / 1024, "rc": proc.returncode, "said": err[-300:]}
+    cpu = use.ru_utime + use.ru_stime
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "rss_mb": use.ru_maxrss / 1024,
+        "rc": proc.returncode,
+        "said": err[-300:],
+    }
 
 
 def one_run(args: argparse.Namespace) -> int:
@@ -212,10 +226,13 @@ def one_run(args: argparse.Namespace) -> int:
             if args.shape == "one-run-inflight":
                 inflight(store)
         results: list[tuple[str, dict[str, Any]]] = []
-        (store / ".perfscope-manifest").unlink(missing_ok=True)
-        results.append(("info, cold (no manifest)", command("info", str(store))))
-        warm = [command("info", str(store)) for _ in range(args.repeat)]
-        results.append((f"info, warm (best of {args.repeat})", min(warm, key=lambda r: r["wall_s"])))
+        if args.before_tree:
+            results += before_and_after(store, Path(args.before_tree), args.repeat)
+        else:
+            (store / ".perfscope-manifest").unlink(missing_ok=True)
+            results.append(("info, cold (no manifest)", command("info", str(store))))
+            warm = [command("info", str(store)) for _ in range(args.repeat)]
+            results.append((f"info, warm (best of {args.repeat})", min(warm, key=lambda r: r["wall_s"])))
         results.append(("analyze --json", command("analyze", "--json", str(store))))
         if args.compact:
             copy = Path(tmp) / "compacted" / "store"
@@ -224,15 +241,27 @@ def one_run(args: argparse.Namespace) -> int:
             results.append(("compact (a hard-linked copy)", command("compact", "--grace", "0", str(copy))))
             results.append(("analyze --json, compacted", command("analyze", "--json", str(copy))))
     print(f"load average before the run: {load_before:.1f}")
-    print(f"| {args.shape}, {args.segments:,} segments | wall | peak RSS | exit |")
-    print("|---|---|---|---|")
+    print(f"| {args.shape}, {args.segments:,} segments | wall | CPU | peak RSS | exit |")
+    print("|---|---|---|---|---|")
     for name, r in results:
-        print(f"| {name} | {r['wall_s']:.2f} s | {r['rss_mb']:.0f} MB | {r['rc']} |")
+        print(f"| {name} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['rss_mb']:.0f} MB | {r['rc']} |")
     for name, r in results:
         if r["rc"]:
             print(f"{name} said: {r['said']}")
     print(f"load average after the run: {os.getloadavg()[0]:.1f}")
     return 0
+
+
+def before_and_after(store: Path, before: Path, repeat: int) -> list[tuple[str, dict[str, Any]]]:
+    """`info` cold then warm, by the perfscope in `before` (a checkout of an older commit) and by
+    this tree in turn, `repeat` rounds; each cold open starts without a manifest and saves one."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for k in range(repeat):
+        for label, tree in (("before", before), ("after", REPO)):
+            (store / ".perfscope-manifest").unlink(missing_ok=True)
+            rows.append((f"{label}: info, cold (round {k + 1})", command("info", str(store), tree=tree)))
+            rows.append((f"{label}: info, warm (round {k + 1})", command("info", str(store), tree=tree)))
+    return rows
 
 
 def inflight(root: Path) -> None:
@@ -266,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store-dir", help="one-run shapes: build the store here, or reuse the one built there")
     p.add_argument(
         "--compact", action="store_true", help="one-run shapes: also compact a copy and analyze it"
+    )
+    p.add_argument(
+        "--before-tree",
+        help="one-run shapes: a checkout of an older commit (`git worktree add /tmp/before REV`) whose "
+        "`info`, cold and warm, is measured in turn with this tree's, --repeat rounds",
     )
     args = p.parse_args(argv)
     if args.shape != "many-runs":

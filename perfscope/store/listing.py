@@ -391,16 +391,20 @@ _SCHEMA_CACHE_MAX = 256
 
 
 def _schema_facts(arrow_schema: pa.Schema, table: str, leaves: int) -> _SchemaFacts:
-    key = (table, leaves, arrow_schema.serialize().to_pybytes())
-    facts = _schema_cache.get(key)
+    try:
+        key: tuple[str, int, bytes] | None = (table, leaves, arrow_schema.serialize().to_pybytes())
+    except Exception:  # a type Arrow cannot write back: checked on its own
+        key = None
+    facts = _schema_cache.get(key) if key is not None else None
     if facts is None:
         names = arrow_schema.names
         flat = len(names) == leaves and not any(pa.types.is_nested(t) for t in arrow_schema.types)
         leaf = {n: i for i, n in enumerate(names) if n in RANGE_COLUMNS} if flat else None
         facts = _SchemaFacts(_type_problem(arrow_schema, table), frozenset(names), leaf)
-        if len(_schema_cache) >= _SCHEMA_CACHE_MAX:
-            _schema_cache.clear()
-        _schema_cache[key] = facts
+        if key is not None:
+            if len(_schema_cache) >= _SCHEMA_CACHE_MAX:
+                _schema_cache.clear()
+            _schema_cache[key] = facts
     return facts
 
 
