@@ -281,17 +281,22 @@ def footer_progress_line(stream: TextIO) -> Callable[[int, int], None] | None:
     if not (hasattr(stream, "isatty") and stream.isatty()):
         return None
     width = (terminal_width(stream) or 80) - 1  # a line as wide as the terminal would wrap
-    shown = [0]  # the characters on the line now
+    shown = [0]  # the characters on the line now (-1: no terminal to write to any more)
 
     def report(done: int, total: int) -> None:
-        if done >= total:
-            stream.write("\r" + " " * shown[0] + "\r")
-            shown[0] = 0
-        else:
-            text = f"reading {done:,} / {total:,} {FOOTERS_WHAT}"[:width]
-            stream.write("\r" + text.ljust(shown[0]))
-            shown[0] = max(shown[0], len(text))
-        stream.flush()
+        if shown[0] < 0:
+            return
+        try:
+            if done >= total:
+                stream.write("\r" + " " * shown[0] + "\r")
+                shown[0] = 0
+            else:
+                text = f"reading {done:,} / {total:,} {FOOTERS_WHAT}"[:width]
+                stream.write("\r" + text.ljust(shown[0]))
+                shown[0] = max(shown[0], len(text))
+            stream.flush()
+        except (OSError, ValueError):  # the terminal went away: the listing goes on without a line
+            shown[0] = -1
 
     return report
 
