@@ -358,6 +358,8 @@ def import_op_table(
             )
 
         unplaced: dict[str, int] = {}  # interleaved transfers whose model chunk is unknown, by op
+        # per (step, sender, receiver, direction): sends less recvs, 0 where every transfer has its other side
+        balance: dict[tuple[int, int, int, bool], int] = {}
         idx = np.lexsort((start, step, rank))
         bounds = np.flatnonzero(np.diff(rank[idx]) | np.diff(step[idx])) + 1
         for chunk in np.split(idx, bounds):
@@ -399,6 +401,9 @@ def import_op_table(
                         )
                         continue
                     peer = rank_of(d, ps, r)
+                    sender, receiver = (r, peer) if fn == "send" else (peer, r)
+                    key = (st, sender, receiver, op.startswith("forward"))
+                    balance[key] = balance.get(key, 0) + (1 if fn == "send" else -1)
                     members = sorted((r, peer))
                 elif kind == "dp":
                     members = [rank_of(k, s, r) for k in range(dp)]
@@ -436,6 +441,13 @@ def import_op_table(
             )
         if overlapping:
             imp.warn("start_ts restarts at every step: steps are laid end to end in step order")
+        unpaired = sum(abs(v) for v in balance.values())
+        if unpaired:
+            imp.warn(
+                f"{unpaired:,} pipeline transfer(s) have no other side at their peer (a send without its "
+                "recv or the reverse, in the same step and direction): the what-if pairs each rank pair's "
+                "transfers in order and may pair these wrongly"
+            )
         if unplaced:
             counts = ", ".join(f"{n:,} {shown(o, 30)}" for o, n in sorted(unplaced.items()))
             imp.warn(

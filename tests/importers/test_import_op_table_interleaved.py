@@ -40,10 +40,15 @@ def _transfers(store: Path) -> list[dict]:
         ).to_pylist()
 
 
-def test_every_interleaved_transfer_has_its_peer_stage(tmp_path: Path) -> None:
-    table = synthetic(DP, PP, m=M, steps=STEPS, vpp=VPP)
+@pytest.mark.parametrize(("pp", "vpp", "m", "batched"), [(PP, VPP, M, False), (2, 3, 4, True)])
+def test_every_interleaved_transfer_has_its_peer_stage(
+    tmp_path: Path, pp: int, vpp: int, m: int, batched: bool
+) -> None:
+    """Also pp = 2 (both stages send each other both directions) with each exchange recorded as one
+    batch (one start, one end: Megatron-LM's batch_isend_irecv)."""
+    table = synthetic(DP, pp, m=m, steps=STEPS, vpp=vpp, batched=batched)
     meta = tmp_path / "meta.yaml"
-    meta.write_text(f"dp_size: {DP}\npp_size: {PP}\ntp_size: 1\nvpp_size: {VPP}\n")
+    meta.write_text(f"dp_size: {DP}\npp_size: {pp}\ntp_size: 1\nvpp_size: {vpp}\n")
     store, warnings = _import(tmp_path, table, "--meta", meta)
     assert warnings == []
     rows = _transfers(store)
@@ -56,11 +61,11 @@ def test_every_interleaved_transfer_has_its_peer_stage(tmp_path: Path) -> None:
         assert r["peer"] is not None and r["peer_dp"] == r["dp_rank"], r
         forward_next = r["name"].startswith("forward") == (r["op"] == "send")
         # the next virtual stage (stage + 1; from the last stage, stage 0 of the next chunk), or the previous
-        assert r["peer_stage"] == (r["stage"] + (1 if forward_next else -1)) % PP, r
+        assert r["peer_stage"] == (r["stage"] + (1 if forward_next else -1)) % pp, r
         assert r["group_ranks"] == ",".join(map(str, sorted((r["rank"], r["peer"]))))
     # the transfers across the wrap: every chunk but the last sends each micro-batch from stage pp-1 to 0
-    wrap = [r for r in rows if r["name"] == "forward-send" and r["stage"] == PP - 1]
-    assert len(wrap) == DP * STEPS * M * (VPP - 1)
+    wrap = [r for r in rows if r["name"] == "forward-send" and r["stage"] == pp - 1]
+    assert len(wrap) == DP * STEPS * m * (vpp - 1)
     assert all(r["peer_stage"] == 0 for r in wrap)
     # each direction's sends from a to b are as many as b's recvs from a
     count: dict[tuple, int] = {}
@@ -117,3 +122,21 @@ def test_chunks_beyond_the_layout_are_refused_in_one_line(tmp_path: Path, layout
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert "column mc holds model chunk 1, but the layout has vpp 1: give --vpp" in lines[0]
+
+
+def test_a_transfer_without_its_other_side_is_one_line(tmp_path: Path) -> None:
+    """One send from the last stage to the first missing from the table: its recv on stage 0 has no
+    other side, said in one line (the what-if pairs a rank pair's transfers in order)."""
+    table = synthetic(DP, PP, m=M, steps=2, vpp=VPP)
+    d = table.to_pydict()
+    wrap = [
+        i
+        for i in range(table.num_rows)
+        if d["optype"][i] == "forward-send" and d["stage"][i] == PP - 1 and d["step"][i] == 1
+    ]
+    keep = [i for i in range(table.num_rows) if i != wrap[1]]
+    store, warnings = _import(tmp_path, table.take(keep), "--dp", DP, "--pp", PP, "--vpp", VPP)
+    assert len(warnings) == 1, warnings
+    assert "1 pipeline transfer(s) have no other side at their peer" in warnings[0]
+    # every other transfer is still comm with its peer
+    assert len(_transfers(store)) == sum(o.endswith(("-send", "-recv")) for o in d["optype"]) - 1
