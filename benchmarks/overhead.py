@@ -20,6 +20,16 @@ writer's thread and the 10 Hz poller (started before the block, stopped after it
 time, each block's process CPU time (all threads) is compared, which other processes on a shared
 machine disturb far less (the CPU ratio column). The result is a Markdown table on stdout.
 
+`--breakdown` (with `--old TREE`: of each tree, in its own process, alternating) says where the
+recording path's time goes, part by part, in loops with nothing else (a real profile: writer thread,
+10 Hz poller): the training thread's CPU per phase (enter and exit), per `prof.log`, per step end
+(`prof.step()`), from the differences of loops that add one part at a time; the writer thread's
+pull (building the held steps' rows, timed where it runs) and its whole CPU per step (the pull, the
+Arrow encoding, the Parquet writes); the poller thread's CPU per step; the garbage collections
+per 1,000 steps and their CPU per step (gc.callbacks, by the thread they ran on); the wall time per
+step against the training thread's CPU (the difference is time spent waiting for the GIL); and the
+blocks perfscope's code allocated and still holds after 10,000 more steps (tracemalloc).
+
 `--ddp-rounds R` adds the collector's cost on a saturated host: bare and instrumented 1- and
 2-rank DDP jobs on gloo (about 40 ms steps, one thread per rank, so 2 ranks fill a 2-core host),
 interleaved in one run in a rotated order, R rounds; each job's throughput is its samples over the
@@ -305,6 +315,154 @@ def calibrate(target_s: float = 0.0028) -> int:
     return best
 
 
+def _loop_parts(prof: Any, items: range, phases: int, log: bool) -> None:
+    """`phases` empty phases, a log if `log`, and prof.step(), per item: the loops --breakdown compares."""
+    phase = prof.phase
+    names = ("data", "forward", "backward", "optimizer")[:phases]
+    for _ in items:
+        for name in names:
+            with phase(name):
+                pass
+        if log:
+            prof.log(loss=1.0)
+        prof.step()
+
+
+def _thread_cpu_ns(prefix: str) -> int:
+    """CPU ns of this process's first thread named `prefix...` (/proc schedstat), 0 when none."""
+    for t in threading.enumerate():
+        if t.name.startswith(prefix) and t.native_id is not None:
+            try:
+                with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+                    return int(f.read().split()[0])
+            except OSError:
+                return 0
+    return 0
+
+
+def breakdown_run(store: Path, phases: int, log: bool, n: int = 20_000) -> dict[str, float]:
+    """One loop of `n` steps in a real profile (writer, 10 Hz poller), after 500 warm steps: us per
+    step of the training thread's CPU and wall, the writer's pull and whole thread, the poller's
+    thread, and the garbage collections (count per 1,000 steps, CPU us per step)."""
+    import gc
+
+    gcs: list[int] = []
+    started: dict[int, int] = {}
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            started[me] = time.thread_time_ns()
+        else:
+            gcs.append(time.thread_time_ns() - started.pop(me, time.thread_time_ns()))
+
+    with perfscope.profile(store, experiment="overhead-parts", batch_size=BATCH, poll_hz=10) as prof:
+        _loop_parts(prof, range(500), phases, log)
+        prof.flush()
+        tl = prof._timeline
+        take = tl.take_rows
+        pulled = [0]
+
+        def timed_take(**kw: Any) -> Any:  # the older trees' take_rows takes no keyword
+            c0 = time.thread_time_ns()
+            out = take(**kw)
+            pulled[0] += time.thread_time_ns() - c0
+            return out
+
+        tl.take_rows = timed_take
+        w0, p0 = _thread_cpu_ns("perfscope-writer"), _thread_cpu_ns("perfscope-poll")
+        gc.callbacks.append(on_gc)
+        t0, s0 = time.thread_time_ns(), time.perf_counter_ns()
+        _loop_parts(prof, range(n), phases, log)
+        train, wall = time.thread_time_ns() - t0, time.perf_counter_ns() - s0
+        prof.flush()  # the writer's building and encoding of these steps counts too
+        gc.callbacks.remove(on_gc)
+        w1, p1 = _thread_cpu_ns("perfscope-writer"), _thread_cpu_ns("perfscope-poll")
+    return {
+        "train_us": train / n / 1e3,
+        "wall_us": wall / n / 1e3,
+        "pull_us": pulled[0] / n / 1e3,
+        "writer_us": (w1 - w0) / n / 1e3,
+        "poller_us": (p1 - p0) / n / 1e3,
+        "gc_per_1000": len(gcs) * 1000 / n,
+        "gc_us": sum(gcs) / n / 1e3,
+    }
+
+
+def kept_blocks(store: Path, n: int = 10_000) -> int:
+    """Blocks allocated by perfscope's code (any thread) during `n` steps of 4 phases, a log and
+    prof.step() after 1,000 warm ones, still alive once the profile closed (tracemalloc)."""
+    import gc
+    import tracemalloc
+
+    here = str(Path(perfscope.__file__).parent / "*")
+    collectors = str(Path(sys.modules["perfscope.collectors"].__file__ or "").parent / "*")
+    with perfscope.profile(store, experiment="overhead-alloc", batch_size=BATCH, poll_hz=0) as prof:
+        _loop_parts(prof, range(1_000), 4, True)
+        prof.flush()
+        gc.collect()
+        tracemalloc.start(1)
+        _loop_parts(prof, range(n), 4, True)
+    gc.collect()
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    return len(
+        snap.filter_traces([tracemalloc.Filter(True, here), tracemalloc.Filter(True, collectors)]).traces
+    )
+
+
+def breakdown(tmp: Path, repeats: int = 3) -> dict[str, float]:
+    """The parts of the recording path, medians of `repeats` interleaved runs (see the docstring)."""
+    loops = {"step": (1, False), "phases4": (4, False), "phases4_log": (4, True)}
+    got: dict[str, list[dict[str, float]]] = {k: [] for k in loops}
+    for r in range(repeats):
+        for name, (phases, log) in loops.items():
+            got[name].append(breakdown_run(tmp / f"{name}{r}", phases, log))
+    med = {name: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for name, runs in got.items()}
+    full = med["phases4_log"]
+    phase_us = (med["phases4"]["train_us"] - med["step"]["train_us"]) / 3
+    return {
+        "phase_us": phase_us,  # one phase, entry and exit
+        "log_us": full["train_us"] - med["phases4"]["train_us"],
+        "step_end_us": med["step"]["train_us"] - phase_us,
+        "train_us": full["train_us"],
+        "wall_us": full["wall_us"],
+        "pull_us": full["pull_us"],
+        "writer_us": full["writer_us"],
+        "poller_us": full["poller_us"],
+        "gc_per_1000": full["gc_per_1000"],
+        "gc_us": full["gc_us"],
+        "kept_blocks": kept_blocks(tmp / "alloc"),
+    }
+
+
+BREAKDOWN_COLUMNS = {
+    "phase_us": "a phase (enter + exit)",
+    "log_us": "prof.log",
+    "step_end_us": "prof.step()",
+    "train_us": "training thread: 4 phases, a log, the step end",
+    "wall_us": "wall per step",
+    "pull_us": "writer: its pull (building the rows)",
+    "writer_us": "writer thread in all",
+    "poller_us": "poller thread",
+    "gc_per_1000": "GC collections per 1,000 steps",
+    "gc_us": "GC CPU",
+    "kept_blocks": "blocks kept after 10,000 steps",
+}
+
+
+def print_breakdown(rows: dict[str, list[dict[str, float]]]) -> None:
+    """One Markdown table, a row per tree (medians over its processes), µs per step unless named."""
+    print("| tree | " + " | ".join(BREAKDOWN_COLUMNS.values()) + " |")
+    print("|---|" + "---|" * len(BREAKDOWN_COLUMNS))
+    for label, runs in rows.items():
+        cells = []
+        for key in BREAKDOWN_COLUMNS:
+            v = statistics.median(r[key] for r in runs)
+            cells.append(f"{v:.0f}" if key == "kept_blocks" else f"{v:.2f}")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
 def _per_call_ns(fn: Callable[[], None], n: int = 200_000) -> float:
     """ns per call of fn, less the empty loop."""
     t0 = time.perf_counter_ns()
@@ -523,7 +681,22 @@ def compare_trees(args: argparse.Namespace) -> None:
         trees[f"{old} ({_commit(old)})"] = str(Path(old).resolve())
     got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     torch.set_num_threads(1)
-    width = args.width or calibrate()  # once: both trees run the same step
+    if args.breakdown:
+        load_before = os.getloadavg()
+        for rep in range(2):
+            for label in list(trees)[rep % 2 :] + list(trees)[: rep % 2]:
+                cmd = [sys.executable, "-c", _WITH_TREE, trees[label], __file__, "--breakdown", "--json"]
+                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                got[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        load_after = os.getloadavg()
+        print(
+            f"## The recording path by part, µs per step unless named (2 processes per tree, each the "
+            f"median of 3 interleaved runs of 20,000 steps; {os.cpu_count()} cores; load average "
+            f"{load_before[0]:.1f} before, {load_after[0]:.1f} after)\n"
+        )
+        print_breakdown(got)
+        return
+    width = args.width or calibrate(args.step_ms / 1e3)  # once: both trees run the same step
     load_before = os.getloadavg()
     for rep in range(2):
         for label in list(trees)[rep % 2 :] + list(trees)[: rep % 2]:
@@ -572,7 +745,9 @@ def compare_trees(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=25, help="block pairs (rounds of every variant)")
-    ap.add_argument("--width", type=int, default=0, help="MLP width (0: the one whose step takes ~2.8 ms)")
+    ap.add_argument("--width", type=int, default=0, help="MLP width (0: the one whose step takes --step-ms)")
+    ap.add_argument("--step-ms", type=float, default=2.8, help="CPU time of the step the width is picked for")
+    ap.add_argument("--breakdown", action="store_true", help="the recording path part by part (see above)")
     ap.add_argument(
         "--old",
         metavar="TREE",
@@ -593,6 +768,17 @@ def main() -> None:
     )
     ap.add_argument("--only-ddp", action="store_true", help="run only the DDP comparison")
     args = ap.parse_args()
+    if args.breakdown and not (args.old or args.rows):
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
+        parts = breakdown(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if args.json:
+            print(json.dumps(parts))
+        else:
+            print_breakdown({"this tree": [parts]})
+        return
     if args.old or args.rows:
         compare_trees(args)
         return
@@ -606,7 +792,7 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # NVML missing on a CPU machine is expected here
 
-    width = args.width or calibrate()
+    width = args.width or calibrate(args.step_ms / 1e3)
     model, opt, batches = make_step(width)
     bare(model, opt, batches_for(batches, 50))
     per_step = bare(model, opt, batches_for(batches, 200))[1] / 200

@@ -70,6 +70,9 @@ class Timeline:
         self.quick = self.host
         self.clock = clock
         self.emit = emit
+        #: where `flush` hands the held steps' rows as one flat list of values per table, if set
+        #: (StoreWriter.extend_flat: no tuple per row); else `emit` gets them as rows
+        self.emit_flat: Callable[[str, list[Any]], None] | None = None
         self.default_samples = default_samples
         self.opened_host = perf_ns()
         self.opened = marks.mark()
@@ -422,7 +425,12 @@ class Timeline:
             self.wake()  # type: ignore[misc]  # hold_ns is _NEVER only with wake set
 
     def flush(self) -> None:
-        """Build the rows of the held steps and hand them on to `emit`."""
+        """Build the rows of the held steps and hand them on to `emit` (or `emit_flat`)."""
+        emit_flat = self.emit_flat
+        if emit_flat is not None:
+            for table, values in self.take_rows(flat=True).items():
+                emit_flat(table, values)
+            return
         for table, rows in self.take_rows().items():
             self.emit(table, rows)
 

@@ -280,6 +280,7 @@ class Profiler:
         self._timeline.hold_ns = int(HOLD_ROWS_S * 1e9)
         self._timeline.wake = self._writer.pull_soon  # the writer builds the rows of short steps
         self._writer.add_source(self._pull_rows, flat=True)
+        self._timeline.emit_flat = self._writer.extend_flat  # what the training thread builds too
         self._timeline.long_step_ns = int(NO_STEP_WARN_S * 1e9)
         self._timeline.on_long_step = self._no_step_ended
         if self._timing == "cuda" or (self._timing == "auto" and _cuda_in_use()):

@@ -265,6 +265,11 @@ class StoreWriter:
         if good and self._add(table, good):
             self._hand_over(table)
 
+    def extend_flat(self, table: str, values: list[Any]) -> None:
+        """Whole rows of `table` as one flat list of their values, row after row (add_source's `flat`)."""
+        if values and self._add_flat(table, values):
+            self._hand_over(table)
+
     def _whole(self, table: str, rows: Iterable[Row]) -> list[Row]:
         """`rows` as rows of the table's width: a row of another width (rare) is fitted or dropped.
         One row short in a buffer would shift every later one: its batch fails to write, all lost."""

@@ -354,7 +354,7 @@ def test_the_rows_a_pull_builds_are_flat_and_make_no_tracked_object_per_row(
     collection every ~200 steps, run on whichever thread allocated next, the training one too)."""
     steps = 2_000
     twins = []
-    for _ in range(2):  # the same steps twice, on one counter as their clock
+    for _ in range(3):  # the same steps three times, on one counter as their clock
         counter = itertools.count(1_000_000, 37)
         monkeypatch.setattr(phases, "perf_ns", lambda counter=counter: next(counter))
         calls: list[tuple[str, int]] = []
@@ -384,6 +384,11 @@ def test_the_rows_a_pull_builds_are_flat_and_make_no_tracked_object_per_row(
     for table, got in rows.items():
         assert flat[table] == list(itertools.chain.from_iterable(got)), table
         assert all(len(r) == len(TABLES[table].columns) for r in got)
+    # flush on the training thread (the first rows, close) hands them on flat too, where it can
+    handed: dict[str, list[Any]] = {}
+    twins[2].emit_flat = lambda t, v: handed.setdefault(t, []).extend(v)
+    twins[2].flush()
+    assert handed == flat
 
 
 def test_a_flat_source_adds_whole_rows_and_drops_a_list_that_is_not(tmp_path: Path) -> None:
