@@ -24,6 +24,7 @@ from .step_rows import (
     flatten,
     metric_value,
     write_frozen,
+    write_held_flat,
     write_step,
 )
 
@@ -387,6 +388,11 @@ class Timeline:
             values = held[:]
             del held[: len(values)]
         at, end, steps = 0, len(values), 0
+        if flat:  # the common case of a pull, in one call (write_held_flat)
+            steps = write_held_flat(
+                values, out, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples
+            )
+            end = 0
         while at < end:
             stop = at + 1 + values[at]
             write_frozen(
@@ -412,7 +418,10 @@ class Timeline:
         held += flatten(rec)  # one C call: a taker sees the whole step or none of it
         self._held_steps += 1
         self.steps_written += 1  # a complete host step always gets its steps row
-        if rec.end - self._held_since >= self.hold_ns or self.held_steps() >= self.max_held:
+        if (
+            rec.end - self._held_since >= self.hold_ns
+            or self._held_steps - self._taken_steps >= self.max_held
+        ):
             self._hand_on()
 
     def _hand_on(self) -> None:

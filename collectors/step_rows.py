@@ -318,6 +318,65 @@ def write_frozen(
     return False
 
 
+def write_held_flat(
+    values: list[Any], out: dict[str, list[Any]], marks: Marks, *, rank: int, shift_ns: int,
+    default_samples: int | None,
+) -> int:  # fmt: skip
+    """The rows of held steps (`flatten`'s values, one step after another, each after its length),
+    complete, as flat value lists added to `out` by table: the store writer's pull. A host step
+    without collectives (the common case) is built here in one loop over all the steps, with what
+    write_frozen does for it (no collective: no exposed sync to move, comm_total and comm_count 0);
+    any other step by write_frozen itself. Returns the number of steps."""
+    spans = out.setdefault("spans", [])
+    metrics = out.setdefault("metrics", [])
+    steps = out.setdefault("steps", [])
+    clock = marks.clock
+    host = clock == "host"
+    shift = shift_ns
+
+    def gather(table: str, rows: list[Any]) -> None:
+        out.setdefault(table, []).extend(rows)
+
+    at, end, n = 0, len(values), 0
+    while at < end:
+        stop = at + 1 + values[at]
+        i = at + 1
+        index, step_start_host, s0, step_end, samples, n_spans, n_comm = values[i : i + _HEAD]
+        n += 1
+        if n_comm or not host:
+            write_frozen(
+                values, gather, marks, rank=rank, shift_ns=shift, default_samples=default_samples,
+                complete=True, flat=True, at=i, end=stop,
+            )  # fmt: skip
+            at = stop
+            continue
+        cols = [0, 0, 0, 0, 0]
+        i += _HEAD
+        for _ in range(n_spans):
+            name, parent_name, column, depth, start_host, start, span_end, error, canon = values[i : i + 9]
+            i += 9
+            if span_end is None:
+                continue
+            dur = span_end - start
+            spans += (rank, index, name, parent_name, depth, start_host + shift, dur, clock, error)
+            if canon >= 0:
+                cols[canon] += dur
+                if column >= 0:  # its nearest canonical ancestor's own time excludes it
+                    cols[column] -= dur
+        for j in range(i, stop, 3):
+            metrics += (rank, index, values[j + 2] + shift, values[j], metric_value(values[j + 1]))
+        cols = [c if c > 0 else 0 for c in cols]
+        step_ns = step_end - s0
+        other = step_ns - sum(cols)
+        steps += (rank, index, step_start_host + shift, step_ns, *cols, other if other > 0 else 0, 0, 0,
+                  samples if samples is not None else default_samples, clock)  # fmt: skip
+        at = stop
+    for table in ("spans", "metrics", "steps"):
+        if not out[table]:
+            del out[table]
+    return n
+
+
 def _queued_ns(start: Any, end: Any, after_end: Any, marks: Marks, *, resolved: bool) -> int:
     """Time a collective (ready at `start`, done at `end`) spent queued behind the collective
     issued before it on the same group, done at `after_end` (0 when there is none, or its

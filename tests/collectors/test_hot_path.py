@@ -156,39 +156,43 @@ class _Tensorish:
         return self.value
 
 
-def _record_awkward_steps(tl: Timeline, logged: list[_Tensorish]) -> None:
+def _record_awkward_steps(tl: Timeline, logged: list[_Tensorish], *, comm: bool = True) -> None:
     """Steps with everything write_step distinguishes: a user span around a canonical phase, sync
     nested in optimizer, a failed phase, a phase exited out of order (its inner one never ends), a
     span open across step boundaries, overlapped collectives queued on one group (one finishing
-    after its step ended), a collective in forward and one in sync, metrics of every kind."""
+    after its step ended), a collective in forward and one in sync, metrics of every kind. Without
+    `comm`, the same steps without their collectives (the held steps' common case)."""
     epoch = tl.enter("epoch")  # open across all the steps
     late = None
     for i in range(5):
         tl.exit(tl.enter("data"), None)
         outer = tl.enter("model")
         fwd = tl.enter("forward")
-        gather = tl.begin_collective("allgather", None, 64, overlapped=False, group="g")
-        gather.exposed, gather.phase, gather.peer, gather.group_size = EXPOSED_ALL, "forward", None, 4
-        tl.end_collective(gather)
+        if comm:
+            gather = tl.begin_collective("allgather", None, 64, overlapped=False, group="g")
+            gather.exposed, gather.phase, gather.peer, gather.group_size = EXPOSED_ALL, "forward", None, 4
+            tl.end_collective(gather)
         tl.exit(fwd, None)
         tl.exit(outer, None)
         bwd = tl.enter("backward")
         buckets = [
-            tl.begin_collective("allreduce", b, 1000 * b, overlapped=True, group="g") for b in range(2)
+            tl.begin_collective("allreduce", b, 1000 * b, overlapped=True, group="g")
+            for b in range(2 if comm else 0)
         ]
         if late is not None:
             tl.end_collective(late)  # the previous step's last bucket: that step resolves now
         for c in buckets[: 1 if i == 1 else 2]:
             tl.end_collective(c)
             c.exposed, c.phase = 7, "backward"
-        late = buckets[1] if i == 1 else None
+        late = buckets[1] if i == 1 and comm else None
         tl.exit(bwd, ZeroDivisionError if i == 2 else None)
         opt = tl.enter("optimizer")
         sync = tl.enter("sync")
         tl.exit(tl.enter("bucket"), None)
-        c = tl.begin_collective("broadcast", None, 8, overlapped=False)
-        c.exposed, c.phase, c.peer = EXPOSED_ALL, "sync", 0
-        tl.end_collective(c)
+        if comm:
+            c = tl.begin_collective("broadcast", None, 8, overlapped=False)
+            c.exposed, c.phase, c.peer = EXPOSED_ALL, "sync", 0
+            tl.end_collective(c)
         tl.exit(sync, None)
         tl.exit(opt, None)
         lost = tl.enter("left-open")
@@ -204,9 +208,13 @@ def _record_awkward_steps(tl: Timeline, logged: list[_Tensorish]) -> None:
     tl.end_step()
 
 
-def test_held_steps_give_the_rows_of_steps_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Frozen, held and built later (by the writer's thread in a run) or written at the step's end:
-    the same rows, value for value."""
+@pytest.mark.parametrize("comm", [True, False])
+@pytest.mark.parametrize("flat", [False, True])
+def test_held_steps_give_the_rows_of_steps_written_at_once(
+    monkeypatch: pytest.MonkeyPatch, comm: bool, flat: bool
+) -> None:
+    """Frozen, held and built later (by the writer's thread in a run: flat, write_held_flat) or
+    written at the step's end: the same rows, value for value, with and without collectives."""
     got = {}
     for held in (False, True):
         counter = itertools.count(1_000_000, 37)
@@ -219,16 +227,24 @@ def test_held_steps_give_the_rows_of_steps_written_at_once(monkeypatch: pytest.M
         )
         tl.default_samples = 16
         tl.hold_ns = 10**15 if held else 0
+        if held and flat:  # handed on as flat value lists: cut back into rows of the table's width
+
+            def cut(t: str, values: list[Any], rows: dict[str, list[tuple[Any, ...]]] = rows) -> None:
+                w = len(TABLES[t].columns)
+                assert len(values) % w == 0
+                rows.setdefault(t, []).extend(tuple(values[k : k + w]) for k in range(0, len(values), w))
+
+            tl.emit_flat = cut
         logged: list[_Tensorish] = []
-        _record_awkward_steps(tl, logged)
+        _record_awkward_steps(tl, logged, comm=comm)
         for value in logged:
             value.value = -1.0  # changed after its step: the value at the step's end is recorded
         if held:
             assert not rows  # all held
         tl.close()
         got[held] = rows
-    assert set(got[True]) == {"steps", "spans", "metrics", "comm"}
-    for table in got[True]:
+    assert set(got[True]) == {"steps", "spans", "metrics"} | ({"comm"} if comm else set())
+    for table in got[False]:
         assert got[True][table] == got[False][table], table
     losses = [r[4] for r in got[True]["metrics"] if r[3] == "loss"]
     assert losses == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
