@@ -234,16 +234,35 @@ def build(cols: dict[str, np.ndarray]) -> Graph | None:
     )  # fmt: skip
 
 
-def replay(g: Graph, x: np.ndarray, gap: np.ndarray) -> np.ndarray:
-    """Step times (ns) of the graph replayed with op times `x` and launch gaps `gap`: level by
-    level, each level one slice of the ops in replay order."""
+def _replay_levels(g: Graph, x: np.ndarray, gap: np.ndarray, enter_at: np.ndarray | None) -> np.ndarray:
+    """Each op's replayed end (ns, replay order; end[n] is the sentinel -inf) with op times `x` and
+    launch gaps `gap`: level by level, each level one slice of the ops in replay order; `enter_at`
+    (replay order), when given, gets each op's entry."""
     end = np.full(g.n + 1, -np.inf)  # end[n]: the previous op of an op that has none
     xp, gp = x[g.perm], gap[g.perm]
     for lo, hi, starts, which in g.levels:
         enter = np.maximum(end[g.pred_pos[lo:hi]], g.base[lo:hi]) + gp[lo:hi]
+        if enter_at is not None:
+            enter_at[lo:hi] = enter
         end[lo:hi] = np.maximum.reduceat(enter, starts)[which] + xp[lo:hi]
+    return end
+
+
+def replay(g: Graph, x: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """Step times (ns) of the graph replayed with op times `x` and launch gaps `gap`."""
+    end = _replay_levels(g, x, gap, None)
     last = np.maximum.reduceat(end[:-1][g.by_step], g.step_bounds)
     return last - g.step_start
+
+
+def replay_ops(g: Graph, x: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each op's replayed entry and end (ns, op order): the replay of `replay`, keeping every op's
+    times instead of each step's end (the one-step timeline, the Perfetto export's ideal step)."""
+    enter_at = np.empty(g.n)
+    end = _replay_levels(g, x, gap, enter_at)
+    out_enter, out_end = np.empty(g.n), np.empty(g.n)
+    out_enter[g.perm], out_end[g.perm] = enter_at, end[:-1]
+    return out_enter, out_end
 
 
 def ideal(

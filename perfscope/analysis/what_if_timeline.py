@@ -2,7 +2,7 @@
 by op, for the report's and the dashboard's chart and the Perfetto export's `ideal/rank N` processes.
 
 `replayed_run` reads one run's ops and dependency graph as `what_if` does (perfscope.analysis.what_if:
-its first steady step, its ops, the graph, every op's ideal time and launch gap); `replay_ops` replays
+its first steady step, its ops, the graph, every op's ideal time and launch gap); `what_if.replay_ops` replays
 it keeping each op's entry and end. The `what_if_timeline` analysis draws one step of each run: the
 step whose slowdown (replayed step over ideal step) is the run's median (the lower middle one of an
 even count; ties by step), its ops replayed twice, with their recorded times (the `recorded` lane)
@@ -47,26 +47,11 @@ class Replayed:
 
     def recorded(self) -> tuple[np.ndarray, np.ndarray]:
         """Each op's entry and end (ns) replayed with its recorded time and gap."""
-        return replay_ops(self.g, self.g.x, self.g.gap)
+        return wi.replay_ops(self.g, self.g.x, self.g.gap)
 
     def ideal(self) -> tuple[np.ndarray, np.ndarray]:
         """Each op's entry and end (ns) replayed with its ideal time and gap."""
-        return replay_ops(self.g, self.x_ideal, self.gap_ideal)
-
-
-def replay_ops(g: wi.Graph, x: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each op's replayed entry and end (ns, op order) with op times `x` and launch gaps `gap`: the
-    replay of `what_if.replay`, keeping every op's times instead of each step's end."""
-    end = np.full(g.n + 1, -np.inf)
-    enter_at = np.empty(g.n)
-    xp, gp = x[g.perm], gap[g.perm]
-    for lo, hi, starts, which in g.levels:
-        enter = np.maximum(end[g.pred_pos[lo:hi]], g.base[lo:hi]) + gp[lo:hi]
-        enter_at[lo:hi] = enter
-        end[lo:hi] = np.maximum.reduceat(enter, starts)[which] + xp[lo:hi]
-    out_enter, out_end = np.empty(g.n), np.empty(g.n)
-    out_enter[g.perm], out_end[g.perm] = enter_at, end[:-1]
-    return out_enter, out_end
+        return wi.replay_ops(self.g, self.x_ideal, self.gap_ideal)
 
 
 def what_if_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
