@@ -205,10 +205,15 @@ def outside(path: Path, root: Path) -> Path | None:
 
 
 def _look(
-    path: str | Path, table: str, root: Path, manifest: Manifest | None = None
+    path: str | Path,
+    table: str,
+    root: Path,
+    manifest: Manifest | None = None,
+    entries: dict[str, tuple[int, Segment]] | None = None,
 ) -> Segment | SkippedFile | _Unread | None:
     """_inspect, less the footer read: a Parquet file neither cached nor in the manifest comes back
-    as _Unread (its footer to be read, then _learnt)."""
+    as _Unread (its footer to be read, then _learnt). `entries`: its folder's manifest entries, made
+    at once (Manifest.folder)."""
     file = os.fspath(path)
     try:
         st = os.lstat(file)
@@ -236,7 +241,7 @@ def _look(
     if manifest is not None and isinstance(hit, Segment):
         manifest.confirm(file, st.st_size, st.st_mtime_ns)
     elif hit is None and manifest is not None:
-        hit = manifest.lookup(file, table, st.st_size, st.st_mtime_ns)  # not kept here: it is there
+        hit = manifest.lookup(file, table, st.st_size, st.st_mtime_ns, entries)  # not kept here: it is there
     if hit is None:
         return _Unread(file, table, key)
     if manifest is not None and isinstance(hit, Segment):
@@ -279,6 +284,9 @@ def _learnt(
     return hit
 
 
+#: a partition folder of at least this many Parquet files that its manifest entries do not match
+#: as a whole has them made into segments at once (Manifest.folder), not one file at a time
+_KNOWN_MIN = 64
 #: footers read at once on a cold open (pyarrow opens and parses a footer without the GIL)
 FOOTER_READERS = min(
     8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -775,9 +783,10 @@ def list_store(
             folders.append(folder)
             scan = _partition_entries(part)
             whole = None if scan.live else _whole(manifest, folder, name, scan)
-            looked = (
-                [] if whole is not None else [_look(folder + f, name, root, manifest) for f in scan.parquet]
-            )
+            looked: list[Segment | SkippedFile | _Unread | None] = []
+            if whole is None:  # a file added or changed since the manifest: the others are taken from it
+                known = manifest.folder(folder, name) if len(scan.parquet) >= _KNOWN_MIN else None
+                looked = [_look(folder + f, name, root, manifest, known) for f in scan.parquet]
             plan.append(_Partition(name, part, scan, whole, looked))
         plan += foreign
     unread = [x for p in plan if isinstance(p, _Partition) for x in p.looked if isinstance(x, _Unread)]

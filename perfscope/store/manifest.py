@@ -300,17 +300,20 @@ class Manifest:
     def _prefix(self) -> str:
         return self.root + os.sep
 
+    def _span(self, folder: str) -> tuple[int, int] | None:
+        """Where the entries of partition `folder` (absolute, ending in a separator) lie."""
+        cols = self._cols
+        if cols is None or not folder.startswith(self._prefix):
+            return None
+        return cols.folders.get(folder[len(self._prefix) : -1])
+
     def match(
         self, folder: str, table: str, names: list[str], sizes: list[int], mtimes: list[int]
     ) -> Entries | None:
         """The entries of partition `folder` (absolute, ending in a separator), when they are exactly
         its Parquet files `names` (sorted) with these sizes and mtime_ns; else None."""
         cols = self._cols
-        span = (
-            cols.folders.get(folder[len(self._prefix) : -1])
-            if cols is not None and folder.startswith(self._prefix)
-            else None
-        )
+        span = self._span(folder)
         if span is None or cols is None:
             return None
         a, b = span
@@ -339,9 +342,41 @@ class Manifest:
         i = cols.name_index(rel).get(name)
         return i if i is not None and cols.sizes[i] == size and cols.mtimes[i] == mtime_ns else None
 
-    def lookup(self, path: str, table: str, size: int, mtime_ns: int) -> Segment | None:
+    def folder(self, folder: str, table: str) -> dict[str, tuple[int, Segment]] | None:
+        """Every entry of partition `folder` (absolute, ending in a separator) as a Segment, by file
+        name, with its index, made at once: for a folder whose files do not all match its entries
+        (a file added since), `lookup(..., known=)` then finds each without making one at a time.
+        None when an entry cannot be made into one (each file is then looked up on its own)."""
+        cols = self._cols
+        span = self._span(folder)
+        if span is None or cols is None:
+            return {}
+        a, b = span
+        try:
+            segs = Entries(cols, a, b, folder, table).segments()
+        except Exception:  # an entry no save of ours wrote (no name, say): each file on its own
+            return None
+        return {seg.name: (a + k, seg) for k, seg in enumerate(segs)}
+
+    def lookup(
+        self,
+        path: str,
+        table: str,
+        size: int,
+        mtime_ns: int,
+        known: dict[str, tuple[int, Segment]] | None = None,
+    ) -> Segment | None:
         """The segment at `path` as its entry describes it, when the entry matches the file's size
-        and mtime_ns; else None (read the footer)."""
+        and mtime_ns; else None (read the footer). `known`: its folder's entries (`folder`)."""
+        if known is not None and self._cols is not None:
+            found = known.get(path[path.rfind(os.sep) + 1 :])
+            if found is None:
+                return None
+            k, seg = found
+            if self._cols.sizes[k] != size or self._cols.mtimes[k] != mtime_ns:
+                return None
+            self.hits += 1
+            return seg
         i = self._index(path, size, mtime_ns)
         if i is None or self._cols is None:
             return None

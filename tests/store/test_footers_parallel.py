@@ -18,13 +18,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import test_manifest
+from test_manifest import _entry_of, _facts, _forget, _rewrite, _set, _steps_segment
 
 from perfscope.store import listing as listing_mod
+from perfscope.store import manifest as manifest_mod
 from perfscope.store.listing import Listing, list_store
 from perfscope.store.manifest import MANIFEST_NAME
 from perfscope.store.schema import META_TABLE, META_VERSION, SCHEMA_VERSION, TABLES
 
 T0 = 1_700_000_000_000_000_000
+#: test_manifest's fixtures: a small store with its manifest saved, and the footers read
+small = test_manifest.small
+footer_reads = test_manifest.footer_reads
 
 
 def _steps(first: int, n: int = 5, rank: int = 0) -> pa.Table:
@@ -263,3 +269,38 @@ def test_progress_is_reported_only_for_a_long_read(tmp_path: Path, fresh: None) 
     with listing_mod.footer_progress(lambda done, total: calls.append((done, total))):
         list_store(root, save_manifest=False)
     assert calls == []  # 51 footers: no line for a store that opens at once
+
+
+def test_a_file_added_since_the_manifest_leaves_the_others_to_their_entries(
+    small: tuple[Path, Listing], footer_reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool still writing the run adds segments after each open: the folder no longer matches its
+    entries as a whole, and its other files are taken from them at once, not one at a time."""
+    root, _ = small
+    part = root / "steps" / "run_id=r1"
+    _steps_segment(part / "w-100.parquet", 100, rows=5)
+    made: list[int] = []
+    real = manifest_mod.Entries.segments
+
+    def counted(self: manifest_mod.Entries) -> list[listing_mod.Segment]:
+        made.append(len(self))
+        return real(self)
+
+    monkeypatch.setattr(manifest_mod.Entries, "segments", counted)
+    monkeypatch.setattr(listing_mod, "_KNOWN_MIN", 1)
+    _forget()
+    listing = list_store(root, save_manifest=False)
+    assert made == [12]  # the folder's 12 entries at once; the other folders whole, untouched
+    assert footer_reads == [str(part / "w-100.parquet")]
+    (root / MANIFEST_NAME).rename(root / "kept")
+    _forget()
+    truth = _facts(list_store(root, save_manifest=False))
+    assert _facts(listing) == truth and len(truth) == 3 * 12 + 1 + 3
+    (root / "kept").rename(root / MANIFEST_NAME)
+
+    # an entry of that folder without a name (no save of ours writes one): each file on its own
+    _rewrite(root, lambda t: _set(t, "name", _entry_of(root, "r1/w-005.parquet"), None))
+    footer_reads.clear()
+    _forget()
+    assert _facts(list_store(root, save_manifest=False)) == truth
+    assert sorted(footer_reads) == [str(part / "w-005.parquet"), str(part / "w-100.parquet")]
