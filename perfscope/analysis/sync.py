@@ -37,13 +37,66 @@ def instance_rows_table(store: Store, sel: Selection) -> str:
         ("instance_rows", sel),
         f"""
         SELECT c.run_id, c.rank, c.step, c.seq, c.op, c.bytes, c.group_size, c.start_ns, c.dur_ns,
-               coalesce(c.group_ranks, '') AS grp,
+               c.exposed_ns, {INSTANCE_KEY_SQL}
+        FROM comm c JOIN {thr} t ON c.run_id = t.run_id AND c.step >= t.first_steady_step
+        WHERE {COLLECTIVE_SQL}
+        """,
+    )
+
+
+#: the rows of comm (alias c) that are collectives: a point-to-point transfer (a peer) is no instance
+COLLECTIVE_SQL = "c.peer IS NULL"
+#: grp and nth of an instance's key (run_id, step, grp, nth) for collective rows of comm (alias c,
+#: filtered by COLLECTIVE_SQL in the same SELECT: the order on a group counts collectives only)
+INSTANCE_KEY_SQL = """coalesce(c.group_ranks, '') AS grp,
                CASE WHEN c.group_ranks IS NULL THEN c.seq
                     ELSE row_number() OVER (PARTITION BY c.run_id, c.rank, c.step, c.group_ranks
                                             ORDER BY c.seq, c.start_ns) - 1
-               END AS nth
-        FROM comm c JOIN {thr} t ON c.run_id = t.run_id AND c.step >= t.first_steady_step
-        WHERE c.peer IS NULL
+               END AS nth"""
+
+#: group kinds whose collectives are gradient synchronisation (`group_kinds_table`)
+GRADIENT_KINDS = ("data-parallel", "world", "unknown")
+GRADIENT_KINDS_SQL = "(" + ", ".join(f"'{k}'" for k in GRADIENT_KINDS) + ")"
+
+
+def group_kinds_table(store: Store, sel: Selection) -> str:
+    """Per run and recorded process group (grp of `instance_rows_table`): its kind, from its
+    members' coordinates in `ranks` (dp_rank, pp_stage, tp_rank, cp_rank; a NULL one reads as 0).
+
+    The coordinates the members differ in name the group: dp alone (or dp and cp: Megatron-LM's
+    gradient group under context parallelism) 'data-parallel', tp alone 'tensor-parallel', pp alone
+    'pipeline', cp alone 'context'; any other set that holds every rank of the run 'world', else
+    'mixed'. 'unknown' when a member has no coordinates or the group has one member. Groups not
+    listed (grp '', no group_ranks) are 'unknown' too (`kind_sql`)."""
+    rows = instance_rows_table(store, sel)
+    return temp_table(
+        store,
+        ("group_kinds", sel),
+        f"""
+        WITH g AS (SELECT DISTINCT run_id, grp FROM {rows} WHERE grp <> ''),
+        m AS (SELECT run_id, grp, unnest(string_split(grp, ','))::INTEGER AS rank FROM g),
+        r AS (
+            SELECT run_id, rank, max(dp_rank) AS dp, max(pp_stage) AS pp, max(tp_rank) AS tp,
+                   max(cp_rank) AS cp
+            FROM ranks WHERE run_id IN (SELECT run_id FROM g) GROUP BY run_id, rank
+        ), w AS (SELECT run_id, count(*) AS world FROM r GROUP BY run_id),
+        v AS (
+            SELECT m.run_id, m.grp, count(*) AS n,
+                   bool_and(coalesce(r.dp, r.pp, r.tp, r.cp) IS NOT NULL) AS laid,
+                   count(DISTINCT coalesce(r.dp, 0)) > 1 AS dp, count(DISTINCT coalesce(r.pp, 0)) > 1 AS pp,
+                   count(DISTINCT coalesce(r.tp, 0)) > 1 AS tp, count(DISTINCT coalesce(r.cp, 0)) > 1 AS cp
+            FROM m LEFT JOIN r USING (run_id, rank) GROUP BY m.run_id, m.grp
+        )
+        SELECT v.run_id, v.grp, CASE
+            WHEN NOT v.laid OR v.n <= 1 THEN 'unknown'
+            WHEN v.dp AND NOT (v.pp OR v.tp) THEN 'data-parallel'
+            WHEN v.tp AND NOT (v.dp OR v.pp OR v.cp) THEN 'tensor-parallel'
+            WHEN v.pp AND NOT (v.dp OR v.tp OR v.cp) THEN 'pipeline'
+            WHEN v.cp AND NOT (v.dp OR v.pp OR v.tp) THEN 'context'
+            WHEN v.n = w.world THEN 'world'
+            ELSE 'mixed'
+        END AS kind
+        FROM v LEFT JOIN w USING (run_id)
         """,
     )
 
@@ -85,10 +138,16 @@ def ring_factor_sql(n: str) -> str:
 GROUP_N = "coalesce(i.group_size, i.world_size)"
 
 
+def _minus(value: str, other: str) -> str:
+    """value − other (other NULL: 0), at least 0; NULL when value is."""
+    return f"CASE WHEN {value} IS NOT NULL THEN greatest(0, {value} - coalesce({other}, 0)) END"
+
+
 def sync_table(store: Store, sel: Selection) -> str:
     gs = grouped_stats_table(store, sel)
     inst = instances_table(store, sel)
     rows = instance_rows_table(store, sel)
+    kinds = group_kinds_table(store, sel)
     # the ring factor of the instance's own group (a tensor-parallel pair's is 1, not the world's)
     busbw = f"bytes / (transfer_ns / 1e9) * {ring_factor_sql(GROUP_N)} / 1e9"
     return temp_table(
@@ -97,30 +156,55 @@ def sync_table(store: Store, sel: Selection) -> str:
         f"""
         WITH i AS (
             SELECT inst.*, g.world_size FROM {inst} inst JOIN {gs} g USING (run_id)
+                LEFT JOIN {kinds} k USING (run_id, grp)
             WHERE transfer_ns > 0 AND op = 'allreduce'  -- the ring model and busbw are an allreduce's
+                  AND coalesce(k.kind, 'unknown') IN {GRADIENT_KINDS_SQL}  -- gradient sync only
+        ), kr AS (
+            SELECT r.*, coalesce(k.kind, 'unknown') AS kind
+            FROM {rows} r LEFT JOIN {kinds} k USING (run_id, grp)
+        ), other AS (
+            -- per rank and step: the collectives on groups that are not gradient sync (left out of
+            -- the steps' comm_total_ns, comm_count and sync_exposed_ns below), the tensor-parallel ones
+            -- on their own
+            SELECT run_id, sum(dur_ns) / any_value(per) AS total, count(*) / any_value(per) AS calls,
+                   coalesce(sum(exposed_ns), 0) / any_value(per) AS exposed,
+                   sum(dur_ns) FILTER (WHERE kind = 'tensor-parallel') / any_value(per) AS tp_total,
+                   count(*) FILTER (WHERE kind = 'tensor-parallel') / any_value(per) AS tp_calls,
+                   sum(exposed_ns) FILTER (WHERE kind = 'tensor-parallel') / any_value(per) AS tp_exposed
+            FROM kr JOIN (SELECT run_id, count(DISTINCT rank)::DOUBLE * any_value(g.steady_steps) AS per
+                          FROM {rows} JOIN {gs} g USING (run_id) GROUP BY run_id) USING (run_id)
+            WHERE kind NOT IN {GRADIENT_KINDS_SQL}
+            GROUP BY run_id
         ), bw AS (
             -- bytes are unknown in traces that do not record them (nsys, gloo Kineto): such an
             -- instance has no bandwidth, and a step's bytes are a sum only when every one is known.
-            -- Per rank: an instance on a sub-group is a call of its members only, so the calls and
-            -- transfer time of a rank are the instances' summed over their ranks, over the ranks
+            -- Per rank: an instance on a sub-group is a call of its members only, so the calls, bytes
+            -- and transfer time of a rank are the instances' summed over their ranks, over the ranks
             -- (one instance per call of every rank when all run on the whole world)
             SELECT run_id, count(*) AS instances, count(bytes) AS sized,
-                   CASE WHEN count(bytes) = count(*) THEN sum(bytes) END AS bytes_sum,
+                   CASE WHEN count(bytes) = count(*) THEN sum(bytes * ranks)::DOUBLE / max(member_ranks) END
+                       AS bytes_sum,
                    sum(ranks)::DOUBLE / max(member_ranks) AS calls_per_rank,
                    sum(transfer_ns * ranks)::DOUBLE / max(member_ranks) AS transfer_per_rank,
                    median(bytes / (transfer_ns / 1e9) / 1e9) AS algbw,
                    median({busbw}) AS busbw,
                    quantile_cont({busbw}, 0.1) AS busbw_p10,
                    quantile_cont({busbw}, 0.9) AS busbw_p90
-            FROM i JOIN (SELECT run_id, count(DISTINCT rank) AS member_ranks FROM {rows}
-                         WHERE op = 'allreduce' GROUP BY run_id) USING (run_id)
+            FROM i JOIN (SELECT run_id, count(DISTINCT rank) AS member_ranks FROM kr
+                         WHERE op = 'allreduce' AND kind IN {GRADIENT_KINDS_SQL} GROUP BY run_id)
+                USING (run_id)
             GROUP BY run_id
         ), s AS (
-            SELECT g.*, {SCOPE_SQL} AS scope, bw.* EXCLUDE (run_id), c.* EXCLUDE (run_id),
-                   coalesce(c.comm_total_mean, bw.transfer_per_rank / g.steady_steps) AS comm_total,
-                   coalesce(c.comm_count_mean, bw.calls_per_rank / g.steady_steps) AS comm_n,
-                   coalesce(bw.bytes_sum::DOUBLE / g.steady_steps, g.grad_bytes::DOUBLE) AS step_bytes
+            SELECT g.* REPLACE ({_minus("g.sync_exposed_ns", "o.exposed")} AS sync_exposed_ns),
+                   {SCOPE_SQL} AS scope, bw.* EXCLUDE (run_id), c.* EXCLUDE (run_id),
+                   coalesce({_minus("c.comm_total_mean", "o.total")}, bw.transfer_per_rank / g.steady_steps)
+                       AS comm_total,
+                   coalesce({_minus("c.comm_count_mean", "o.calls")}, bw.calls_per_rank / g.steady_steps)
+                       AS comm_n,
+                   coalesce(bw.bytes_sum::DOUBLE / g.steady_steps, g.grad_bytes::DOUBLE) AS step_bytes,
+                   o.tp_total, o.tp_calls, o.tp_exposed
             FROM {gs} g LEFT JOIN bw USING (run_id) LEFT JOIN {run_comm_table(store, sel)} c USING (run_id)
+                LEFT JOIN other o USING (run_id)
         )
         SELECT {GROUP_SELECT}, run_id, source, world_size, nodes, scope,
                sync_exposed_ns, comm_total AS comm_total_ns, comm_n AS comm_count,
@@ -144,7 +228,8 @@ def sync_table(store: Store, sel: Selection) -> str:
                     WHEN sized > 0 THEN 'comm'
                     WHEN grad_bytes > 0 AND comm_total_mean > 0 THEN 'steps.comm_total_ns+runs.grad_bytes'
                     WHEN grad_bytes > 0 AND sync_exposed_ns > 0 THEN 'steps.sync_exposed_ns+runs.grad_bytes'
-               END AS bw_source
+               END AS bw_source,
+               tp_total AS tp_comm_total_ns, tp_calls AS tp_comm_count, tp_exposed AS tp_comm_exposed_ns
         FROM s
         """,
     )
@@ -158,23 +243,28 @@ def sync(store: Store, sel: Selection) -> pa.Table:
 
 @analysis("collectives", "Collectives by message size", "busbw")
 def collectives(store: Store, sel: Selection) -> pa.Table:
-    """Per run, op and message size: instances, median transfer time and bus bandwidth."""
+    """Per run, op, group kind and message size: instances, median transfer time and bus bandwidth."""
     gs = grouped_stats_table(store, sel)
     inst = instances_table(store, sel)
+    kinds = group_kinds_table(store, sel)
     return store.query(
         f"""
-        WITH i AS (SELECT inst.*, g.world_size FROM {inst} inst JOIN {gs} g USING (run_id))
+        WITH i AS (
+            SELECT inst.*, g.world_size, coalesce(k.kind, 'unknown') AS group_kind
+            FROM {inst} inst JOIN {gs} g USING (run_id) LEFT JOIN {kinds} k USING (run_id, grp)
+        )
         SELECT i.run_id, g.source, g.world_size, g.nodes,
                CASE WHEN g.world_size <= 1 THEN 'single' WHEN g.nodes <= 1 THEN 'intra-node'
                     ELSE 'inter-node' END AS scope,
                i.op, i.bytes, count(*) AS instances, median(i.transfer_ns) AS transfer_ns,
                CASE WHEN g.world_size > 1 AND i.op = 'allreduce'
                     THEN median(i.bytes / (i.transfer_ns / 1e9) * {ring_factor_sql(GROUP_N)}) / 1e9
-               END AS busbw_gb_per_s
+               END AS busbw_gb_per_s,
+               i.group_kind
         FROM i JOIN {gs} g USING (run_id)
         WHERE i.transfer_ns > 0
-        GROUP BY i.run_id, g.source, g.world_size, g.nodes, i.op, i.bytes
-        ORDER BY i.run_id, i.op, i.bytes
+        GROUP BY i.run_id, g.source, g.world_size, g.nodes, i.op, i.bytes, i.group_kind
+        ORDER BY i.run_id, i.op, i.bytes, i.group_kind
         """
     )
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.sync import COLLECTIVE_SQL, INSTANCE_KEY_SQL
 from ..errors import PerfscopeError
 from ..store.reader import Store
 from .model import (
@@ -65,17 +66,22 @@ FROM steady s LEFT JOIN sharing h USING (run_id, rank)
 GROUP BY s.run_id, s.rank
 """
 
-# A collective's own time: from the last rank's entry to this rank's exit (waiting is not its cost).
+# A collective's own time: from the last member's entry to this rank's exit (waiting is not its cost).
+# Instances are keyed as the sync analysis keys them (run, step, grp, nth: a call is matched with its
+# own process group's members; point-to-point rows are no instance), the points by (grp, nth) over steps.
 _COMM_SQL = f"""
 WITH {_STEADY},
-c AS (
-    SELECT c.*, max(c.start_ns) OVER (PARTITION BY c.run_id, c.step, c.seq) AS last_enter_ns
+k AS (
+    SELECT c.run_id, c.step, c.bytes, c.group_size, c.start_ns, c.dur_ns, {INSTANCE_KEY_SQL}
     FROM comm c JOIN (SELECT DISTINCT run_id, step FROM steady) s USING (run_id, step)
-)
-SELECT run_id, seq, median(bytes) AS bytes, median(start_ns + dur_ns - last_enter_ns) AS own_ns,
+    WHERE {COLLECTIVE_SQL}
+),
+c AS (SELECT *, max(start_ns) OVER (PARTITION BY run_id, step, grp, nth) AS last_enter_ns FROM k)
+SELECT run_id, grp, nth, median(group_size) AS group_size, median(bytes) AS bytes,
+       median(start_ns + dur_ns - last_enter_ns) AS own_ns,
        (quantile_cont(ln(greatest(start_ns + dur_ns - last_enter_ns, 1)), 0.8413)
         - quantile_cont(ln(greatest(start_ns + dur_ns - last_enter_ns, 1)), 0.1587)) / 2 AS log_sigma
-FROM c GROUP BY run_id, seq
+FROM c GROUP BY run_id, grp, nth
 """
 
 # Without comm rows: the rank that arrived last waited least, so min over ranks of exposed sync.
@@ -386,18 +392,31 @@ def _fit_backend(
     by_run = {r["run_id"]: r for r in runs}
     comm = store.query(_COMM_SQL, {"runs": ids}).to_pylist()
     with_comm = {c["run_id"] for c in comm}
+    # the ring of the instance's own group (the run's world where the group size is not recorded)
     points = [
-        (by_run[c["run_id"]], c["bytes"], c["own_ns"]) for c in comm if by_run[c["run_id"]]["world_size"] > 1
+        (
+            by_run[c["run_id"]],
+            int(c["group_size"] or by_run[c["run_id"]]["world_size"]),
+            c["bytes"],
+            c["own_ns"],
+        )
+        for c in comm
+        if by_run[c["run_id"]]["world_size"] > 1
     ]
     fallback = [
-        (by_run[f["run_id"]], by_run[f["run_id"]]["grad_bytes"] or 0, f["own_ns"])
+        (
+            by_run[f["run_id"]],
+            by_run[f["run_id"]]["world_size"],
+            by_run[f["run_id"]]["grad_bytes"] or 0,
+            f["own_ns"],
+        )
         for f in store.query(_SYNC_FALLBACK_SQL, {"runs": ids}).to_pylist()
         if f["run_id"] not in with_comm and by_run[f["run_id"]]["world_size"] > 1
     ]
     if fallback:
         notes.append("some runs have no comm rows: their collective time is the least exposed sync per step")
     coord, a_i, b_i, a_e, b_e = _solve_ring(
-        [(run["world_size"], run["nodes"] or 1, nbytes, own) for run, nbytes, own in points + fallback], notes
+        [(p, run["nodes"] or 1, nbytes, own) for run, p, nbytes, own in points + fallback], notes
     )
     name = runs[0]["backend"] or "unknown"
     backend = Backend(

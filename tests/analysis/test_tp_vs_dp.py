@@ -1,0 +1,93 @@
+"""A tensor-parallel all-reduce is never read as gradient sync (issue 23): a dp2 x tp2 store whose
+every step has a large all-reduce on each tp pair (in forward) and a small one on each dp pair (the
+gradient sync), its ranks' coordinates in `ranks`, written through the real StoreWriter."""
+
+from __future__ import annotations
+
+import pytest
+from storegen import DEFAULT_PHASES, MS, PHASE_ORDER, T0_NS, make_run, row
+
+from perfscope.analysis import run_analysis
+from perfscope.store.open import open_store
+from perfscope.store.writer import StoreWriter
+
+STEPS = 40
+#: rank = dp_rank * 2 + tp_rank: tp pairs {0,1}, {2,3}, dp pairs {0,2}, {1,3}
+TP = ((0, 1), (2, 3))
+DP = ((0, 2), (1, 3))
+TP_BYTES, TP_NS = 64 * 2**20, 6 * MS  # large, in forward
+DP_BYTES, DP_NS = 2**20, 1 * MS  # small, the gradient sync
+
+
+def _group(groups: tuple[tuple[int, ...], ...], rank: int) -> str:
+    return ",".join(map(str, next(g for g in groups if rank in g)))
+
+
+def _store(root, *, coords: bool) -> None:
+    """Steps as the recorder writes them: the tp call's exposed time left forward for
+    sync_exposed_ns, comm_total_ns and comm_count count both calls."""
+    make_run(root, "tpdp", world_size=4, steps=0, ranks_present=set())  # the runs row
+    w = StoreWriter(root, "tpdp", writer_id="gen-tpdp-layout")
+    step_len = int(sum(DEFAULT_PHASES.values())) + TP_NS + DP_NS
+    steps, comm = [], []
+    for step in range(STEPS):
+        t = T0_NS + step * step_len
+        for r in range(4):
+            ph = dict(DEFAULT_PHASES, sync_exposed=DEFAULT_PHASES["sync_exposed"] + TP_NS + DP_NS)
+            steps.append(
+                row("steps", rank=r, step=step, start_ns=t, step_ns=step_len,
+                    **{f"{p}_ns": int(ph[p]) for p in PHASE_ORDER},
+                    comm_total_ns=TP_NS + DP_NS, comm_count=2, samples=32, clock="cuda")
+            )  # fmt: skip
+            tp_at = t + int(DEFAULT_PHASES["data"] + DEFAULT_PHASES["forward"])
+            dp_at = tp_at + TP_NS + int(DEFAULT_PHASES["backward"])
+            for seq, (groups, nbytes, at, dur, phase) in enumerate(
+                ((TP, TP_BYTES, tp_at, TP_NS, "forward"), (DP, DP_BYTES, dp_at, DP_NS, "sync"))
+            ):
+                comm.append(
+                    row("comm", rank=r, step=step, seq=seq, op="allreduce", bytes=nbytes, start_ns=at,
+                        dur_ns=dur, exposed_ns=dur, phase=phase, is_async=False, clock="cuda",
+                        group_size=2, group_ranks=_group(groups, r))
+                )  # fmt: skip
+    w.extend("steps", steps)
+    w.extend("comm", comm)
+    for r in range(4):
+        laid = {"dp_rank": r // 2, "pp_stage": 0, "tp_rank": r % 2, "cp_rank": 0} if coords else {}
+        w.append("ranks", row("ranks", rank=r, local_rank=r, node_rank=0, hostname="node0", pid=1000 + r,
+                              clock_offset_ns=0, cpu_count=64, started_ns=T0_NS, **laid))  # fmt: skip
+    w.close()
+
+
+def _read(root) -> tuple[dict, list[dict]]:
+    with open_store(root) as store:
+        return run_analysis("sync", store).to_pylist()[0], run_analysis("collectives", store).to_pylist()
+
+
+def test_gradient_sync_counts_the_data_parallel_all_reduces_only(tmp_path):
+    _store(tmp_path, coords=True)
+    s, coll = _read(tmp_path)
+    # per rank and step one dp call of DP_NS: the tp call (6x longer, 64x larger) is not gradient sync
+    assert s["comm_count"] == pytest.approx(1.0)
+    assert s["comm_total_ns"] == pytest.approx(DP_NS, rel=1e-6)
+    assert s["bytes_per_step"] == pytest.approx(DP_BYTES)
+    assert s["sync_exposed_ns"] == pytest.approx(DEFAULT_PHASES["sync_exposed"] + DP_NS, rel=1e-6)
+    # a pair's ring: busbw = algbw · 2(2−1)/2
+    assert s["busbw_gb_per_s"] == pytest.approx(DP_BYTES / (DP_NS / 1e9) / 1e9, rel=1e-6)
+    # the tensor-parallel all-reduces under their own figure
+    assert s["tp_comm_count"] == pytest.approx(1.0)
+    assert s["tp_comm_total_ns"] == pytest.approx(TP_NS, rel=1e-6)
+    assert s["tp_comm_exposed_ns"] == pytest.approx(TP_NS, rel=1e-6)
+    kinds = {c["bytes"]: c["group_kind"] for c in coll}
+    assert kinds == {TP_BYTES: "tensor-parallel", DP_BYTES: "data-parallel"}
+
+
+def test_without_coordinates_every_all_reduce_stays_gradient_sync(tmp_path):
+    _store(tmp_path, coords=False)
+    s, coll = _read(tmp_path)
+    # unknown groups keep the reading from before: both calls are sync
+    assert s["comm_count"] == pytest.approx(2.0)
+    assert s["comm_total_ns"] == pytest.approx(TP_NS + DP_NS, rel=1e-6)
+    assert s["bytes_per_step"] == pytest.approx(TP_BYTES + DP_BYTES)
+    assert s["sync_exposed_ns"] == pytest.approx(DEFAULT_PHASES["sync_exposed"] + TP_NS + DP_NS, rel=1e-6)
+    assert s["tp_comm_total_ns"] is None and s["tp_comm_count"] is None
+    assert {c["group_kind"] for c in coll} == {"unknown"}
