@@ -54,13 +54,23 @@ def communication_bound(ctx: Context) -> list[Finding]:
         shares = [r["sync_share"] or 0.0 for r in rows]
         hw = setup_of(ctx, [r["run_id"] for r in rows])
         monotone = all(b >= a - 0.01 for a, b in itertools.pairwise(shares))
+        # the steps' exposed sync holds the tensor-parallel calls' exposed time too: name that part
+        tp = (ctx.by_run("sync").get(top["run_id"]) or {}).get("tp_comm_exposed_ns") or 0.0
+        what = "Exposed communication" if tp > 0 else "Exposed gradient sync"
         text = (
             f"In {gid}, efficiency at N={top['world_size']} is {num(eff)} (speedup "
-            f"{num(top['speedup'])} of an ideal {num(top['ideal_speedup'], 0)}). Exposed gradient sync grows "
+            f"{num(top['speedup'])} of an ideal {num(top['ideal_speedup'], 0)}). {what} grows "
             f"from {dur(base['sync_exposed_ns'])} per step at N={base['world_size']} to "
             f"{dur(top['sync_exposed_ns'])} at N={top['world_size']} ({pct(s0)} → {pct(s1)} of the step) and "
             f"accounts for {pct(share)} of the {dur(top['lost_ns'])} of {hw.time} lost per step."
         )
+        if tp > 0:
+            text += (
+                f" Of the {dur(top['sync_exposed_ns'])} at N={top['world_size']}, {dur(tp)} is "
+                "tensor-parallel communication (all-reduces on tensor-parallel groups, part of the "
+                "layers' compute path), not gradient sync: fewer tensor-parallel ranks or sequence "
+                "parallelism shrink it, DDP settings do not."
+            )
         out.append(
             make_finding(
                 ctx,
@@ -89,6 +99,7 @@ def communication_bound(ctx: Context) -> list[Finding]:
                     "sync_exposed_ns": top["sync_exposed_ns"],
                     "lost_ns": top["lost_ns"],
                     "lost_sync_exposed_ns": top["lost_sync_exposed_ns"],
+                    "tp_comm_exposed_ns": tp or None,
                 },
                 group_id=gid,
             )

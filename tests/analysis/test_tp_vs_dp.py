@@ -8,6 +8,8 @@ import pytest
 from storegen import DEFAULT_PHASES, MS, PHASE_ORDER, T0_NS, make_run, row
 
 from perfscope.analysis import run_analysis
+from perfscope.explain import explain
+from perfscope.explain.words import dur
 from perfscope.store.open import open_store
 from perfscope.store.writer import StoreWriter
 
@@ -23,30 +25,30 @@ def _group(groups: tuple[tuple[int, ...], ...], rank: int) -> str:
     return ",".join(map(str, next(g for g in groups if rank in g)))
 
 
-def _store(root, *, coords: bool) -> None:
+def _store(root, *, coords: bool, tp_ns: int = TP_NS) -> None:
     """Steps as the recorder writes them: the tp call's exposed time left forward for
     sync_exposed_ns, comm_total_ns and comm_count count both calls."""
     make_run(root, "tpdp", world_size=4, steps=0, ranks_present=set())  # the runs row
     w = StoreWriter(root, "tpdp", writer_id="gen-tpdp-layout")
-    step_len = int(sum(DEFAULT_PHASES.values())) + TP_NS + DP_NS
+    step_len = int(sum(DEFAULT_PHASES.values())) + tp_ns + DP_NS
     steps, comm = [], []
     for step in range(STEPS):
         t = T0_NS + step * step_len
         for r in range(4):
-            ph = dict(DEFAULT_PHASES, sync_exposed=DEFAULT_PHASES["sync_exposed"] + TP_NS + DP_NS)
+            ph = dict(DEFAULT_PHASES, sync_exposed=DEFAULT_PHASES["sync_exposed"] + tp_ns + DP_NS)
             steps.append(
                 row("steps", rank=r, step=step, start_ns=t, step_ns=step_len,
                     **{f"{p}_ns": int(ph[p]) for p in PHASE_ORDER},
-                    comm_total_ns=TP_NS + DP_NS, comm_count=2, samples=32, clock="cuda")
+                    comm_total_ns=tp_ns + DP_NS, comm_count=2, samples=32, clock="cuda")
             )  # fmt: skip
             tp_at = t + int(DEFAULT_PHASES["data"] + DEFAULT_PHASES["forward"])
-            dp_at = tp_at + TP_NS + int(DEFAULT_PHASES["backward"])
-            for seq, (groups, nbytes, at, dur, phase) in enumerate(
-                ((TP, TP_BYTES, tp_at, TP_NS, "forward"), (DP, DP_BYTES, dp_at, DP_NS, "sync"))
+            dp_at = tp_at + tp_ns + int(DEFAULT_PHASES["backward"])
+            for seq, (groups, nbytes, at, length, phase) in enumerate(
+                ((TP, TP_BYTES, tp_at, tp_ns, "forward"), (DP, DP_BYTES, dp_at, DP_NS, "sync"))
             ):
                 comm.append(
                     row("comm", rank=r, step=step, seq=seq, op="allreduce", bytes=nbytes, start_ns=at,
-                        dur_ns=dur, exposed_ns=dur, phase=phase, is_async=False, clock="cuda",
+                        dur_ns=length, exposed_ns=length, phase=phase, is_async=False, clock="cuda",
                         group_size=2, group_ranks=_group(groups, r))
                 )  # fmt: skip
     w.extend("steps", steps)
@@ -91,3 +93,17 @@ def test_without_coordinates_every_all_reduce_stays_gradient_sync(tmp_path):
     assert s["sync_exposed_ns"] == pytest.approx(DEFAULT_PHASES["sync_exposed"] + TP_NS + DP_NS, rel=1e-6)
     assert s["tp_comm_total_ns"] is None and s["tp_comm_count"] is None
     assert {c["group_kind"] for c in coll} == {"unknown"}
+
+
+def test_a_communication_bound_finding_names_the_tensor_parallel_part(tmp_path):
+    # N=1 beside the dp2 x tp2 run, whose tp all-reduces (20 ms a step) make most of the loss
+    make_run(tmp_path, "one", world_size=1)
+    _store(tmp_path, coords=True, tp_ns=20 * MS)
+    with open_store(tmp_path) as store:
+        found = [g for f in explain(store) for g in f.flatten() if g.rule == "communication-bound"]
+    assert len(found) == 1
+    f = found[0]
+    assert f.numbers["tp_comm_exposed_ns"] == pytest.approx(20 * MS, rel=1e-6)
+    assert "Exposed gradient sync" not in f.text
+    assert f"{dur(20 * MS)} is tensor-parallel communication" in f.text
+    assert "not gradient sync" in f.text
