@@ -332,6 +332,8 @@ def _read_footers(unread: list[_Unread]) -> list[Segment | SkippedFile]:
         return _read_chunk(unread)
     chunks = [unread[i : i + _CHUNK] for i in range(0, total, _CHUNK)]
     out: list[Segment | SkippedFile] = []
+    if report is not None:
+        report(0, total)  # at once: the line says why the first open takes a while
     shown = time.monotonic()
     pool = ThreadPoolExecutor(FOOTER_READERS, thread_name_prefix="perfscope-footers") if parallel else None
     try:

@@ -250,7 +250,8 @@ def test_info_shows_the_footers_read_on_a_terminal_only(cold_store: Path) -> Non
     assert "reading" not in out
     last = shown.rsplit("\r", 2)
     assert f"/ {total:,} segment footers (first open of this store; later opens use its manifest)" in shown
-    assert shown.startswith("\rreading ") and last[-1] == "" and last[-2].strip() == ""  # the line is cleared
+    assert shown.startswith(f"\rreading 0 / {total:,} segment footers")  # at once, however fast the read
+    assert last[-1] == "" and last[-2].strip() == ""  # the line is cleared
     lines = [ln for ln in shown.split("\r") if ln.strip()]
     assert all(len(ln) < 120 for ln in lines)
     assert [int(ln.split()[1].replace(",", "")) for ln in lines] == sorted(
@@ -262,13 +263,26 @@ def test_info_shows_the_footers_read_on_a_terminal_only(cold_store: Path) -> Non
     assert rc == 0 and shown == "" and json.loads(out)["files"]["steps"] == total - 1
 
 
-def test_progress_is_reported_only_for_a_long_read(tmp_path: Path, fresh: None) -> None:
+def test_progress_is_reported_only_for_a_long_read(
+    tmp_path: Path, fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "store"
     _one_run(root, 50)
     calls: list[tuple[int, int]] = []
     with listing_mod.footer_progress(lambda done, total: calls.append((done, total))):
         list_store(root, save_manifest=False)
     assert calls == []  # 51 footers: no line for a store that opens at once
+
+    monkeypatch.setattr(listing_mod, "PROGRESS_MIN_FOOTERS", 40)
+    monkeypatch.setattr(listing_mod, "_inspect_cache", {})
+    with listing_mod.footer_progress(lambda done, total: calls.append((done, total))):
+        list_store(root, save_manifest=False)
+    assert calls[0] == (0, 51) and calls[-1] == (51, 51)  # at once, and done
+    assert [c[1] for c in calls] == [51] * len(calls) and [c[0] for c in calls] == sorted(c[0] for c in calls)
+    calls.clear()
+    monkeypatch.setattr(listing_mod, "_inspect_cache", {})
+    list_store(root, save_manifest=False)  # the same read outside footer_progress: nobody is told
+    assert calls == []
 
 
 def test_a_file_added_since_the_manifest_leaves_the_others_to_their_entries(
