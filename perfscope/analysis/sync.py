@@ -74,7 +74,10 @@ def group_kinds_table(store: Store, sel: Selection) -> str:
         ("group_kinds", sel),
         f"""
         WITH g AS (SELECT DISTINCT run_id, grp FROM {rows} WHERE grp <> ''),
-        m AS (SELECT run_id, grp, unnest(string_split(grp, ','))::INTEGER AS rank FROM g),
+        m AS (  -- a member that is no rank number (a hostile import) makes the group unknown
+            SELECT run_id, grp, TRY_CAST(trim(member) AS INTEGER) AS rank
+            FROM (SELECT run_id, grp, unnest(string_split(grp, ',')) AS member FROM g)
+        ),
         r AS (
             SELECT run_id, rank, max(dp_rank) AS dp, max(pp_stage) AS pp, max(tp_rank) AS tp,
                    max(cp_rank) AS cp

@@ -107,3 +107,46 @@ def test_a_communication_bound_finding_names_the_tensor_parallel_part(tmp_path):
     assert "Exposed gradient sync" not in f.text
     assert f"{dur(20 * MS)} is tensor-parallel communication" in f.text
     assert "not gradient sync" in f.text
+
+
+def test_each_group_is_named_by_the_coordinates_its_members_differ_in(tmp_path):
+    # 8 ranks, rank = (stage * 2 + dp_rank) * 2 + tp_rank (Megatron-LM's order, cp 1); one all-reduce
+    # per group of each kind, told apart by its bytes
+    groups = {
+        "tensor-parallel": [(0, 1), (2, 3), (4, 5), (6, 7)],
+        "data-parallel": [(0, 2), (1, 3), (4, 6), (5, 7)],
+        "pipeline": [(0, 4), (1, 5), (2, 6), (3, 7)],
+        "mixed": [(0, 1, 2, 3), (4, 5, 6, 7)],  # tp x dp of one stage
+        "world": [tuple(range(8))],
+        "unknown": [(0, 1, 9)],  # rank 9 has no coordinates
+    }
+    make_run(tmp_path, "l8", world_size=8, steps=0, ranks_present=set())
+    w = StoreWriter(tmp_path, "l8", writer_id="gen-l8-layout")
+    rows = []
+    for step in range(STEPS):
+        w.extend(
+            "steps",
+            [row("steps", rank=r, step=step, start_ns=T0_NS + step * 50 * MS, step_ns=50 * MS, samples=32,
+                 clock="cuda") for r in range(8)],
+        )  # fmt: skip
+        for seq, gs in enumerate(groups.values()):
+            for g in gs:
+                for r in g:
+                    at = T0_NS + step * 50 * MS + seq * MS
+                    rows.append(
+                        row("comm", rank=r, step=step, seq=seq, op="allreduce", bytes=1000 + seq,
+                            start_ns=at, dur_ns=MS // 2, clock="cuda", group_size=len(g),
+                            group_ranks=",".join(map(str, g)))
+                    )  # fmt: skip
+    w.extend("comm", rows)
+    for r in range(8):
+        w.append("ranks", row("ranks", rank=r, local_rank=r, node_rank=0, hostname="node0", pid=1000 + r,
+                              clock_offset_ns=0, cpu_count=64, started_ns=T0_NS, dp_rank=(r // 2) % 2,
+                              pp_stage=r // 4, tp_rank=r % 2, cp_rank=0))  # fmt: skip
+    w.close()
+    with open_store(tmp_path) as store:
+        coll = run_analysis("collectives", store).to_pylist()
+    got: dict[int, set[str]] = {}
+    for c in coll:
+        got.setdefault(c["bytes"], set()).add(c["group_kind"])
+    assert got == {1000 + i: {kind} for i, kind in enumerate(groups)}
