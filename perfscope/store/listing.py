@@ -267,7 +267,7 @@ def _inspect(
     file's size and mtime_ns), else from its footer; the manifest notes each for its next save."""
     res = _look(path, table, root, manifest)
     if isinstance(res, _Unread):
-        return _learnt(res, _inspect_uncached(Path(res.file), res.table), manifest)
+        return _learnt(res, _inspect_uncached(res.file, res.table), manifest)
     return res
 
 
@@ -320,7 +320,7 @@ def footer_progress(report: FooterProgress) -> Iterator[None]:
 
 
 def _read_chunk(chunk: list[_Unread]) -> list[Segment | SkippedFile]:
-    return [_inspect_uncached(Path(u.file), u.table) for u in chunk]
+    return [_inspect_uncached(u.file, u.table) for u in chunk]
 
 
 def _read_footers(unread: list[_Unread]) -> list[Segment | SkippedFile]:
@@ -350,7 +350,7 @@ def _read_footers(unread: list[_Unread]) -> list[Segment | SkippedFile]:
     return out
 
 
-def _inspect_uncached(path: Path, table: str) -> Segment | SkippedFile:
+def _inspect_uncached(path: str | Path, table: str) -> Segment | SkippedFile:
     """A Parquet segment's facts from its footer (safe to call from several threads at once)."""
     try:
         quick = _read_footer(path)
@@ -449,7 +449,7 @@ def _ranges(meta: pq.FileMetaData, leaf: dict[str, int] | None = None) -> tuple[
 
 
 def _check_meta(
-    path: Path,
+    path: str | Path,
     kv: dict[bytes, bytes],
     arrow_schema: pa.Schema,
     table: str,
@@ -507,7 +507,7 @@ def _inspect_live(path: Path, table: str) -> Segment | SkippedFile | None:
 _TAIL_BYTES = 1 << 16
 
 
-def _read_footer(path: Path) -> tuple[pq.FileMetaData, str] | SkippedFile | None:
+def _read_footer(path: str | Path) -> tuple[pq.FileMetaData, str] | SkippedFile | None:
     """The file's Parquet footer and footprint (as _footprint hashes it) from one open and one or two
     reads of its end, parsed without the GIL held; None when the footer is not where its length says
     or does not parse, so that the caller reads the file as before and gives the same reason."""
@@ -552,7 +552,7 @@ def _parse_footer(source: pa.NativeFile) -> pq.FileMetaData:
     return reader.metadata
 
 
-def _footprint(path: Path) -> str:
+def _footprint(path: str | Path) -> str:
     """The file's size and Parquet footer, hashed: two files that differ here differ in content."""
     with open(path, "rb") as f:
         size = f.seek(0, os.SEEK_END)
