@@ -172,7 +172,7 @@ def sync_table(store: Store, sel: Selection) -> str:
             SELECT run_id, sum(dur_ns) / any_value(per) AS total, count(*) / any_value(per) AS calls,
                    coalesce(sum(exposed_ns), 0) / any_value(per) AS exposed,
                    sum(dur_ns) FILTER (WHERE kind = 'tensor-parallel') / any_value(per) AS tp_total,
-                   count(*) FILTER (WHERE kind = 'tensor-parallel') / any_value(per) AS tp_calls,
+                   nullif(count(*) FILTER (WHERE kind = 'tensor-parallel'), 0) / any_value(per) AS tp_calls,
                    sum(exposed_ns) FILTER (WHERE kind = 'tensor-parallel') / any_value(per) AS tp_exposed
             FROM kr JOIN (SELECT run_id, count(DISTINCT rank)::DOUBLE * any_value(g.steady_steps) AS per
                           FROM {rows} JOIN {gs} g USING (run_id) GROUP BY run_id) USING (run_id)
