@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SAMPLE_STAMP := $(VENV)/.installed-sample
 
 comma := ,
-.PHONY: lock setup lint typecheck pytest test test-quick sample dashboard schema bench clean gpu-check
+.PHONY: lock setup lint typecheck pytest test test-quick durations sample dashboard schema bench clean gpu-check
 
 LOCK := requirements-lock.txt
 SAMPLE_LOCK := requirements-sample-lock.txt
@@ -50,8 +50,16 @@ pytest: setup
 test: lint typecheck pytest
 
 # a developer's quick answer: lint, types and every test that launches no job, process or browser
+# and took under a second when last measured (tests/durations.py)
 test-quick: lint typecheck
 	$(PY) -m pytest -q -m "not slow"
+
+# measure every test's time again (the whole suite) and fold it into tests/durations.json: on purpose,
+# on a machine as loaded as usual, then commit the file
+durations: setup
+	mkdir -p artifacts
+	$(PY) -m pytest -q --junitxml=artifacts/durations.xml
+	$(PY) tests/durations.py update artifacts/durations.xml
 
 # the main job on the bundled sample data
 sample: $(SAMPLE_STAMP)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from durations import QUICK_S, key, load
 from rooms import on_path
 
 on_path()  # a room's tests may import another room's fixtures (tests/rooms.py)
@@ -17,8 +18,8 @@ os.environ.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
 
 
 #: Modules whose tests launch real training jobs (multi-process gloo, torchrun, Lightning, transformers),
-#: signals and kills, namespaced nodes, Spark or a browser: marked `slow`, so `make test-quick`
-#: (`pytest -m "not slow"`) leaves them out (1,064 of 1,293 tests run; its time is not yet measured)
+#: signals and kills, namespaced nodes, Spark or a browser: marked `slow`, as is every test measured at
+#: QUICK_S or more (tests/durations.py), so `make test-quick` (`pytest -m "not slow"`) leaves them out
 #: while `make test` and CI run everything.
 SLOW_MODULES = frozenset(
     {
@@ -64,8 +65,10 @@ SLOW_MODULES = frozenset(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    times = load()
     for item in items:
-        if item.module is not None and item.module.__name__ in SLOW_MODULES:
+        module = item.module.__name__ if item.module is not None else ""
+        if module in SLOW_MODULES or times.get(key(module, item.name), 0.0) >= QUICK_S:
             item.add_marker(pytest.mark.slow)
 
 
