@@ -397,7 +397,7 @@ class Timeline:
             stop = at + 1 + values[at]
             write_frozen(
                 values, gather, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples,
-                complete=True, flat=flat, at=at + 1, end=stop,
+                complete=True, flat=flat, at=at + 1, until=stop,
             )  # fmt: skip
             at = stop
             steps += 1

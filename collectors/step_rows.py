@@ -199,7 +199,7 @@ def write_frozen(
     open_step: bool = False,
     flat: bool = False,
     at: int = 0,
-    end: int | None = None,
+    until: int | None = None,
 ) -> bool:
     """Emit the rows of a step (`flatten`'s values). `shift_ns` turns a host perf reading into ns
     since epoch on rank 0's clock. With `complete`, every mark is known to be resolved; without,
@@ -211,7 +211,7 @@ def write_frozen(
     no garbage-collector work (held as tuples until flattened, a pull's rows were several thousand
     tracked objects, a gen-0 collection every ~200 steps).
 
-    The step's values are `frozen[at:end]` (`flatten`'s list holds many steps, each after its
+    The step's values are `frozen[at:until]` (`flatten`'s list holds many steps, each after its
     length)."""
     host = marks.clock == "host"
     el = marks.elapsed_ns
@@ -224,7 +224,7 @@ def write_frozen(
     put_span = span_rows.extend if flat else span_rows.append
     backward: list[tuple[int, int]] = []
     i = at + _HEAD
-    stop = len(frozen) if end is None else end
+    stop = len(frozen) if until is None else until
     for _ in range(n_spans):
         name, parent_name, column, depth, start_host, start, end, error, canon = frozen[i : i + 9]
         i += 9
@@ -346,7 +346,7 @@ def write_held_flat(
         if n_comm or not host:
             write_frozen(
                 values, gather, marks, rank=rank, shift_ns=shift, default_samples=default_samples,
-                complete=True, flat=True, at=i, end=stop,
+                complete=True, flat=True, at=i, until=stop,
             )  # fmt: skip
             at = stop
             continue
