@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args.verb = ALIASES.get(args.verb, args.verb)
     module = importlib.import_module(f"perfscope.commands.{VERBS[args.verb][0]}")
     guard = guard_for(args.verb)
-    with warnings.catch_warnings(), guard or contextlib.nullcontext():
+    with warnings.catch_warnings(), guard or contextlib.nullcontext(), _footers_shown(args.verb):
         warnings.simplefilter("always", PerfscopeWarning)
         warnings.showwarning = _show_warning
         try:
@@ -134,6 +134,23 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return INTERNAL_ERROR_EXIT
+
+
+#: the commands that open a store: a first open of a foreign store (every segment's footer to read)
+#: shows its progress on a terminal
+OPENS_A_STORE = frozenset({"analyze", "report", "sql", "info", "compact", "export", "simulate"})
+
+
+def _footers_shown(verb: str) -> contextlib.AbstractContextManager[None]:
+    """While `verb` runs, a long first open of a store shows the footers it reads as one line on
+    stderr, when stderr is a terminal (perfscope.store.listing.footer_progress)."""
+    if verb not in OPENS_A_STORE:  # DuckDB and Arrow are not imported for `run` or `--help`
+        return contextlib.nullcontext()
+    from .store.listing import footer_progress
+    from .terminal import footer_progress_line
+
+    report = footer_progress_line(sys.stderr)
+    return footer_progress(report) if report is not None else contextlib.nullcontext()
 
 
 def _memory_stop(guard: MemoryGuard | None, verb: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import pyarrow as pa
@@ -194,3 +194,33 @@ def format_table(
 
 def heading(text: str, *, colour: bool = False) -> str:
     return style(printable(text, lines=True), "1;36", enabled=colour)
+
+
+def footer_progress_line(stream: TextIO) -> Callable[[int, int], None] | None:
+    """A listing's footer_progress report as one self-overwriting line on `stream`, when it is a
+    terminal (None otherwise: nothing is written to a pipe or a file)."""
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    width = (terminal_width(stream) or 80) - 1  # a line as wide as the terminal would wrap
+    shown = [0]  # the characters on the line now (-1: no terminal to write to any more)
+
+    def report(done: int, total: int) -> None:
+        if shown[0] < 0:
+            return
+        try:
+            if done >= total:
+                stream.write("\r" + " " * shown[0] + "\r")
+                shown[0] = 0
+            else:
+                text = f"reading {done:,} / {total:,} {FOOTERS_WHAT}"[:width]
+                stream.write("\r" + text.ljust(shown[0]))
+                shown[0] = max(shown[0], len(text))
+            stream.flush()
+        except (OSError, ValueError):  # the terminal went away: the listing goes on without a line
+            shown[0] = -1
+
+    return report
+
+
+#: what the progress line says is being read
+FOOTERS_WHAT = "segment footers (first open of this store; later opens use its manifest)"

@@ -15,14 +15,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..store.listing import Block, footer_progress, sql_text
+from ..store.listing import Block, sql_text
 from ..store.open import open_store
 from ..store.reader import Store
 from ..store.schema import PARTITION_KEY
@@ -275,47 +275,8 @@ def summary(store: Store) -> dict[str, Any]:
     }
 
 
-def footer_progress_line(stream: TextIO) -> Callable[[int, int], None] | None:
-    """A listing's footer_progress report as one self-overwriting line on `stream`, when it is a
-    terminal (None otherwise: nothing is written to a pipe or a file)."""
-    if not (hasattr(stream, "isatty") and stream.isatty()):
-        return None
-    width = (terminal_width(stream) or 80) - 1  # a line as wide as the terminal would wrap
-    shown = [0]  # the characters on the line now (-1: no terminal to write to any more)
-
-    def report(done: int, total: int) -> None:
-        if shown[0] < 0:
-            return
-        try:
-            if done >= total:
-                stream.write("\r" + " " * shown[0] + "\r")
-                shown[0] = 0
-            else:
-                text = f"reading {done:,} / {total:,} {FOOTERS_WHAT}"[:width]
-                stream.write("\r" + text.ljust(shown[0]))
-                shown[0] = max(shown[0], len(text))
-            stream.flush()
-        except (OSError, ValueError):  # the terminal went away: the listing goes on without a line
-            shown[0] = -1
-
-    return report
-
-
-#: what the progress line says is being read
-FOOTERS_WHAT = "segment footers (first open of this store; later opens use its manifest)"
-
-
-def open_with_progress(path: str) -> Store:
-    """open_store, showing on stderr (a terminal only) the footers a first open reads."""
-    report = footer_progress_line(sys.stderr)
-    if report is None:
-        return open_store(path, warn=False)
-    with footer_progress(report):
-        return open_store(path, warn=False)
-
-
 def run(args: argparse.Namespace) -> int:
-    with open_with_progress(args.store) as store:
+    with open_store(args.store, warn=False) as store:
         info = summary(store)
         if args.json:
             json.dump(info, sys.stdout, indent=2)

@@ -203,11 +203,11 @@ def cold_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _info(root: Path, *, stderr_tty: bool) -> tuple[str, str, int]:
-    """`perfscope info --json` in a fresh process, stdout a pipe and stderr a terminal (or a pipe):
-    stdout, what stderr showed, and the exit status."""
+def _info(root: Path, *, stderr_tty: bool, verb: str = "info") -> tuple[str, str, int]:
+    """`perfscope info --json` (or another `verb`) in a fresh process, stdout a pipe and stderr a
+    terminal (or a pipe): stdout, what stderr showed, and the exit status."""
     env = {**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}
-    cmd = [sys.executable, "-m", "perfscope", "info", "--json", str(root)]
+    cmd = [sys.executable, "-m", "perfscope", verb, "--json", str(root)]
     if not stderr_tty:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         return proc.stdout, proc.stderr, proc.returncode
@@ -261,6 +261,17 @@ def test_info_shows_the_footers_read_on_a_terminal_only(cold_store: Path) -> Non
     assert (cold_store / MANIFEST_NAME).exists()
     out, shown, rc = _info(cold_store, stderr_tty=True)  # the manifest saved: nothing to read
     assert rc == 0 and shown == "" and json.loads(out)["files"]["steps"] == total - 1
+
+
+def test_every_command_that_opens_a_store_shows_the_footers_it_reads(cold_store: Path) -> None:
+    """Not only `info`: `analyze` (and the other commands that open a store, perfscope.cli's
+    OPENS_A_STORE) show the same line on a first open, and its JSON stays alone on stdout."""
+    total = listing_mod.PROGRESS_MIN_FOOTERS + 101
+    (cold_store / MANIFEST_NAME).unlink(missing_ok=True)
+    out, shown, rc = _info(cold_store, stderr_tty=True, verb="analyze")
+    assert rc == 0, shown[-2000:]
+    assert shown.startswith(f"\rreading 0 / {total:,} segment footers")
+    assert "reading" not in out and "findings" in json.loads(out)
 
 
 def test_progress_is_reported_only_for_a_long_read(
