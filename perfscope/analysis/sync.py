@@ -37,7 +37,7 @@ def instance_rows_table(store: Store, sel: Selection) -> str:
         ("instance_rows", sel),
         f"""
         SELECT c.run_id, c.rank, c.step, c.seq, c.op, c.bytes, c.group_size, c.start_ns, c.dur_ns,
-               c.exposed_ns, {INSTANCE_KEY_SQL}
+               c.exposed_ns, {GRAD_NAMED_SQL} AS grad_named, {INSTANCE_KEY_SQL}
         FROM comm c JOIN {thr} t ON c.run_id = t.run_id AND c.step >= t.first_steady_step
         WHERE {COLLECTIVE_SQL}
         """,
@@ -57,6 +57,16 @@ INSTANCE_KEY_SQL = """coalesce(c.group_ranks, '') AS grp,
 #: group kinds whose collectives are gradient synchronisation (`group_kinds_table`)
 GRADIENT_KINDS = ("data-parallel", "world", "unknown")
 GRADIENT_KINDS_SQL = "(" + ", ".join(f"'{k}'" for k in GRADIENT_KINDS) + ")"
+#: a collective named as a gradient one (Megatron-LM's op names: layernorm-grads-all-reduce on the
+#: tensor-parallel group, embedding-grads-all-reduce between the first and last stage) is gradient
+#: sync on whatever group it runs; recorded calls have no name
+GRAD_NAMED_SQL = "coalesce(c.name ILIKE '%grads%', false)"
+
+
+def is_gradient_sql(kind: str, named: str) -> str:
+    """Whether a collective of group kind `kind` (NULL: unknown), named as a gradient one or not
+    (`named`), is gradient synchronisation."""
+    return f"(coalesce({kind}, 'unknown') IN {GRADIENT_KINDS_SQL} OR {named})"
 
 
 def group_kinds_table(store: Store, sel: Selection) -> str:
@@ -118,6 +128,7 @@ def instances_table(store: Store, sel: Selection) -> str:
         ("instances", sel),
         f"""
         SELECT c.run_id, c.step, c.grp, c.nth, any_value(c.op) AS op, max(c.bytes) AS bytes,
+               bool_or(c.grad_named) AS grad_named,
                any_value(c.group_size) AS group_size, count(*) AS ranks,
                max(c.start_ns + c.dur_ns) - max(c.start_ns) AS transfer_ns,
                max(c.start_ns) - min(c.start_ns) AS entry_spread_ns,
@@ -161,9 +172,10 @@ def sync_table(store: Store, sel: Selection) -> str:
             SELECT inst.*, g.world_size FROM {inst} inst JOIN {gs} g USING (run_id)
                 LEFT JOIN {kinds} k USING (run_id, grp)
             WHERE transfer_ns > 0 AND op = 'allreduce'  -- the ring model and busbw are an allreduce's
-                  AND coalesce(k.kind, 'unknown') IN {GRADIENT_KINDS_SQL}  -- gradient sync only
+                  AND {is_gradient_sql("k.kind", "inst.grad_named")}  -- gradient sync only
         ), kr AS (
-            SELECT r.*, coalesce(k.kind, 'unknown') AS kind
+            SELECT r.*, coalesce(k.kind, 'unknown') AS kind,
+                   {is_gradient_sql("k.kind", "r.grad_named")} AS grad
             FROM {rows} r LEFT JOIN {kinds} k USING (run_id, grp)
         ), other AS (
             -- per rank and step: the collectives on groups that are not gradient sync (left out of
@@ -176,7 +188,7 @@ def sync_table(store: Store, sel: Selection) -> str:
                    sum(exposed_ns) FILTER (WHERE kind = 'tensor-parallel') / any_value(per) AS tp_exposed
             FROM kr JOIN (SELECT run_id, count(DISTINCT rank)::DOUBLE * any_value(g.steady_steps) AS per
                           FROM {rows} JOIN {gs} g USING (run_id) GROUP BY run_id) USING (run_id)
-            WHERE kind NOT IN {GRADIENT_KINDS_SQL}
+            WHERE NOT grad
             GROUP BY run_id
         ), bw AS (
             -- bytes are unknown in traces that do not record them (nsys, gloo Kineto): such an
@@ -194,7 +206,7 @@ def sync_table(store: Store, sel: Selection) -> str:
                    quantile_cont({busbw}, 0.1) AS busbw_p10,
                    quantile_cont({busbw}, 0.9) AS busbw_p90
             FROM i JOIN (SELECT run_id, count(DISTINCT rank) AS member_ranks FROM kr
-                         WHERE op = 'allreduce' AND kind IN {GRADIENT_KINDS_SQL} GROUP BY run_id)
+                         WHERE op = 'allreduce' AND grad GROUP BY run_id)
                 USING (run_id)
             GROUP BY run_id
         ), s AS (

@@ -25,7 +25,7 @@ def _group(groups: tuple[tuple[int, ...], ...], rank: int) -> str:
     return ",".join(map(str, next(g for g in groups if rank in g)))
 
 
-def _store(root, *, coords: bool, tp_ns: int = TP_NS) -> None:
+def _store(root, *, coords: bool, tp_ns: int = TP_NS, tp_name: str | None = None) -> None:
     """Steps as the recorder writes them: the tp call's exposed time left forward for
     sync_exposed_ns, comm_total_ns and comm_count count both calls."""
     make_run(root, "tpdp", world_size=4, steps=0, ranks_present=set())  # the runs row
@@ -49,7 +49,7 @@ def _store(root, *, coords: bool, tp_ns: int = TP_NS) -> None:
                 comm.append(
                     row("comm", rank=r, step=step, seq=seq, op="allreduce", bytes=nbytes, start_ns=at,
                         dur_ns=length, exposed_ns=length, phase=phase, is_async=False, clock="cuda",
-                        group_size=2, group_ranks=_group(groups, r))
+                        group_size=2, group_ranks=_group(groups, r), name=tp_name if seq == 0 else None)
                 )  # fmt: skip
     w.extend("steps", steps)
     w.extend("comm", comm)
@@ -150,3 +150,19 @@ def test_each_group_is_named_by_the_coordinates_its_members_differ_in(tmp_path):
     for c in coll:
         got.setdefault(c["bytes"], set()).add(c["group_kind"])
     assert got == {1000 + i: {kind} for i, kind in enumerate(groups)}
+
+
+def test_a_gradient_all_reduce_on_the_tensor_parallel_group_is_gradient_sync(tmp_path):
+    """Megatron-LM all-reduces the layernorm gradients on the tensor-parallel group (an op table names
+    it layernorm-grads-all-reduce): gradient sync by its name, whatever its group."""
+    _store(tmp_path, coords=True, tp_name="layernorm-grads-all-reduce")
+    s, coll = _read(tmp_path)
+    assert s["comm_count"] == pytest.approx(2.0)
+    assert s["comm_total_ns"] == pytest.approx(TP_NS + DP_NS, rel=1e-6)
+    assert s["bytes_per_step"] == pytest.approx(TP_BYTES + DP_BYTES)
+    assert s["tp_comm_count"] is None and s["tp_comm_total_ns"] is None
+    # its group is still named for what it is
+    assert {c["bytes"]: c["group_kind"] for c in coll} == {
+        TP_BYTES: "tensor-parallel",
+        DP_BYTES: "data-parallel",
+    }
