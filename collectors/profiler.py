@@ -439,8 +439,14 @@ class Profiler:
                             else:
                                 self._end_step(samples)
                     raise
-                if self._recording:
-                    self._end_step(samples)
+                live = self._live
+                if live is not None:
+                    try:  # _end_step's common case, one call less on every step
+                        live.end_step(samples)
+                        if self._flops.running:
+                            self._stop_flops()
+                    except Exception as exc:
+                        self._internal_error(exc)
         finally:
             self._in_steps -= 1
 
@@ -597,7 +603,7 @@ class Profiler:
         """The rows of the steps the timeline holds, built on the writer's thread as flat value lists
         (StoreWriter.add_source's `flat`)."""
         try:
-            return self._timeline.take_rows(flat=True)
+            return self._timeline.take_rows(flat=True, pause=self._writer.pause if self._writer else None)
         except Exception as exc:
             self._internal_error(exc)
             return {}
