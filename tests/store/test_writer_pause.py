@@ -52,7 +52,9 @@ def test_a_pull_pauses_on_the_writer_thread_every_few_dozen_steps(
     assert slept and set(slept) == {"perfscope-writer"}
 
 
-def test_a_pause_off_the_writer_thread_does_not_sleep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pause_off_the_writer_thread_does_not_sleep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     slept: list[float] = []
     monkeypatch.setattr(writer_mod.time, "sleep", lambda s: slept.append(s))
     w = StoreWriter(tmp_path / "store", "run-pause")
