@@ -30,6 +30,13 @@ per 1,000 steps and their CPU per step (gc.callbacks, by the thread they ran on)
 step against the training thread's CPU (the difference is time spent waiting for the GIL); and the
 blocks perfscope's code allocated and still holds after 10,000 more steps (tracemalloc).
 
+`--cold` (with `--old TREE`: of each tree, in its own process, alternating) times each recording
+call where it runs in a real job: right after a torch training step, whose kernels have filled the
+CPU's caches with weights and activations (cold), and again at once (hot, as an empty loop sees it),
+each the median of many such pairs less the timer's own cost measured the same way. A `with` on an
+empty class is the floor any instrumentation pays there. The gap between the two columns is why the
+calls cost a real step several times what `--breakdown`'s empty loops say.
+
 `--ddp-rounds R` adds the collector's cost on a saturated host: bare and instrumented 1- and
 2-rank DDP jobs on gloo (about 40 ms steps, one thread per rank, so 2 ranks fill a 2-core host),
 interleaved in one run in a rotated order, R rounds; each job's throughput is its samples over the
@@ -463,6 +470,109 @@ def print_breakdown(rows: dict[str, list[dict[str, float]]]) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
+class _Empty:
+    """The floor: a `with` that does nothing."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+#: the calls --cold times, in the order its table shows them
+COLD_PARTS = {
+    "timer": "the timer alone (subtracted from the others)",
+    "empty_with": "`with` on an empty class (the floor)",
+    "phase": "a phase: `with prof.phase(...)`, enter and exit",
+    "log": "`prof.log(loss=...)`",
+    "step": "the step's end: `prof.step()`",
+    "steps_next": "`prof.steps`: end the step, time the wait for the next batch",
+}
+
+
+def cold_parts(tmp: Path, width: int, pairs: int = 3_000) -> dict[str, float]:
+    """µs per call of each recording call, cold (right after an unrecorded training step) and hot
+    (at once after the cold call), medians over `pairs` training steps per call (see --cold)."""
+    model, opt, batches = make_step(width)
+    clock = time.perf_counter_ns
+    empty = _Empty()
+    cold: dict[str, list[int]] = {k: [] for k in COLD_PARTS}
+    hot: dict[str, list[int]] = {k: [] for k in COLD_PARTS}
+    bare(model, opt, batches_for(batches, 50))
+    with perfscope.profile(tmp / "cold", experiment="overhead-cold", batch_size=BATCH, poll_hz=10) as prof:
+        phase = prof.phase("forward")
+
+        def p_timer() -> None:
+            pass
+
+        def p_empty() -> None:
+            with empty:
+                pass
+
+        def p_phase() -> None:
+            with phase:
+                pass
+
+        def p_log() -> None:
+            prof.log(loss=1.0)
+
+        parts = {"timer": p_timer, "empty_with": p_empty, "phase": p_phase, "log": p_log, "step": prof.step}
+        names = list(parts)
+        for i in range(pairs * len(names)):
+            x, y = batches[i % len(batches)]
+            train_step(model, opt, x, y)
+            name = names[i % len(names)]
+            fn = parts[name]
+            if name == "step":
+                p_phase()  # a step with something in it (an empty one is no step)
+                train_step(model, opt, x, y)
+            t0 = clock()
+            fn()
+            cold[name].append(clock() - t0)
+            if name == "step":
+                p_phase()
+            t0 = clock()
+            fn()
+            hot[name].append(clock() - t0)
+            if name != "step":
+                prof.step()
+    store = tmp / "cold-steps"
+    with perfscope.profile(store, experiment="overhead-cold", batch_size=BATCH, poll_hz=10) as prof:
+        it = prof.steps(batches_for(batches, pairs + 1))
+        x, y = next(it)
+        for _ in range(pairs):
+            with prof.phase("forward"):
+                train_step(model, opt, x, y)
+            t0 = clock()
+            x, y = next(it)
+            cold["steps_next"].append(clock() - t0)
+        it.close()
+    timer_cold, timer_hot = statistics.median(cold["timer"]), statistics.median(hot["timer"])
+    out: dict[str, float] = {}
+    for name in COLD_PARTS:
+        less_cold, less_hot = (0.0, 0.0) if name == "timer" else (timer_cold, timer_hot)
+        out[f"{name}_cold_us"] = (statistics.median(cold[name]) - less_cold) / 1e3
+        if hot[name]:
+            out[f"{name}_hot_us"] = (statistics.median(hot[name]) - less_hot) / 1e3
+    out["width"] = width
+    return out
+
+
+def print_cold(rows: dict[str, list[dict[str, float]]]) -> None:
+    """One Markdown table, a row per call, a cold and a hot column per tree (medians over processes)."""
+    labels = list(rows)
+    print("| call | " + " | ".join(f"{label}: cold | hot" for label in labels) + " |")
+    print("|---|" + "---|---|" * len(labels))
+    for name, words in COLD_PARTS.items():
+        cells = []
+        for label in labels:
+            for kind in ("cold", "hot"):
+                vals = [r[f"{name}_{kind}_us"] for r in rows[label] if f"{name}_{kind}_us" in r]
+                cells.append(f"{statistics.median(vals):.2f} µs" if vals else "")
+        print(f"| {words} | " + " | ".join(cells) + " |")
+
+
 def _per_call_ns(fn: Callable[[], None], n: int = 200_000) -> float:
     """ns per call of fn, less the empty loop."""
     t0 = time.perf_counter_ns()
@@ -671,6 +781,16 @@ def _commit(tree: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else "?"
 
 
+def _each_tree_twice(trees: dict[str, str], got: dict[str, list[dict[str, float]]], args: list[str]) -> None:
+    """This script with `args` in its own process per tree (its perfscope), twice each, alternating;
+    each process's JSON line added to `got` under its tree's label."""
+    for rep in range(2):
+        for label in list(trees)[rep % 2 :] + list(trees)[: rep % 2]:
+            cmd = [sys.executable, "-c", _WITH_TREE, trees[label], __file__, *args]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            got[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def compare_trees(args: argparse.Namespace) -> None:
     """This tree and each of `args.old` (none: this tree alone), each measured in its own process
     (bare and perfscope.profile interleaved inside it), twice, alternating; one Markdown table of
@@ -681,13 +801,21 @@ def compare_trees(args: argparse.Namespace) -> None:
         trees[f"{old} ({_commit(old)})"] = str(Path(old).resolve())
     got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     torch.set_num_threads(1)
+    if args.cold:
+        width = args.width or calibrate(args.step_ms / 1e3)
+        load_before = os.getloadavg()
+        _each_tree_twice(trees, got, ["--cold", "--json", f"--width={width}"])
+        load_after = os.getloadavg()
+        print(
+            f"## Each recording call cold (right after a training step, MLP width {width}) and hot, µs "
+            f"(2 processes per tree, each the median of 3,000 pairs per call; {os.cpu_count()} cores; "
+            f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after)\n"
+        )
+        print_cold(got)
+        return
     if args.breakdown:
         load_before = os.getloadavg()
-        for rep in range(2):
-            for label in list(trees)[rep % 2 :] + list(trees)[: rep % 2]:
-                cmd = [sys.executable, "-c", _WITH_TREE, trees[label], __file__, "--breakdown", "--json"]
-                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-                got[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        _each_tree_twice(trees, got, ["--breakdown", "--json"])
         load_after = os.getloadavg()
         print(
             f"## The recording path by part, µs per step unless named (2 processes per tree, each the "
@@ -698,13 +826,8 @@ def compare_trees(args: argparse.Namespace) -> None:
         return
     width = args.width or calibrate(args.step_ms / 1e3)  # once: both trees run the same step
     load_before = os.getloadavg()
-    for rep in range(2):
-        for label in list(trees)[rep % 2 :] + list(trees)[: rep % 2]:
-            sizes = [f"--rounds={args.rounds}", f"--block-s={args.block_s}", f"--poll-s={args.poll_s}"]
-            sizes.append(f"--width={width}")
-            cmd = [sys.executable, "-c", _WITH_TREE, trees[label], __file__, "--json", *sizes]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            got[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    sizes = [f"--rounds={args.rounds}", f"--block-s={args.block_s}", f"--poll-s={args.poll_s}"]
+    _each_tree_twice(trees, got, ["--json", *sizes, f"--width={width}"])
     load_after = os.getloadavg()
 
     def med(label: str, key: str) -> float:
@@ -748,6 +871,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=0, help="MLP width (0: the one whose step takes --step-ms)")
     ap.add_argument("--step-ms", type=float, default=2.8, help="CPU time of the step the width is picked for")
     ap.add_argument("--breakdown", action="store_true", help="the recording path part by part (see above)")
+    ap.add_argument("--cold", action="store_true", help="each recording call cold and hot (see above)")
     ap.add_argument(
         "--old",
         metavar="TREE",
@@ -768,6 +892,17 @@ def main() -> None:
     )
     ap.add_argument("--only-ddp", action="store_true", help="run only the DDP comparison")
     args = ap.parse_args()
+    if args.cold and not (args.old or args.rows):
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
+        got = cold_parts(tmp, args.width or calibrate(args.step_ms / 1e3))
+        shutil.rmtree(tmp, ignore_errors=True)
+        if args.json:
+            print(json.dumps(got))
+        else:
+            print_cold({"this tree": [got]})
+        return
     if args.breakdown and not (args.old or args.rows):
         torch.set_num_threads(1)
         warnings.simplefilter("ignore")

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .clocks import HostClock, perf_ns
+from .clocks import HostClock, HostMarks, perf_ns
 from .step_rows import (
     CANONICAL,
     END,
@@ -99,6 +99,12 @@ class Timeline:
         #: (a loop that never ends a step: prof.step() forgotten)
         self.long_step_ns = _NEVER
         self.on_long_step: Callable[[int], None] = _noop1
+        #: a phase entered at or before this perf reading takes the quick path (Profiler's Phase,
+        #: prof.steps' data phase): the open step's start plus long_step_ns while the timeline is
+        #: quick and `live`; -1 otherwise. One comparison on the hot path stands for four checks.
+        self.deadline = -1
+        #: False once the profile stops recording: no quick path any more
+        self.live = True
         #: rows of finished steps are built and handed to `emit` once this much step time has
         #: gathered (or `max_held` steps): one call per table for many short steps. 0 hands on every
         #: step. The steps are held as they were recorded; their rows are built when handed on.
@@ -127,6 +133,7 @@ class Timeline:
         self.quick = self.host and not self.nvtx
         self.opened = marks.mark()
         self.cur = None
+        self.refresh_deadline()
         return True
 
     def use_nvtx(self, ranges: Any) -> None:
@@ -134,6 +141,22 @@ class Timeline:
         self.nvtx, self.quick = True, False
         self.nvtx_push, self.nvtx_pop = ranges.push, ranges.pop
         self.nvtx_step_begin, self.nvtx_step_end = ranges.step_begin, ranges.step_end
+        self.refresh_deadline()
+
+    def watch_long_steps(self, ns: int) -> None:
+        """Call on_long_step once a phase starts `ns` after its step began."""
+        self.long_step_ns = ns
+        self.refresh_deadline()
+
+    def stop_live(self) -> None:
+        """Recording stopped: the quick path is closed (every phase asks its profile again)."""
+        self.live = False
+        self.deadline = -1
+
+    def refresh_deadline(self) -> None:
+        cur = self.cur
+        quick = cur is not None and self.quick and self.live
+        self.deadline = cur.start_host + self.long_step_ns if quick else -1  # type: ignore[union-attr]
 
     # -- the open step ---------------------------------------------------------------------------
     def _open(self, start_host: int, start: Any) -> StepRecord:
@@ -142,6 +165,7 @@ class Timeline:
         self.cur = StepRecord(self.index, start_host, start)
         if self.nvtx:
             self._step_range = self.nvtx_step_begin(self.index)
+        self.refresh_deadline()
         return self.cur
 
     def current(self) -> StepRecord:
@@ -161,6 +185,7 @@ class Timeline:
         cur = self.cur or self.current()
         if t - cur.start_host > self.long_step_ns:
             self.long_step_ns = _NEVER
+            self.refresh_deadline()
             self.on_long_step(t - cur.start_host)
         stack = self.stack
         span = [
@@ -235,6 +260,7 @@ class Timeline:
         if self.nvtx and self.cur is not None:
             self.nvtx_step_end(self._step_range)
         self.cur = None
+        self.deadline = -1
         self.stack.clear()
         self.seq = 0
         self.group_last.clear()
@@ -261,13 +287,40 @@ class Timeline:
         c.end = perf_ns() if self.host else self.marks.mark()
 
     def log(self, name: str, value: Any) -> None:
-        if value.__class__ is not float and value.__class__ is not int:
-            self._convert = True  # read at the step's end, as its rows may be built later
-        (self.cur or self.current()).metrics.append((name, value, perf_ns()))
+        self.log_values({name: value})
+
+    def log_values(self, values: dict[str, Any]) -> None:
+        """User metrics of the open step, all at this instant."""
+        t = perf_ns()
+        metrics = (self.cur or self.current()).metrics
+        for name, value in values.items():
+            if value.__class__ is not float and value.__class__ is not int:
+                self._convert = True  # read at the step's end, as its rows may be built later
+            metrics.append((name, value, t))
 
     def end_step(self, samples: int | None = None) -> None:
         """Close the open step now; the next one starts at this instant."""
         end_host = perf_ns()
+        cur = self.cur
+        if (
+            self.deadline >= 0  # quick: host clock, no NVTX, recording, a step open
+            and not self.stack
+            and not cur.comm  # type: ignore[union-attr]
+            and not self._convert
+            and not self.pending
+            and self.hold_ns
+        ):  # the common case of a short step, as below with nothing to check: one call less
+            cur.end = end_host  # type: ignore[union-attr]
+            if samples is not None:
+                cur.samples = samples  # type: ignore[union-attr]
+            self.index += 1
+            self.seq = 0
+            if self.group_last:
+                self.group_last.clear()
+            self.cur = StepRecord(self.index, end_host, end_host)
+            self.deadline = end_host + self.long_step_ns
+            self._hold(cur)  # type: ignore[arg-type]
+            return
         end = end_host if self.host else self.marks.mark()
         cur = self.cur
         if cur is None:
@@ -276,6 +329,7 @@ class Timeline:
         if samples is not None:
             cur.samples = samples
         self.cur = self._open_next(end_host, end, cur)
+        self.deadline = end_host + self.long_step_ns if self.quick and self.live else -1
         if self._convert:  # a tensor logged may change in place after its step: read it now
             self._convert = False
             cur.metrics = [(n, metric_value(v), t) for n, v, t in cur.metrics]
@@ -293,6 +347,7 @@ class Timeline:
         """The step in progress; when none is, one open since the timeline opened (as end_step sees it)."""
         if self.cur is None:
             self.cur = StepRecord(self.index, self.opened_host, self.opened)
+            self.refresh_deadline()
         return self.cur
 
     def end_step_at(self, end_host: int, end: Any, samples: int | None) -> None:
@@ -305,6 +360,7 @@ class Timeline:
         done.samples = samples
         self.index += 1
         cur.index, cur.start_host, cur.start = self.index, end_host, end
+        self.refresh_deadline()
         self.pending.append(done)
         self.drain()
 
@@ -469,6 +525,10 @@ def _noop0() -> None:
     pass
 
 
+def _drop(table: str, rows: list[Any]) -> None:
+    pass
+
+
 def _noop1(_: Any) -> None:
     pass
 
@@ -477,3 +537,8 @@ def _sleep_briefly() -> None:
     import time
 
     time.sleep(0.001)
+
+
+#: the timeline of a profile not recording (yet): never quick, never written to
+IDLE = Timeline(-1, HostMarks(), HostClock(), _drop)
+IDLE.stop_live()

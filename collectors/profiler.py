@@ -23,11 +23,13 @@ from .layout import Layout, LayoutError
 from .layout import resolve as resolve_layout
 from .nvml import GpuTelemetry, NoGpus, open_gpus
 from .nvtx_ranges import NvtxRanges
-from .phases import Timeline, infer_samples
+from .phases import IDLE, Timeline, infer_samples
 from .poller import HostClaim, Poller
 from .rendezvous import Placement, place
 from .run_metadata import cuda_device_name, ranks_row, runs_row, split_keywords, tags_json
 from .step_rows import CANONICAL, END, NAME
+
+DATA = CANONICAL["data"]
 
 #: set to 1 to turn perfscope.profile into a pass-through without touching the script
 DISABLE_ENV = "PERFSCOPE_DISABLE"
@@ -49,44 +51,49 @@ class Phase:
 
     An exception inside is recorded in the span's `error` column and propagates untouched.
     Entry and exit do Timeline.enter's and Timeline.exit's common case themselves (host timing, no
-    NVTX, a step open for less than NO_STEP_WARN_S): one call less each, on every phase."""
+    NVTX, a step open for less than NO_STEP_WARN_S, all in one comparison with the timeline's
+    `deadline`), touching as little as they can: a phase runs right after a torch op has filled the
+    CPU's caches, where every object and line of code it touches costs several times what it does
+    in a loop of phases alone (BENCHMARKS.md, "the hot path by part")."""
 
-    __slots__ = ("_canon", "_prof", "name")
+    __slots__ = ("_canon", "_prof", "_tl", "name")
 
     def __init__(self, prof: Profiler, name: str) -> None:
         self._prof = prof
         self.name = name
         self._canon = CANONICAL.get(name, -1)
+        #: the profile's timeline once it records (its deadline is -1 when it does not), else IDLE
+        self._tl: Timeline = prof._timeline or IDLE
 
     def __enter__(self) -> Phase:
-        tl = self._prof._live
-        if tl is not None:
-            try:
-                t = perf_ns()
-                cur = tl.cur
-                if tl.quick and cur is not None and t - cur.start_host <= tl.long_step_ns:
-                    stack = tl.stack
-                    parent = stack[-1] if stack else None
-                    span = [self.name, parent, len(stack), t, t, None, None, self._canon]  # see step_rows.py
-                    stack.append(span)
-                    cur.spans.append(span)
-                else:
-                    tl.enter(self.name)
-            except Exception as exc:
-                self._prof._internal_error(exc)
+        tl = self._tl
+        t = perf_ns()
+        try:
+            if t <= tl.deadline:
+                stack = tl.stack
+                span = [self.name, stack[-1] if stack else None, len(stack), t, t, None, None, self._canon]
+                stack.append(span)  # see step_rows.py for the span's fields
+                tl.cur.spans.append(span)  # type: ignore[union-attr]  # deadline >= 0: a step is open
+                return self
+            tl = self._prof._live  # type: ignore[assignment]
+            if tl is not None:
+                tl.enter(self.name)
+        except Exception as exc:
+            self._prof._internal_error(exc)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
-        tl = self._prof._live
-        if tl is not None:
-            try:
-                stack = tl.stack
-                if exc_type is None and tl.quick and stack and stack[-1][NAME] == self.name:
-                    stack.pop()[END] = perf_ns()
-                else:
-                    tl.exit_named(self.name, exc_type)
-            except Exception as err:
-                self._prof._internal_error(err)
+        tl = self._tl
+        try:
+            stack = tl.stack
+            if exc_type is None and tl.deadline >= 0 and stack and stack[-1][NAME] == self.name:
+                stack.pop()[END] = perf_ns()
+                return
+            live = self._prof._live
+            if live is not None:
+                live.exit_named(self.name, exc_type)
+        except Exception as err:
+            self._prof._internal_error(err)
 
 
 class _Guard:
@@ -241,6 +248,8 @@ class Profiler:
             self._start()
             self._recording = True
             self._live = self._timeline
+            for phase in self._phases.values():  # made before the start
+                phase._tl = self._timeline
         except Exception as exc:
             self.faults.report(
                 "start_failed",
@@ -281,7 +290,7 @@ class Profiler:
         self._timeline.wake = self._writer.pull_soon  # the writer builds the rows of short steps
         self._writer.add_source(self._pull_rows, flat=True)
         self._timeline.emit_flat = self._writer.extend_flat  # what the training thread builds too
-        self._timeline.long_step_ns = int(NO_STEP_WARN_S * 1e9)
+        self._timeline.watch_long_steps(int(NO_STEP_WARN_S * 1e9))
         self._timeline.on_long_step = self._no_step_ended
         if self._timing == "cuda" or (self._timing == "auto" and _cuda_in_use()):
             self._use_cuda_timing()
@@ -330,6 +339,8 @@ class Profiler:
             return
         self._closed = True
         was_recording, self._recording, self._live = self._recording, False, None
+        if self._timeline is not None:
+            self._timeline.stop_live()
         for hook in self._hooks:
             hook.active = False
         if self._writer is None:
@@ -396,7 +407,13 @@ class Profiler:
                 tl.begin_loop()
             while True:
                 span = None
-                if self._recording:
+                t = perf_ns()
+                if t <= tl.deadline:  # Phase.__enter__'s quick path, for the wait on the next batch
+                    stack = tl.stack
+                    span = ["data", stack[-1] if stack else None, len(stack), t, t, None, None, DATA]
+                    stack.append(span)
+                    tl.cur.spans.append(span)  # type: ignore[union-attr]  # deadline >= 0: a step is open
+                elif self._recording:
                     try:
                         span = tl.enter("data")
                     except Exception as exc:
@@ -416,7 +433,11 @@ class Profiler:
                 samples = None
                 if span is not None:
                     try:
-                        tl.exit(span, None)
+                        stack = tl.stack
+                        if tl.deadline >= 0 and stack and stack[-1] is span:
+                            stack.pop()[END] = perf_ns()
+                        else:
+                            tl.exit(span, None)
                         samples = infer_samples(batch)
                         if self.count_flops and tl.index == 0 and not self._flops.running:
                             self._flops.start()
@@ -521,8 +542,7 @@ class Profiler:
         tl = self._live
         if tl is not None:
             try:
-                for name, value in values.items():
-                    tl.log(name, value)
+                tl.log_values(values)
             except Exception as exc:
                 self._internal_error(exc)
 
@@ -633,6 +653,8 @@ class Profiler:
         """A bug of ours in the hot path: stop recording rather than risk the job."""
         self._recording = False
         self._live = None
+        if self._timeline is not None:
+            self._timeline.stop_live()
         for hook in self._hooks:
             hook.active = False
         with contextlib.suppress(Exception):
