@@ -128,6 +128,19 @@ def recorded_step(prof: Any, model: nn.Module, opt: Any, x: torch.Tensor, y: tor
     prof.log(loss=loss.item())
 
 
+class _Empty:
+    """The floor: a `with` that does nothing."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+EMPTY = _Empty()
+
+
 def blocked_ns() -> int:
     """ns this thread has spent off the CPU without being preempted (waiting for a lock: the GIL),
     so far: wall time less time on the CPU less time waiting in the run queue (/proc schedstat)."""
@@ -159,6 +172,28 @@ def with_perfscope(model: nn.Module, opt: Any, data: list[Any], store: Path) -> 
             recorded_step(prof, model, opt, x, y)
         BLOCKED["perfscope.profile"].append((blocked_ns() - b0) / len(data))
         return since(t0)
+
+
+class _Floor:
+    """perfscope.profile's calls doing nothing: empty `with` blocks, a generator over the data. What
+    any instrumentation at those points costs a real step (see --cold)."""
+
+    def phase(self, name: str) -> _Empty:
+        return EMPTY
+
+    def log(self, **values: Any) -> None:
+        return None
+
+    def steps(self, data: list[Any]) -> Any:
+        yield from data
+
+
+def with_floor(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
+    floor = _Floor()
+    t0 = now()
+    for x, y in floor.steps(data):
+        recorded_step(floor, model, opt, x, y)
+    return since(t0)
 
 
 def with_torch_profiler(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
@@ -470,16 +505,6 @@ def print_breakdown(rows: dict[str, list[dict[str, float]]]) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
-class _Empty:
-    """The floor: a `with` that does nothing."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 #: the calls --cold times, in the order its table shows them
 COLD_PARTS = {
     "timer": "the timer alone (subtracted from the others)",
@@ -496,7 +521,7 @@ def cold_parts(tmp: Path, width: int, pairs: int = 3_000) -> dict[str, float]:
     (at once after the cold call), medians over `pairs` training steps per call (see --cold)."""
     model, opt, batches = make_step(width)
     clock = time.perf_counter_ns
-    empty = _Empty()
+    empty = EMPTY
     cold: dict[str, list[int]] = {k: [] for k in COLD_PARTS}
     hot: dict[str, list[int]] = {k: [] for k in COLD_PARTS}
     bare(model, opt, batches_for(batches, 50))
@@ -846,11 +871,12 @@ def compare_trees(args: argparse.Namespace) -> None:
         "4 phases, a log and `prof.step()`; the same with a hand-written collective.\n"
     )
     print(
-        "| tree | bare step | wall ratio (median) | wall p10-p90 | CPU ratio | recording calls: prof.steps "
+        "| tree | bare step | wall ratio (median) | wall p10-p90 | CPU ratio | the floor's wall ratio "
+        "| recording calls: prof.steps "
         "| 4 phases + prof.step() | with a collective | training thread blocked per step "
         "(bare: blocked) | poller CPU at 10 Hz |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
 
     def calls(label: str, name: str) -> str:
         return f"{med(label, name + '_us'):.1f} µs ({med(label, name + '_process_us'):.1f})"
@@ -859,6 +885,7 @@ def compare_trees(args: argparse.Namespace) -> None:
         print(
             f"| {label} | {med(label, 'step_ms'):.3f} ms | {med(label, 'wall_ratio'):.3f}x | "
             f"{med(label, 'wall_p10'):.3f}-{med(label, 'wall_p90'):.3f} | {med(label, 'cpu_ratio'):.3f}x | "
+            f"{med(label, 'floor_ratio'):.3f}x | "
             f"{calls(label, 'calls')} | {calls(label, 'calls_step')} | {calls(label, 'calls_comm')} | "
             f"{med(label, 'blocked_us'):.1f} µs ({med(label, 'blocked_bare_us'):.1f} µs) | "
             f"{med(label, 'poller_pct'):.3f} % |"
@@ -937,6 +964,7 @@ def main() -> None:
     variants: dict[str, Callable[[], Clock]] = {
         "bare": lambda: bare_blocked(model, opt, data),
         "perfscope.profile": lambda: with_perfscope(model, opt, data, tmp / f"s{time.monotonic_ns()}"),
+        "the floor: the same calls doing nothing": lambda: with_floor(model, opt, data),
     }
     if not args.json:
         variants["perfscope run (no code change)"] = lambda: with_perfscope_run(
@@ -971,6 +999,7 @@ def main() -> None:
                 {
                     "step_ms": statistics.median(times["bare"]) * 1e3,
                     "wall_ratio": statistics.median(ratios[ps]),
+                    "floor_ratio": statistics.median(ratios["the floor: the same calls doing nothing"]),
                     "wall_p10": q(ratios[ps], 0.1),
                     "wall_p90": q(ratios[ps], 0.9),
                     "cpu_ratio": statistics.median(cpu_ratios[ps]),
