@@ -425,16 +425,13 @@ class Timeline:
             self.discard_open_step()
         self.flush()
 
-    def take_rows(
-        self, *, flat: bool = False, pause: Callable[[], None] | None = None
-    ) -> dict[str, list[Any]]:
+    def take_rows(self, *, flat: bool = False) -> dict[str, list[Any]]:
         """The rows of the held steps, by table, built now by the calling thread (the store writer
         pulls them at each roll; flush hands them to `emit`). Safe beside the training thread:
         finished steps are not changed any more, and each is taken once (a copy of the held values,
         then a delete of exactly those, each one C call: what the training thread appends meanwhile
         stays for the next take; one taker at a time). With `flat`,
-        each table's rows come as one flat list of their values (write_frozen's `flat`). `pause()`,
-        if given, is called every few dozen steps (StoreWriter.pause)."""
+        each table's rows come as one flat list of their values (write_frozen's `flat`)."""
         out: dict[str, list[Any]] = {}
 
         def gather(table: str, rows: list[Any]) -> None:
@@ -453,9 +450,8 @@ class Timeline:
         at, end, steps = 0, len(values), 0
         if flat:  # the common case of a pull, in one call (write_held_flat)
             steps = write_held_flat(
-                values, out, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples,
-                pause=pause,
-            )  # fmt: skip
+                values, out, marks, rank=self.rank, shift_ns=shift, default_samples=self.default_samples
+            )
             end = 0
         while at < end:
             stop = at + 1 + values[at]

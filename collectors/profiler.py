@@ -623,7 +623,7 @@ class Profiler:
         """The rows of the steps the timeline holds, built on the writer's thread as flat value lists
         (StoreWriter.add_source's `flat`)."""
         try:
-            return self._timeline.take_rows(flat=True, pause=self._writer.pause if self._writer else None)
+            return self._timeline.take_rows(flat=True)
         except Exception as exc:
             self._internal_error(exc)
             return {}

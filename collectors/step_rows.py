@@ -318,20 +318,15 @@ def write_frozen(
     return False
 
 
-#: write_held_flat's steps between two pauses (about 100 us of building rows)
-PAUSE_EVERY_STEPS = 32
-
-
 def write_held_flat(
     values: list[Any], out: dict[str, list[Any]], marks: Marks, *, rank: int, shift_ns: int,
-    default_samples: int | None, pause: Callable[[], None] | None = None,
+    default_samples: int | None,
 ) -> int:  # fmt: skip
     """The rows of held steps (`flatten`'s values, one step after another, each after its length),
     complete, as flat value lists added to `out` by table: the store writer's pull. A host step
     without collectives (the common case) is built here in one loop over all the steps, with what
     write_frozen does for it (no collective: no exposed sync to move, comm_total and comm_count 0);
-    any other step by write_frozen itself. `pause()`, if given, is called every PAUSE_EVERY_STEPS
-    steps (the store writer's thread lets the job's have the GIL). Returns the number of steps."""
+    any other step by write_frozen itself. Returns the number of steps."""
     spans = out.setdefault("spans", [])
     metrics = out.setdefault("metrics", [])
     steps = out.setdefault("steps", [])
@@ -348,8 +343,6 @@ def write_held_flat(
         i = at + 1
         index, step_start_host, s0, step_end, samples, n_spans, n_comm = values[i : i + _HEAD]
         n += 1
-        if pause is not None and not n % PAUSE_EVERY_STEPS:
-            pause()
         if n_comm or not host:
             write_frozen(
                 values, gather, marks, rank=rank, shift_ns=shift, default_samples=default_samples,

@@ -47,9 +47,6 @@ _PULL = object()  # pull_soon(): take the sources' rows now
 
 #: how often the writer thread looks for the first rows of a prompt table
 FIRST_ROWS_POLL_S = 0.05
-#: the writer thread's Python work (building rows, converting columns) hands the GIL over this long
-#: between its pieces: see StoreWriter.pause
-GIL_PAUSE_S = 50e-6
 #: a live segment is sealed into Parquet once it is this large or this old
 LIVE_MAX_BYTES = 64 << 20
 #: close() merges this host's sealed files of a table of the run only up to this size (`perfscope
@@ -170,18 +167,13 @@ def _column(values: list[Any], typ: pa.DataType) -> pa.Array:
     return pa.array(values, type=typ)
 
 
-def flat_to_table(table: str, flat: list[Any], pause: Callable[[], None] | None = None) -> pa.Table:
-    """Rows laid end to end (`[r0c0, r0c1, ..., r1c0, ...]`) to an Arrow table of `table`'s schema.
-    `pause()`, if given, is called between columns (StoreWriter.pause)."""
+def flat_to_table(table: str, flat: list[Any]) -> pa.Table:
+    """Rows laid end to end (`[r0c0, r0c1, ..., r1c0, ...]`) to an Arrow table of `table`'s schema."""
     schema = TABLES[table].arrow_schema
     width = len(schema)
     if len(flat) % width:
         raise ValueError(f"{table}: {len(flat)} values do not make whole rows of {width}")
-    arrays = []
-    for i, field in enumerate(schema):
-        arrays.append(_column(flat[i::width], field.type))
-        if pause is not None:
-            pause()
+    arrays = [_column(flat[i::width], field.type) for i, field in enumerate(schema)]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -295,16 +287,6 @@ class StoreWriter:
         as one flat list of their values, row after row, each row of the table's full width (what
         the buffer holds: added in one C call, no tuple per row made or kept)."""
         self._sources.append((pull, flat))
-
-    def pause(self) -> None:
-        """Between two pieces of the writer thread's own Python work: let the job's thread have the
-        GIL. torch releases the GIL inside its ops, so the writer mostly runs while the job's thread
-        is in one; when that op returns and wants the GIL back, CPython makes it wait a whole switch
-        interval (5 ms) before it even asks the holder to let go. Without these pauses a pull (a few
-        ms of building rows and converting columns) stalled the training step it landed in by about
-        that long. A no-op on any other thread (a flush or close on the job's thread)."""
-        if threading.get_ident() == self._thread.ident:
-            time.sleep(GIL_PAUSE_S)
 
     def pull_soon(self) -> None:
         """Have the writer thread take the sources' rows now, not at the next roll (cheap, never waits)."""
@@ -527,7 +509,7 @@ class StoreWriter:
         n = self._rows(table, data)
         self._not_yet_written.discard(table)  # tried: a failing disk is not retried every poll
         try:
-            arrow = data if isinstance(data, pa.Table) else flat_to_table(table, data, self.pause)
+            arrow = data if isinstance(data, pa.Table) else flat_to_table(table, data)
             live = self._append(table, arrow)
         except Exception as exc:  # disk full, read-only store, a bug of ours: never the job's problem
             self.stats.rows_dropped += n
