@@ -37,6 +37,11 @@ each the median of many such pairs less the timer's own cost measured the same w
 empty class is the floor any instrumentation pays there. The gap between the two columns is why the
 calls cost a real step several times what `--breakdown`'s empty loops say.
 
+`--blocked` says which of perfscope's threads the training thread waits for: its time blocked per
+step (off the CPU and not runnable: waiting for the GIL, from /proc/<tid>/schedstat) in blocks of
+real recorded steps, with and without the poller, and with and without the writer being asked to
+pull early (it still pulls at each roll), 6 rounds interleaved, medians.
+
 `--ddp-rounds R` adds the collector's cost on a saturated host: bare and instrumented 1- and
 2-rank DDP jobs on gloo (about 40 ms steps, one thread per rank, so 2 ranks fill a 2-core host),
 interleaved in one run in a rotated order, R rounds; each job's throughput is its samples over the
@@ -584,6 +589,49 @@ def cold_parts(tmp: Path, width: int, pairs: int = 3_000) -> dict[str, float]:
     return out
 
 
+BLOCKED_VARIANTS = {
+    "default (writer, 10 Hz poller)": (10, None),
+    "no poller": (0, None),
+    "no poller, the writer not asked to pull early (it still pulls at each 1 s roll)": (0, 10**9),
+    "poller, the writer not asked to pull early": (10, 10**9),
+}
+
+
+def blocked_by_thread(tmp: Path, width: int, rounds: int = 6, n: int = 500) -> dict[str, tuple[float, float]]:
+    """µs per step the training thread was blocked, and wall µs per step, by variant (see --blocked)."""
+    from perfscope.collectors import phases
+
+    model, opt, batches = make_step(width)
+    data = batches_for(batches, n)
+    default_pull = phases.PULL_AT_STEPS
+
+    def block(label: str, k: int) -> tuple[float, float]:
+        poll_hz, pull = BLOCKED_VARIANTS[label]
+        phases.PULL_AT_STEPS = default_pull if pull is None else pull
+        try:
+            store = tmp / f"b{k}-{len(label)}"
+            with perfscope.profile(
+                store, experiment="overhead-blocked", batch_size=BATCH, poll_hz=poll_hz
+            ) as prof:
+                b0, t0 = blocked_ns(), time.perf_counter_ns()
+                for x, y in prof.steps(data):
+                    recorded_step(prof, model, opt, x, y)
+                return (blocked_ns() - b0) / n / 1e3, (time.perf_counter_ns() - t0) / n / 1e3
+        finally:
+            phases.PULL_AT_STEPS = default_pull
+
+    for label in BLOCKED_VARIANTS:  # warm every path once
+        block(label, -1)
+    got: dict[str, list[tuple[float, float]]] = {label: [] for label in BLOCKED_VARIANTS}
+    for r in range(rounds):
+        for label in BLOCKED_VARIANTS:
+            got[label].append(block(label, r))
+    return {
+        label: (statistics.median(b for b, _ in runs), statistics.median(w for _, w in runs))
+        for label, runs in got.items()
+    }
+
+
 def print_cold(rows: dict[str, list[dict[str, float]]]) -> None:
     """One Markdown table, a row per call, a cold and a hot column per tree (medians over processes)."""
     labels = list(rows)
@@ -899,6 +947,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=2.8, help="CPU time of the step the width is picked for")
     ap.add_argument("--breakdown", action="store_true", help="the recording path part by part (see above)")
     ap.add_argument("--cold", action="store_true", help="each recording call cold and hot (see above)")
+    ap.add_argument("--blocked", action="store_true", help="the training thread's GIL waits by thread")
     ap.add_argument(
         "--old",
         metavar="TREE",
@@ -919,6 +968,23 @@ def main() -> None:
     )
     ap.add_argument("--only-ddp", action="store_true", help="run only the DDP comparison")
     args = ap.parse_args()
+    if args.blocked:
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
+        width = args.width or calibrate(args.step_ms / 1e3)
+        load_before = os.getloadavg()
+        rows = blocked_by_thread(tmp, width)
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(
+            f"## The training thread's time blocked per step (MLP width {width}, 6 rounds of 500 steps per "
+            f"variant; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)\n"
+        )
+        print("| variant | blocked per step | wall per step |")
+        print("|---|---|---|")
+        for label, (b, w) in rows.items():
+            print(f"| {label} | {b:.1f} µs | {w:,.0f} µs |")
+        return
     if args.cold and not (args.old or args.rows):
         torch.set_num_threads(1)
         warnings.simplefilter("ignore")
