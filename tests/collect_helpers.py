@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import socket
@@ -23,9 +24,19 @@ def free_port() -> int:
 
 
 def _entry(
-    fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...], q: Any
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    args: tuple[Any, ...],
+    q: Any,
+    dump_after_s: float | None,
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    if dump_after_s:
+        # a rank still alive just before run_ranks kills it prints where each of its threads is
+        # (the test's captured stderr shows it): a hang is then a stack, not only an exit code
+        faulthandler.dump_traceback_later(dump_after_s, exit=False)
     try:
         q.put((rank, "ok", fn(rank, world_size, *args)))
     except BaseException:
@@ -33,14 +44,20 @@ def _entry(
         raise
 
 
-def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> tuple[list[Any], Any]:
+def start_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, dump_after_s: float | None = None
+) -> tuple[list[Any], Any]:
     """Start fn(rank, world_size, *args) in `world_size` processes of the fork server; the processes
-    and the queue each puts its (rank, status, value) on. The caller joins (or kills) them."""
+    and the queue each puts its (rank, status, value) on. The caller joins (or kills) them. A rank
+    still running after `dump_after_s` prints its Python stacks to stderr."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, q)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, args, q, dump_after_s))
+        for r in range(world_size)
+    ]
     # Streamlit's AppTest (another test in this process) can leave __main__ pointing at a script
     # that no longer exists; a child would re-run __main__'s file before the target. Start them
     # from a plain __main__.
@@ -63,7 +80,7 @@ def run_ranks(
 
     The processes come from a fork server that imported torch once (the import costs seconds per
     process on 2 cores); it forks before any thread of torch exists."""
-    procs, q = start_ranks(fn, world_size, *args)
+    procs, q = start_ranks(fn, world_size, *args, dump_after_s=max(1.0, timeout_s - 5.0))
     results: dict[int, Any] = {}
     import queue
     import time
