@@ -18,7 +18,11 @@ order, and every variant is reported as the median over rounds of its ratio to t
 the same round. perfscope's block includes everything it runs: phases, NVTX ranges, the store
 writer's thread and the 10 Hz poller (started before the block, stopped after it). Besides wall
 time, each block's process CPU time (all threads) is compared, which other processes on a shared
-machine disturb far less (the CPU ratio column). The result is a Markdown table on stdout.
+machine disturb far less (the CPU ratio column). Two more variants bound what any instrumentation
+can cost: the floor (the same calls doing nothing: empty `with` blocks, a generator over the data)
+and hand-written timers (the same phases, the wait for each batch and the loss appended to a list
+with perf_counter_ns, nothing else: the cheapest code that records what perfscope records). The
+result is a Markdown table on stdout.
 
 `--breakdown` (with `--old TREE`: of each tree, in its own process, alternating) says where the
 recording path's time goes, part by part, in loops with nothing else (a real profile: writer thread,
@@ -41,6 +45,14 @@ calls cost a real step several times what `--breakdown`'s empty loops say.
 step (off the CPU and not runnable: waiting for the GIL, from /proc/<tid>/schedstat) in blocks of
 real recorded steps, with and without the poller, and with and without the writer being asked to
 pull early (it still pulls at each roll), 6 rounds interleaved, medians.
+
+`--parts` says which part of perfscope.profile costs the step what: blocks of real steps with parts of
+it switched off, interleaved with bare and floor blocks in a rotated order (60 rounds of 300 steps;
+the medians of the block ratios move by about +-1 % between runs, so many short blocks): the whole
+profile; without the poller; without the poller and with the writer never pulling during the block
+(its rows wait until the profile closes); the profile open but the calls doing nothing (the writer
+and poller threads alone); and, with the poller off, `prof.steps` alone, with the phases, with the
+log (the other calls doing nothing).
 
 `--ddp-rounds R` adds the collector's cost on a saturated host: bare and instrumented 1- and
 2-rank DDP jobs on gloo (about 40 ms steps, one thread per rank, so 2 ranks fill a 2-core host),
@@ -201,6 +213,55 @@ def with_floor(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
     return since(t0)
 
 
+class _Timer:
+    """One phase of _Timers: its name and the clock at entry and exit, appended to a list."""
+
+    __slots__ = ("name", "out")
+
+    def __init__(self, name: str, out: list[Any]) -> None:
+        self.name, self.out = name, out
+
+    def __enter__(self) -> None:
+        self.out.append(time.perf_counter_ns())
+
+    def __exit__(self, *exc: object) -> None:
+        self.out += (self.name, time.perf_counter_ns())
+
+
+class _Timers:
+    """Hand-written timers: the same phases, the wait for each batch, the loss and each step's end,
+    appended to one list (what a user's own timing code does, with no store, thread or check): the
+    cheapest instrumentation that records what perfscope's calls record."""
+
+    def __init__(self) -> None:
+        self.out: list[Any] = []
+        self._timers: dict[str, _Timer] = {}
+
+    def phase(self, name: str) -> _Timer:
+        timer = self._timers.get(name)
+        if timer is None:
+            timer = self._timers[name] = _Timer(name, self.out)
+        return timer
+
+    def log(self, **values: Any) -> None:
+        self.out.append(values)
+
+    def steps(self, data: list[Any]) -> Any:
+        out, clock = self.out, time.perf_counter_ns
+        for batch in data:
+            out.append(clock())  # the batch arrived: the data phase ends (and the step before)
+            yield batch
+            out.append(clock())
+
+
+def with_timers(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
+    timers = _Timers()
+    t0 = now()
+    for x, y in timers.steps(data):
+        recorded_step(timers, model, opt, x, y)
+    return since(t0)
+
+
 def with_torch_profiler(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
     from torch.profiler import ProfilerActivity, profile
 
@@ -352,7 +413,7 @@ def calibrate(target_s: float = 0.0028) -> int:
     """The MLP width whose bare step takes about `target_s` of CPU on this machine (CPU time: other
     processes on a shared machine would make a wall-clock calibration pick too small a model)."""
     best = 64
-    for width in (64, 128, 192, 256, 384, 512, 768, 1024):
+    for width in (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096):
         model, opt, batches = make_step(width)
         bare(model, opt, batches_for(batches, 20))
         per = bare(model, opt, batches_for(batches, 100))[1] / 100
@@ -587,6 +648,76 @@ def cold_parts(tmp: Path, width: int, pairs: int = 3_000) -> dict[str, float]:
             out[f"{name}_hot_us"] = (statistics.median(hot[name]) - less_hot) / 1e3
     out["width"] = width
     return out
+
+
+class _Some:
+    """perfscope.profile's calls, those not in `real` ("steps", "phases", "log") doing nothing."""
+
+    def __init__(self, prof: Any, real: set[str]) -> None:
+        floor = _Floor()
+        self.phase = prof.phase if "phases" in real else floor.phase
+        self.log = prof.log if "log" in real else floor.log
+        self.steps = prof.steps if "steps" in real else floor.steps
+
+
+ALL_CALLS = {"steps", "phases", "log"}
+#: --parts: variant -> (poll_hz, the writer pulls during the block, the calls that record)
+PARTS: dict[str, tuple[int, bool, set[str]]] = {
+    "perfscope.profile, all of it": (10, True, ALL_CALLS),
+    "no poller": (0, True, ALL_CALLS),
+    "no poller, the writer idle during the block": (0, False, ALL_CALLS),
+    "the threads alone: the profile open, the calls doing nothing": (10, True, set()),
+    "no poller, prof.steps alone": (0, True, {"steps"}),
+    "no poller, prof.steps and the phases": (0, True, {"steps", "phases"}),
+    "no poller, prof.steps and prof.log": (0, True, {"steps", "log"}),
+}
+
+
+def parts_table(tmp: Path, width: int, rounds: int = 60, n: int = 300) -> tuple[float, dict[str, float]]:
+    """The bare step (s) and each --parts variant's median wall ratio to the bare block of its round."""
+    from perfscope.collectors import phases
+
+    model, opt, batches = make_step(width)
+    data = batches_for(batches, n)
+    default_pull = phases.PULL_AT_STEPS
+
+    def part(label: str) -> Callable[[], Clock]:
+        poll_hz, pulls, real = PARTS[label]
+
+        def run() -> Clock:
+            phases.PULL_AT_STEPS = default_pull if pulls else 10**9
+            try:
+                with perfscope.profile(
+                    tmp / f"p{time.monotonic_ns()}", experiment="overhead-parts", batch_size=BATCH,
+                    poll_hz=poll_hz, roll_interval_s=1.0 if pulls else 3600.0,
+                ) as prof:  # fmt: skip
+                    calls = _Some(prof, real)
+                    t0 = now()
+                    for x, y in calls.steps(data):
+                        recorded_step(calls, model, opt, x, y)
+                    return since(t0)
+            finally:
+                phases.PULL_AT_STEPS = default_pull
+
+        return run
+
+    variants: dict[str, Callable[[], Clock]] = {
+        "bare": lambda: bare(model, opt, data),
+        "the floor: the same calls doing nothing": lambda: with_floor(model, opt, data),
+        **{label: part(label) for label in PARTS},
+    }
+    for fn in variants.values():  # warm every path once
+        fn()
+    names = list(variants)
+    ratios: dict[str, list[float]] = {k: [] for k in names}
+    steps: list[float] = []
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        got = {name: variants[name]()[0] for name in order}
+        steps.append(got["bare"] / n)
+        for name in names:
+            ratios[name].append(got[name] / got["bare"])
+    return statistics.median(steps), {k: statistics.median(v) for k, v in ratios.items() if k != "bare"}
 
 
 BLOCKED_VARIANTS = {
@@ -948,6 +1079,7 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="the recording path part by part (see above)")
     ap.add_argument("--cold", action="store_true", help="each recording call cold and hot (see above)")
     ap.add_argument("--blocked", action="store_true", help="the training thread's GIL waits by thread")
+    ap.add_argument("--parts", action="store_true", help="perfscope.profile with parts of it off (see above)")
     ap.add_argument(
         "--old",
         metavar="TREE",
@@ -968,6 +1100,24 @@ def main() -> None:
     )
     ap.add_argument("--only-ddp", action="store_true", help="run only the DDP comparison")
     args = ap.parse_args()
+    if args.parts:
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
+        width = args.width or calibrate(args.step_ms / 1e3)
+        load_before = os.getloadavg()
+        step_s, got = parts_table(tmp, width)
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(
+            f"## perfscope.profile by part (MLP width {width}, bare step {step_s * 1e3:.3f} ms, 60 rounds "
+            f"of 300 steps per variant; load average {load_before[0]:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after)\n"
+        )
+        print("| variant | wall ratio to bare (median) | µs per step over bare |")
+        print("|---|---|---|")
+        for label, ratio in got.items():
+            print(f"| {label} | {ratio:.3f}x | {(ratio - 1) * step_s * 1e6:+.1f} |")
+        return
     if args.blocked:
         torch.set_num_threads(1)
         warnings.simplefilter("ignore")
@@ -1031,6 +1181,7 @@ def main() -> None:
         "bare": lambda: bare_blocked(model, opt, data),
         "perfscope.profile": lambda: with_perfscope(model, opt, data, tmp / f"s{time.monotonic_ns()}"),
         "the floor: the same calls doing nothing": lambda: with_floor(model, opt, data),
+        "hand-written timers: the same phases into a list": lambda: with_timers(model, opt, data),
     }
     if not args.json:
         variants["perfscope run (no code change)"] = lambda: with_perfscope_run(
@@ -1047,11 +1198,11 @@ def main() -> None:
     cpu_ratios: dict[str, list[float]] = {k: [] for k in names}
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
-        got = {name: variants[name]() for name in order}
+        clocks = {name: variants[name]() for name in order}
         for name in names:
-            times[name].append(got[name][0] / n)
-            ratios[name].append(got[name][0] / got["bare"][0])
-            cpu_ratios[name].append(got[name][1] / got["bare"][1])
+            times[name].append(clocks[name][0] / n)
+            ratios[name].append(clocks[name][0] / clocks["bare"][0])
+            cpu_ratios[name].append(clocks[name][1] / clocks["bare"][1])
 
     def q(xs: list[float], p: float) -> float:
         return statistics.quantiles(xs, n=10)[int(p * 10) - 1] if len(xs) >= 2 else xs[0]
@@ -1066,6 +1217,9 @@ def main() -> None:
                     "step_ms": statistics.median(times["bare"]) * 1e3,
                     "wall_ratio": statistics.median(ratios[ps]),
                     "floor_ratio": statistics.median(ratios["the floor: the same calls doing nothing"]),
+                    "timers_ratio": statistics.median(
+                        ratios["hand-written timers: the same phases into a list"]
+                    ),
                     "wall_p10": q(ratios[ps], 0.1),
                     "wall_p90": q(ratios[ps], 0.9),
                     "cpu_ratio": statistics.median(cpu_ratios[ps]),

@@ -4,6 +4,7 @@ truncated, malformed and hostile files refused or cut with one line."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import shutil
 import time
 import tracemalloc
+import weakref
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -224,6 +226,16 @@ def profiled_ddp_worker(rank: int, world_size: int, outdir: str, active: int = 5
             prof.step()
     path = os.path.join(outdir, f"rank{rank}.json")
     prof.export_chrome_trace(path)
+    # The DDP model goes before its process group. Freed after it (at this function's return), DDP's
+    # reducer would hold the group's last reference and destroy it holding the GIL, while a gloo
+    # worker thread, destroying a finished allreduce whose saved thread-local state holds a Python
+    # object, waits for the GIL: a deadlock of torch's (about 1 job in a few hundred here under
+    # load; the stacks are in issue 26's note). Dropped while the group is registered, the reducer's
+    # reference is not the last; destroy_process_group's is, and that one is released without the GIL.
+    freed = weakref.ref(model)
+    del model, opt, prof
+    gc.collect()
+    assert freed() is None, "the DDP model (and its reducer) outlived the del"
     dist.destroy_process_group()
     return path
 
