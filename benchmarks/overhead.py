@@ -205,12 +205,16 @@ class _Floor:
         yield from data
 
 
-def with_floor(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
-    floor = _Floor()
+def with_calls(calls: Any, model: nn.Module, opt: Any, data: list[Any]) -> Clock:
+    """The recorded loop with `calls` (an object with phase, log and steps) instead of a profile."""
     t0 = now()
-    for x, y in floor.steps(data):
-        recorded_step(floor, model, opt, x, y)
+    for x, y in calls.steps(data):
+        recorded_step(calls, model, opt, x, y)
     return since(t0)
+
+
+def with_floor(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
+    return with_calls(_Floor(), model, opt, data)
 
 
 class _Timer:
@@ -255,11 +259,7 @@ class _Timers:
 
 
 def with_timers(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
-    timers = _Timers()
-    t0 = now()
-    for x, y in timers.steps(data):
-        recorded_step(timers, model, opt, x, y)
-    return since(t0)
+    return with_calls(_Timers(), model, opt, data)
 
 
 def with_torch_profiler(model: nn.Module, opt: Any, data: list[Any]) -> Clock:
@@ -691,11 +691,7 @@ def parts_table(tmp: Path, width: int, rounds: int = 60, n: int = 300) -> tuple[
                     tmp / f"p{time.monotonic_ns()}", experiment="overhead-parts", batch_size=BATCH,
                     poll_hz=poll_hz, roll_interval_s=1.0 if pulls else 3600.0,
                 ) as prof:  # fmt: skip
-                    calls = _Some(prof, real)
-                    t0 = now()
-                    for x, y in calls.steps(data):
-                        recorded_step(calls, model, opt, x, y)
-                    return since(t0)
+                    return with_calls(_Some(prof, real), model, opt, data)
             finally:
                 phases.PULL_AT_STEPS = default_pull
 
