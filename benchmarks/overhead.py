@@ -1067,6 +1067,14 @@ def compare_trees(args: argparse.Namespace) -> None:
         )
 
 
+def _setup(args: argparse.Namespace) -> tuple[Path, int]:
+    """One torch thread, warnings off (no NVML here is expected), a scratch folder, the MLP width."""
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
+    return tmp, args.width or calibrate(args.step_ms / 1e3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=25, help="block pairs (rounds of every variant)")
@@ -1097,10 +1105,7 @@ def main() -> None:
     ap.add_argument("--only-ddp", action="store_true", help="run only the DDP comparison")
     args = ap.parse_args()
     if args.parts:
-        torch.set_num_threads(1)
-        warnings.simplefilter("ignore")
-        tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
-        width = args.width or calibrate(args.step_ms / 1e3)
+        tmp, width = _setup(args)
         load_before = os.getloadavg()
         step_s, got = parts_table(tmp, width)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -1115,10 +1120,7 @@ def main() -> None:
             print(f"| {label} | {ratio:.3f}x | {(ratio - 1) * step_s * 1e6:+.1f} |")
         return
     if args.blocked:
-        torch.set_num_threads(1)
-        warnings.simplefilter("ignore")
-        tmp = Path(tempfile.mkdtemp(prefix="perfscope-overhead-"))
-        width = args.width or calibrate(args.step_ms / 1e3)
+        tmp, width = _setup(args)
         load_before = os.getloadavg()
         rows = blocked_by_thread(tmp, width)
         shutil.rmtree(tmp, ignore_errors=True)
