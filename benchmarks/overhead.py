@@ -49,9 +49,10 @@ pull early (it still pulls at each roll), 6 rounds interleaved, medians.
 `--parts` says which part of perfscope.profile costs the step what: blocks of real steps with parts of
 it switched off, interleaved with bare and floor blocks in a rotated order (60 rounds of 300 steps;
 the medians of the block ratios move by about +-1 % between runs, so many short blocks): the whole
-profile; without the poller; without the poller and with the writer never pulling during the block
-(its rows wait until the profile closes); the profile open but the calls doing nothing (the writer
-and poller threads alone); and, with the poller off, `prof.steps` alone, with the phases, with the
+profile; without the poller; without the poller and with the writer idle after the first rows
+(the steps of its first 50 ms, or 64 steps, are written at once, as in every profile; the rest wait
+until the profile closes); the profile open but the calls doing nothing (the writer and poller
+threads alone); and, with the poller off, `prof.steps` alone, with the phases, with the
 log (the other calls doing nothing).
 
 `--ddp-rounds R` adds the collector's cost on a saturated host: bare and instrumented 1- and
