@@ -12,6 +12,9 @@ from .selection import Selection
 #: A steady step slower than this multiple of the median is a slow step; when they recur at one
 #: step distance (at least MIN_PERIODS times, PERIOD_SHARE of their gaps) the run is periodic.
 SLOW_STEP_RATIO = 1.5
+#: a steady window whose clock covers less than this share of its step numbers' span (at the median
+#: step) holds steps numbered with gaps, not lost steps: its steps are counted, not spanned
+GAPPED_SPAN = 0.5
 MIN_PERIODS = 3
 PERIOD_SHARE = 0.8
 
@@ -264,11 +267,18 @@ def run_stats_table(store: Store, sel: Selection) -> str:
                         ELSE 'wall_clock' END AS elapsed_source
             FROM st
         ), els AS (
+            -- the window's steps: from its first to its last step number, unless the numbers have
+            -- gaps that the clock does not (a trace of every k-th step laid end to end, such as the
+            -- straggler study's): then the steps it holds
             SELECT st.*, el.elapsed_source,
                    CASE WHEN elapsed_source = 'wall_clock' THEN steady_end_ns - steady_start_ns
                         ELSE step_max_sum_ns END::DOUBLE AS steady_elapsed_ns,
-                   CASE WHEN elapsed_source = 'wall_clock' THEN steady_span_steps
-                        ELSE steady_steps END AS elapsed_steps
+                   CASE WHEN elapsed_source <> 'wall_clock' THEN steady_steps
+                        WHEN steady_span_steps > steady_steps
+                             AND steady_end_ns - steady_start_ns
+                                 < {GAPPED_SPAN} * step_median_ns * steady_span_steps
+                        THEN steady_steps
+                        ELSE steady_span_steps END AS elapsed_steps
             FROM st JOIN el USING (run_id)
         ), slow AS (
             -- steps well above the median, and the gap to the previous such step

@@ -42,7 +42,7 @@ from ..store.reader import Store
 from .comm_patterns import P2P_OPS
 from .registry import analysis
 from .selection import Selection, sql_literal
-from .steady import roles_table, runs_table, thresholds_table
+from .steady import roles_table, run_stats_table, runs_table, thresholds_table
 
 #: an op that ends this little after another starts still counts as before it (clock rounding: the
 #: study's float32 seconds hold 2 s to about 0.1 µs, its ops' recorded ends drift by up to ~10 µs)
@@ -269,12 +269,16 @@ def ideal(
     g: Graph, cols: dict[str, np.ndarray], values: np.ndarray, *, across_stages: bool = True
 ) -> np.ndarray:
     """Each op's ideal value: the typical value of the same op (name, position in the step) at its
-    data-parallel peers (same stage, same step), then (`across_stages`) the mean of those over the
-    stages that run the op in that step: a balanced pipeline holds the same work, shared evenly.
+    data-parallel peers (same stage), then (`across_stages`) the mean of those over the stages that
+    run the op in that step: a balanced pipeline holds the same work, shared evenly.
 
-    Typical is the lower median: of an even count of peers the lower middle value, so that of two
-    data-parallel ranks the slow one never sets what the op should take (a mean of the two would
-    keep half of a straggler's excess in the ideal).
+    Typical is robust to noise (DESIGN.md, "The cost of a cause"): each peer's op is first taken at its
+    median over the steps; the typical peer is the lower median of those (of two peers the faster
+    one's median, never the faster of two noisy values in one step); and what moves every peer in a
+    step (the step's data, a shared hiccup) is kept as the median over the peers of their departures
+    from their own medians in that step. So a worker that is slower in every step is removed from the
+    ideal whole, scheduler noise is neither taken as the ideal nor blamed, and work that changes from
+    step to step for every peer stays in it.
 
     An op cut into pieces (a recorded phase around blocking transfers: `cols["unit"]` names the
     phase of each piece) is one op here: its pieces' total is what is compared, and each piece gets
@@ -285,14 +289,21 @@ def ideal(
     total = np.bincount(inv, weights=values)
     count = np.bincount(inv)
     u_step, u_name, u_nth = g.step_code[first_op], cols["name"][first_op], cols["nth"][first_op]
-    at_stage = _codes(u_step, u_name, u_nth, cols["pp_stage"][first_op])
-    typical = _medians(at_stage, total, lower=True)
+    u_stage, u_dp = cols["pp_stage"][first_op], cols["dp_rank"][first_op]
+    op = _codes(u_name, u_nth, u_stage)  # the same op at one stage, any step, any peer
+    peer = _codes(u_name, u_nth, u_stage, u_dp)  # one peer's op, over the steps
+    peer_med = _medians(peer, total)
+    rep = np.unique(peer, return_index=True)[1]  # one row per peer's op
+    typical_peer = np.zeros(int(op.max(initial=-1)) + 1)
+    typical_peer[op[rep]] = _medians(op[rep], peer_med[rep], lower=True)
+    at_stage = _codes(u_step, u_name, u_nth, u_stage)
+    typical = np.maximum(typical_peer[op] + _medians(at_stage, total - peer_med), 0.0)
     if across_stages:
-        op = _codes(u_step, u_name, u_nth)
+        same = _codes(u_step, u_name, u_nth)
         first = np.unique(at_stage, return_index=True)[1]
-        sums = np.bincount(op[first], weights=typical[first])
-        stages = np.bincount(op[first])
-        typical = (sums / np.maximum(stages, 1))[op]
+        sums = np.bincount(same[first], weights=typical[first])
+        stages = np.bincount(same[first])
+        typical = (sums / np.maximum(stages, 1))[same]
     if len(first_op) == len(unit):  # no op in pieces
         return typical[inv]
     own = total[inv]
@@ -321,8 +332,14 @@ def _share(s_x: float, s: float) -> float:
     return (s_x - 1.0) / (s - 1.0) if s > 1.0 else 0.0
 
 
-def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
-    """The what-if row of one run (see the module doc), or None when it cannot be replayed."""
+def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> dict[str, Any] | None:
+    """The what-if row of one run (see the module doc), or None when it cannot be replayed.
+
+    `step_ns`, the run's step time (DESIGN.md: the steady window's elapsed time over its steps), is
+    the recorded step the row gives, so the what-if and every other view of the run say one step
+    time; the ideal step is it over the slowdown. (A replayed step runs from the first rank's start
+    to the last rank's end: ranks' step boundaries are not aligned, so its mean is longer than the
+    run's step by their skew; the ratios are the replay's.) Without it, the replayed steps' mean."""
     g = build(cols)
     if g is None:
         return None
@@ -363,15 +380,19 @@ def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
         for c in sorted(set(name.tolist()))
     ]
     for lst in (by_worker, by_stage, by_op):
+        for r in lst:  # a part never costs more than the whole: they share one ideal (see _ratio)
+            r["slowdown"] = min(r["slowdown"], s)
         lst.sort(key=lambda r: -r["slowdown"])
+    _own_excess(g, cols, by_worker, x_ideal, gap_ideal)
 
     causes = _causes(cols, g, s, t_act, t_ideal, worker_steps, by_stage)
+    actual = float(step_ns) if step_ns and step_ns > 0 else float(t_rec.mean())
     return {
         "steps": len(t_rec),
         "steps_per_bin": per_bin,
         "replay_error": float(np.mean(np.abs(t_act - t_rec) / np.maximum(t_rec, 1.0))),
-        "actual_step_ns": float(t_rec.mean()),
-        "ideal_step_ns": float(t_ideal.mean()),
+        "actual_step_ns": actual,
+        "ideal_step_ns": actual / s if s > 0 else actual,
         "slowdown": s,
         "by_worker": by_worker,
         "by_stage": by_stage,
@@ -379,6 +400,77 @@ def analyse_run(cols: dict[str, np.ndarray]) -> dict[str, Any] | None:
         "cause": causes[0] if causes else "none",
         "second_cause": causes[1] if len(causes) > 1 else None,
     }
+
+
+def _own_excess(
+    g: Graph,
+    cols: dict[str, np.ndarray],
+    by_worker: list[dict[str, Any]],
+    x_ideal: np.ndarray,
+    gap_ideal: np.ndarray,
+) -> None:
+    """Each worker's own excess per step over the ideal (its ops' recorded time and launch gaps
+    against the typical, summed over the worker's ranks' ops of each name, ns per step), and the op
+    (phase) that holds most of it: where the worker's time went, in the words of its job."""
+    dp, stage, name, names = cols["dp_rank"], cols["pp_stage"], cols["name"], cols["names"]
+    steps = max(len(g.step_start), 1)
+    over = (g.x + g.gap) - (x_ideal + gap_ideal)
+    for w in by_worker:
+        mine = (dp == w["dp_rank"]) & (stage == w["stage"])
+        per_name = np.bincount(name[mine], weights=over[mine], minlength=len(names)) / steps
+        top = int(np.argmax(per_name)) if len(per_name) else -1
+        # a worker runs its tensor and context ranks side by side: their excess is one, not a sum
+        width = max(len(w["ranks"]), 1)
+        w["phase"] = str(names[top]) if top >= 0 and per_name[top] > 0 else None
+        w["excess_ns"] = float(per_name[top] / width) if top >= 0 and per_name[top] > 0 else 0.0
+
+
+#: a worker is slower than its peers only where its own work exceeds theirs by more than this many of
+#: their step-to-step spreads (a robust standard deviation: 1.4826 x the median absolute deviation)
+NOISE_SPREADS = 1.0
+#: ... in more than this share of the steps
+MOST_STEPS = 0.5
+#: the least spread taken as noise, as a share of the peers' typical work (a perfectly steady replay)
+NOISE_FLOOR = 0.01
+
+
+def beyond_noise(mine: np.ndarray, peers: np.ndarray) -> bool:
+    """Whether a worker's work per step (`mine`) exceeds its peers' (`peers`, steps x peers) by more
+    than their step-to-step spread in most steps (DESIGN.md: "a difference smaller than the peers'
+    step-to-step spread is no cause"). Two identical ranks differ by noise alone and fail it."""
+    if peers.size == 0 or len(mine) == 0:
+        return False
+    typical = np.median(peers, axis=1)
+    spread = 1.4826 * np.median(np.abs(peers - np.median(peers, axis=0)), axis=0)
+    noise = max(NOISE_SPREADS * float(np.median(spread)), NOISE_FLOOR * float(np.median(typical)))
+    return float(np.mean(mine - typical > noise)) > MOST_STEPS
+
+
+#: data imbalance moves all the work of one micro-batch together (its forward and its backward grow
+#: with its sequence lengths): the correlation of two ops' departures from their peers' typical time
+#: across the micro-batches of every step and rank must reach this; scheduler noise has none
+COHERENT = 0.3
+
+
+def _coherent(cols: dict[str, np.ndarray], g: Graph, compute: np.ndarray, rel: np.ndarray) -> bool:
+    """Whether the compute ops of one micro-batch (same step, rank, stage and position) depart from
+    their peers' typical time together: the first op's departure against the mean of the others'."""
+    idx = np.flatnonzero(compute)
+    if len(idx) == 0:
+        return False
+    cell = _codes(g.step_code[idx], cols["rank"][idx], cols["nth"][idx])
+    order = np.lexsort((idx, cell))
+    cell, r = cell[order], rel[idx][order]
+    starts = np.flatnonzero(np.r_[True, np.diff(cell) != 0])
+    counts = np.diff(np.r_[starts, len(cell)])
+    multi = counts > 1
+    if multi.sum() < 3:
+        return False
+    first = r[starts[multi]]
+    rest = (np.add.reduceat(r, starts) - r[starts])[multi] / (counts[multi] - 1)
+    if np.std(first) == 0 or np.std(rest) == 0:
+        return False
+    return float(np.corrcoef(first, rest)[0, 1]) >= COHERENT
 
 
 def _causes(
@@ -430,7 +522,12 @@ def _causes(
         peer_share = max((float(np.median(step_shares[i])) for i in peers), default=0.0)
         # a worker without data-parallel peers (one per stage) is its stage: which of the two is slow,
         # the worker or the work, cannot be told (the stage rule speaks for it)
-        if peers and top_major and peer_share < MAJOR_SHARE * float(np.median(step_shares[top_w])):
+        if (
+            peers
+            and top_major
+            and peer_share < MAJOR_SHARE * float(np.median(step_shares[top_w]))
+            and beyond_noise(work[:, d, st], np.delete(work[:, :, st], d, axis=1))
+        ):
             out.append("slow-worker")
 
     # data imbalance: the same op varies across dp ranks, and the slowest dp rank keeps changing
@@ -441,7 +538,9 @@ def _causes(
         spread = float(np.abs(took[compute] - med).sum() / max(float(med.sum()), 1.0))
         slowest = np.argmax(work, axis=1).reshape(-1)
         fixed = np.bincount(slowest, minlength=n_dp).max() / max(len(slowest), 1)
-        if spread > DATA_SPREAD and fixed < FIXED_SLOWEST:
+        rel = np.zeros(len(took))
+        rel[compute] = (took[compute] - med) / np.maximum(med, 1.0)
+        if spread > DATA_SPREAD and fixed < FIXED_SLOWEST and _coherent(cols, g, compute, rel):
             out.append("data-imbalance")
     return out
 
@@ -562,6 +661,7 @@ def _run_ops(
         return store.query(_dp_ops_sql(run, int(first_step)))
     if kind == "staged":
         return store.query(_staged_ops_sql(run, int(first_step), roles_table(store, sel), laid=kind_laid))
+    first = int(first_step)
     return store.query(
         f"""
         WITH k AS (SELECT rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
@@ -570,12 +670,12 @@ def _run_ops(
         ops AS (
             SELECT rank, step, name, start_ns, dur_ns, -1 AS peer, NULL AS grp, false AS is_send,
                    true AS compute, 0 AS pdir
-            FROM spans WHERE run_id = {run} AND depth = 1
+            FROM spans WHERE run_id = {run} AND depth = 1 AND step >= {first}
             UNION ALL
             SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(peer, -1),
                    group_ranks, op IN ('send', 'isend'), false,
                    CASE WHEN coalesce(name, '') LIKE 'backward%' THEN 1 ELSE 0 END
-            FROM comm WHERE run_id = {run}
+            FROM comm WHERE run_id = {run} AND step >= {first}
         )
         SELECT o.*, k.dp_rank, k.pp_stage,
                row_number() OVER (PARTITION BY step, o.rank, name ORDER BY start_ns, dur_ns) - 1 AS nth,
@@ -729,7 +829,8 @@ def _columns(t: pa.Table) -> dict[str, np.ndarray]:
 
 
 WORKER = pa.struct([("dp_rank", pa.int64()), ("stage", pa.int64()), ("ranks", pa.list_(pa.int64())),
-                    ("slowdown", pa.float64()), ("step_slowdown", pa.list_(pa.float64()))])  # fmt: skip
+                    ("slowdown", pa.float64()), ("step_slowdown", pa.list_(pa.float64())),
+                    ("phase", pa.string()), ("excess_ns", pa.float64())])  # fmt: skip
 SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
@@ -759,13 +860,17 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     rows = []
     laid = _laid_runs(store, sel)
     first: dict[str, int] = {}
-    if any(r["kind"] != "laid" for r in laid):
-        thr = thresholds_table(store, sel)
-        first = {r["run_id"]: r["first_steady_step"] for r in store.query(
-            f"SELECT run_id, first_steady_step FROM {thr}").to_pylist()}  # fmt: skip
+    step_ns: dict[str, float] = {}
+    if laid:
+        stats = run_stats_table(store, sel)
+        for r in store.query(
+            f"SELECT run_id, first_step + warmup_steps AS first_steady_step, step_ns FROM {stats}"
+        ).to_pylist():
+            first[r["run_id"]] = r["first_steady_step"] or 0
+            step_ns[r["run_id"]] = r["step_ns"]
     for run in laid:
         t = _run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=first.get(run["run_id"]) or 0)
-        row = analyse_run(_columns(t)) if t.num_rows else None
+        row = analyse_run(_columns(t), step_ns.get(run["run_id"])) if t.num_rows else None
         if row is not None:
             rows.append({"run_id": run["run_id"], "source": run["source"], **row})
     return pa.Table.from_pylist(rows, schema=SCHEMA)

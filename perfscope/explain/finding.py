@@ -89,29 +89,36 @@ def _json_number(v: Number) -> Number:
     return v
 
 
-#: Rules whose findings are confounds: stated before any verdict, in this order.
-CONFOUND_RULES = ("threads", "contention")
+#: Rules whose findings are confounds: they qualify the causes they touch (DESIGN.md, "The cost of a
+#: cause, and the order of findings") and follow them, in this order, with the data-quality notes.
+CONFOUND_RULES = ("threads", "contention", "oversubscription")
+
+#: a cause that costs less than this share of the step is no warning (info at most)
+MINOR_COST_SHARE = 0.03
 
 
-def _confound_rank(f: Finding) -> int:
-    return CONFOUND_RULES.index(f.rule) if f.rule in CONFOUND_RULES else len(CONFOUND_RULES)
+def impact(f: Finding) -> float:
+    """What a finding costs, as a share of the step: its measured cost per step over the run's step
+    (`numbers['cost_share']`: the step time removing it would save) where the rule measured one, else
+    the share of the lost efficiency it explains (a sweep's verdict, for which it is measured)."""
+    share = f.numbers.get("cost_share")
+    if isinstance(share, int | float) and not math.isnan(share):
+        return float(share)
+    return f.explained_loss or 0.0
 
 
-def rank_confounds_first(findings: list[Finding]) -> list[Finding]:
-    """The confounds moved to the front, in CONFOUND_RULES order; the ranking stays otherwise."""
-    return sorted(findings, key=_confound_rank)
+def _tier(f: Finding) -> int:
+    """Causes first, then comparisons and measurements, then confounds and data-quality notes."""
+    if f.rule in CONFOUND_RULES or f.category == "data-quality":
+        return 2
+    return 0 if f.category == "cause" else 1
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Confounds first; then most lost efficiency explained; then alarm before warning before info;
-    then confidence."""
+    """Causes by what they cost (`impact`), most first; then comparisons and measurements; then the
+    confounds and data-quality notes that qualify them. Ties: alarm before warning before info, then
+    confidence."""
     return sorted(
         findings,
-        key=lambda f: (
-            _confound_rank(f),
-            -(f.explained_loss or 0.0),
-            SEVERITIES.index(f.severity),
-            -f.confidence,
-            f.id,
-        ),
+        key=lambda f: (_tier(f), -impact(f), SEVERITIES.index(f.severity), -f.confidence, f.id),
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..analysis.groups import group_label_map
-from .finding import SEVERITIES, Evidence, Finding, rank_findings
+from .finding import SEVERITIES, Evidence, Finding, impact, rank_findings
 
 #: Rules that are one cause seen several ways, root cause first: exposed sync (communication-bound)
 #: shows up as sync that does not overlap compute, as per-message latency and as a knee where the
@@ -33,7 +33,7 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 #: the run's waits too: the ranks that wait on the long stage are its symptom, not a cause of their
 #: own. (The straggler finding stays its own: the report's and dashboard's Stragglers views say it.)
 RUN_ROOTS: dict[str, tuple[str, ...]] = {
-    "what-if": ("communication-share",),
+    "what-if": ("communication-share", "straggler"),
     "pipeline-bubble": ("communication-share",),
     "parameter-server": ("communication-share",),
     "periodic-sync": ("communication-share",),
@@ -76,9 +76,9 @@ def _covers(root: Finding, symptom: Finding) -> bool:
     accounts for at least half of it: a 40% wait on a big allreduce beside it is the allreduce's own,
     and both findings stand, each ranked by what it explains. The structural roots (a pipeline, a
     parameter server, periodic or sharded sync) explain the wait by what they are."""
-    if root.rule != "what-if" or not symptom.explained_loss:
+    if root.rule != "what-if" or not impact(symptom):
         return True
-    return (root.explained_loss or 0.0) >= WHAT_IF_COVERS * symptom.explained_loss
+    return impact(root) >= WHAT_IF_COVERS * impact(symptom)
 
 
 def mark_overlaps(findings: list[Finding]) -> list[Finding]:

@@ -21,7 +21,7 @@ from .confidence import (
     more_sizes,
 )
 from .context import Context, Row
-from .finding import Evidence, Finding, Number
+from .finding import MINOR_COST_SHARE, Evidence, Finding, Number
 from .hardware import setup_of
 
 RuleFn = Callable[[Context], list[Finding]]
@@ -47,6 +47,13 @@ def rule(rule_id: str, design_number: int | None, title: str) -> Callable[[RuleF
         return fn
 
     return wrap
+
+
+def cost_numbers(cost_ns: float | None, step_ns: float | None) -> dict[str, Number]:
+    """A cause's cost as every finding gives it (DESIGN.md, "The cost of a cause"): the step time it
+    would save (ns per step), the run's step time, and the share of the step."""
+    share = cost_ns / step_ns if cost_ns is not None and step_ns else None
+    return {"cost_ns": cost_ns, "step_ns": step_ns, "cost_share": share}
 
 
 def cause_severity(explained: float | None) -> str:
@@ -79,6 +86,9 @@ def make_finding(
         text = f"({'Simulated' if source == 'simulated' else 'Partly simulated'} runs.) {text}"
     if explained_loss is not None:
         explained_loss = max(0.0, min(1.0, explained_loss))
+    share = (numbers or {}).get("cost_share")
+    if category == "cause" and isinstance(share, int | float) and share < MINOR_COST_SHARE:
+        severity = "info"  # a cause that costs a few percent of the step is no warning
     if category in VERDICTS and rule_id not in FACT_RULES:
         confidence, why = evidence_confidence(ctx, confidence, run_ids, analyses, group_id)
     else:

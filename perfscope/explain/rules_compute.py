@@ -9,7 +9,7 @@ from ..words import counted
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .hardware import setup_of
-from .rulebook import cause_severity, make_finding, rule
+from .rulebook import cause_severity, cost_numbers, make_finding, rule
 from .rules_patterns import pattern_runs
 from .rules_placement import crowded_hosts
 from .words import batch_per, dur, listing, num, pct, times
@@ -41,6 +41,7 @@ LR_CAVEATS = (
 def straggler(ctx: Context) -> list[Finding]:
     out = []
     pop = ctx.by_run("pop")
+    runs = ctx.by_run("run_summary")
     strag: dict[str, list[Row]] = defaultdict(list)
     for s in ctx.rows("stragglers"):
         strag[s["run_id"]].append(s)
@@ -73,7 +74,16 @@ def straggler(ctx: Context) -> list[Finding]:
         # the largest world size says most about scaling; its explained share is the one to rank by
         r, lb, last, wait_share, explained = max(hits, key=lambda h: (h[0]["world_size"], h[4] or 0))
         slowest = max(ranks.get(r["run_id"], []), key=lambda x: x["useful_ns"] or 0, default=None)
+        culprit, phase, cost = own_excess(ranks.get(r["run_id"], []))
+        step = (runs.get(r["run_id"]) or {}).get("step_ns") or r["step_ns"]
         parts = [f"In run {r['run_id']} (N={r['world_size']})"]
+        if culprit is not None:
+            parts.append(
+                f"rank {culprit['rank']}{' on ' + culprit['hostname'] if culprit['hostname'] else ''} does "
+                f"more of its own work than its peers: {dur(cost)} per step more in {phase} than their "
+                f"median, {pct(cost / step if step else None)} of the {dur(step)} step, which the others "
+                "then wait in the next collective"
+            )
         if last is not None:
             parts.append(
                 f"rank {last['rank']}{' on ' + last['hostname'] if last['hostname'] else ''} entered the "
@@ -89,19 +99,27 @@ def straggler(ctx: Context) -> list[Finding]:
             )
         gid = r["group_id"]
         hw = setup_of(ctx, [r["run_id"]])
+        share = cost / step if step and culprit is not None else None
+        if culprit is not None:
+            title = (
+                f"Straggler in run {r['run_id']}: rank {culprit['rank']} is slower in {phase}, "
+                f"{dur(cost)} per step ({pct(share)})"
+            )
+        elif last:
+            title = (
+                f"Straggler in run {r['run_id']}: rank {last['rank']} is last in {pct(last['last_share'])} "
+                "of collectives"
+            )
+        else:
+            title = f"Straggler in run {r['run_id']}: load balance {num(lb)}"
         out.append(
             make_finding(
                 ctx,
                 "straggler",
                 gid if len(rows) > 1 else r["run_id"],
-                severity=cause_severity(explained),
+                severity=cause_severity(explained if explained is not None else share),
                 category="cause",
-                title=f"Straggler in run {r['run_id']}"
-                + (
-                    f": rank {last['rank']} is last in {pct(last['last_share'])} of collectives"
-                    if last
-                    else f": load balance {num(lb)}"
-                ),
+                title=title,
                 text=", ".join(parts[:1]) + " " + "; ".join(parts[1:]) + ".",
                 run_ids=[h[0]["run_id"] for h in hits],
                 analyses=("pop", "stragglers", "rank_breakdown", "collective_wait"),
@@ -123,11 +141,39 @@ def straggler(ctx: Context) -> list[Finding]:
                     "last_rank": last["rank"] if last else None,
                     "last_share": last["last_share"] if last else None,
                     "wait_share": wait_share,
+                    "rank": culprit["rank"] if culprit is not None else None,
+                    "phase": phase,
+                    **(cost_numbers(cost, step) if culprit is not None else {}),
                 },
                 group_id=gid,
             )
         )
     return out
+
+
+#: the phases of a rank's own work, where a straggler's excess lives (data is the loader's: input-bound)
+OWN_PHASES = ("forward", "backward", "optimizer")
+
+
+def own_excess(ranks: list[Row]) -> tuple[Row | None, str | None, float]:
+    """The culprit of a run (DESIGN.md: the rank whose own work is longer, never the one waiting in a
+    collective for it): the rank whose forward, backward and optimizer exceed the median of the other
+    ranks' most, the phase that holds most of it, and that excess (ns per step)."""
+    if len(ranks) < 2:
+        return None, None, 0.0
+
+    def med(values: list[float]) -> float:
+        v = sorted(values)
+        return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+    best: tuple[Row | None, str | None, float] = (None, None, 0.0)
+    for r in ranks:
+        others = [o for o in ranks if o is not r]
+        by_phase = {p: (r[f"{p}_ns"] or 0.0) - med([o[f"{p}_ns"] or 0.0 for o in others]) for p in OWN_PHASES}
+        excess = sum(by_phase.values())
+        if excess > best[2]:
+            best = (r, max(by_phase, key=lambda p: by_phase[p]), excess)
+    return best
 
 
 def _single_runs_by_family(ctx: Context, groups: dict[str, list[Row]]) -> list[list[Row]]:
@@ -139,17 +185,31 @@ def _single_runs_by_family(ctx: Context, groups: dict[str, list[Row]]) -> list[l
     return list(fam.values())
 
 
+def worst_waiter(ctx: Context, run: Row) -> tuple[Row | None, float]:
+    """The rank of a run that waits longest on its loader per step, and that wait (ns): the cost of
+    the input wait (DESIGN.md, "The cost of a cause": the others wait for that rank in the next
+    collective, so the mean over ranks understates it)."""
+    ranks = [r for r in ctx.rows("rank_breakdown") if r["run_id"] == run["run_id"] and r["data_ns"]]
+    worst = max(ranks, key=lambda r: r["data_ns"], default=None)
+    if worst is None:
+        return None, (run["data_share"] or 0.0) * (run["step_ns"] or 0.0)
+    return worst, float(worst["data_ns"])
+
+
 @rule("input-bound", 6, "Input-bound: the step waits on the data loader")
 def input_bound(ctx: Context) -> list[Finding]:
     out = []
     groups = ctx.scaling_groups()
     for rows in [*groups.values(), *_single_runs_by_family(ctx, groups)]:
         series = rows[0]["group_id"] in groups
-        worst = max(rows, key=lambda r: r["data_share"] or 0)
+        waits = {r["run_id"]: worst_waiter(ctx, r) for r in rows}
+        worst = max(rows, key=lambda r: waits[r["run_id"]][1] / r["step_ns"] if r["step_ns"] else 0.0)
+        who, cost = waits[worst["run_id"]]
+        cost_share = cost / worst["step_ns"] if worst["step_ns"] else 0.0
         top, base = largest(rows), baseline(rows)
         growth = (top["data_share"] or 0) - (base["data_share"] or 0)
         share = lost_share(top, "data")
-        high = (worst["data_share"] or 0) > DATA_SHARE
+        high = cost_share > DATA_SHARE
         growing = series and growth > DATA_GROWTH and share is not None and share > 0.25
         if not (high or growing):
             continue
@@ -159,11 +219,15 @@ def input_bound(ctx: Context) -> list[Finding]:
             else f"{worst['experiment']}/{worst['cluster']}/{worst['backend']}/{worst['model']}"
         )
         where = f"run {worst['run_id']} ({batch_per(worst['batch_size_per_rank'])})" if not series else ""
-        text = (
-            f"In {gid}{', ' + where if where else ''}, waiting on the data loader takes "
-            f"{pct(worst['data_share'])} of the step at N={worst['world_size']} "
-            f"({dur(worst['step_ns'] * (worst['data_share'] or 0))} per step)"
+        rank_words = (
+            f"rank {who['rank']}{' on ' + who['hostname'] if who.get('hostname') else ''} waits on its data "
+            f"loader {dur(cost)} per step, {pct(cost_share)} of the run's {dur(worst['step_ns'])} step "
+            f"(the mean over the {worst['world_size']} ranks: {pct(worst['data_share'])}); the other ranks "
+            "wait for it in the next collective"
+            if who is not None and worst["world_size"] and worst["world_size"] > 1
+            else f"waiting on the data loader takes {pct(cost_share)} of the step ({dur(cost)} per step)"
         )
+        text = f"In {gid}{', ' + where if where else ''} at N={worst['world_size']}, {rank_words}"
         if series:
             text += (
                 f"; its share goes from {pct(base['data_share'])} at N={base['world_size']} to "
@@ -176,9 +240,12 @@ def input_bound(ctx: Context) -> list[Finding]:
                 ctx,
                 "input-bound",
                 gid,
-                severity=cause_severity(share) if growing else "warning",
+                severity=cause_severity(max(share or 0.0, cost_share) if growing else cost_share),
                 category="cause",
-                title=f"Input-bound: data loading is {pct(worst['data_share'])} of the step",
+                title=(
+                    f"Input-bound: the step waits {dur(cost)} on the data loader, {pct(cost_share)} of it"
+                    + (f" (rank {who['rank']})" if who is not None and (worst["world_size"] or 1) > 1 else "")
+                ),
                 text=text + ".",
                 run_ids=[r["run_id"] for r in rows],
                 analyses=("scaling", "phase_breakdown"),
@@ -195,7 +262,13 @@ def input_bound(ctx: Context) -> list[Finding]:
                 ),
                 confidence=0.8,
                 explained_loss=share if growing else None,
-                numbers={"data_share": worst["data_share"], "data_share_growth": growth},
+                numbers={
+                    "data_share": worst["data_share"],
+                    "data_share_growth": growth,
+                    "worst_rank": who["rank"] if who is not None else None,
+                    "worst_rank_share": cost_share,
+                    **cost_numbers(cost, worst["step_ns"]),
+                },
                 group_id=gid,
             )
         )

@@ -9,7 +9,7 @@ from collections import defaultdict
 from ..words import counted, plural
 from .confidence import CONFOUND_FACTOR
 from .context import Context, Row
-from .finding import Finding, rank_confounds_first
+from .finding import Finding, rank_findings
 from .rulebook import make_finding, rule
 from .rules_placement import add_caveat, crowded_hosts
 from .words import listing, num
@@ -175,7 +175,7 @@ def _run(r: Row) -> str:
 
 
 def annotate_contended(findings: list[Finding]) -> list[Finding]:
-    """State the contention confound first, and add a caveat to every timing finding resting on
+    """Add the contention confound's caveat to every timing finding resting on
     contended runs, halving its confidence."""
     out = add_caveat(
         findings,
@@ -187,4 +187,4 @@ def annotate_contended(findings: list[Finding]) -> list[Finding]:
         ),
         CONTENDED_CONFIDENCE,
     )
-    return rank_confounds_first(out)
+    return rank_findings(out)

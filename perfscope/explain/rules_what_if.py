@@ -8,14 +8,18 @@ from typing import Any
 
 from .context import Context
 from .finding import Finding
-from .rulebook import cause_severity, make_finding, rule
+from .rulebook import cause_severity, cost_numbers, make_finding, rule
 from .rules_placement import crowded_hosts
 from .words import dur, listing, num, pct
 
 
-def _hosts(ctx: Context, run_id: str, ranks: list[int]) -> list[str]:
+def _hosts(ctx: Context, run_id: str, ranks: list[int]) -> tuple[list[str], bool]:
+    """The hosts of these ranks, and whether they hold no other rank of the run (the worker is alone
+    on its hosts, so the host is what differs from its peers)."""
     names = {r["rank"]: r.get("hostname") for r in ctx.rows("rank_breakdown") if r["run_id"] == run_id}
-    return sorted({h for k in ranks if (h := names.get(k))})
+    mine = {h for k in ranks if (h := names.get(k))}
+    others = {h for k, h in names.items() if k not in ranks and h}
+    return sorted(mine), bool(mine) and not (mine & others)
 
 
 def cost_ns(row: dict[str, Any], slowdown: float) -> float:
@@ -51,6 +55,7 @@ def what_if_cause(ctx: Context) -> list[Finding]:
             "slowdown": s,
             "actual_step_ns": actual,
             "ideal_step_ns": ideal,
+            **cost_numbers(actual - ideal, actual),
         }
         if cause == "stage-imbalance":
             top, fastest = r["by_stage"][0], r["by_stage"][-1]
@@ -68,26 +73,49 @@ def what_if_cause(ctx: Context) -> list[Finding]:
                 "--decoder-last-pipeline-num-layers, or account for the embedding and loss on the first and "
                 f"last stage). Balanced, a step would take about {dur(ideal)} instead of {dur(actual)}."
             )
-            numbers.update({"stage": top["stage"], "stage_slowdown": top["slowdown"], "cost_ns": cost})
+            numbers.update(
+                {"stage": top["stage"], "stage_slowdown": top["slowdown"], **cost_numbers(cost, actual)}
+            )
         elif cause == "slow-worker":
             w = r["by_worker"][0]
             cost = cost_ns(r, w["slowdown"])
-            hosts = _hosts(ctx, run, w["ranks"])
+            hosts, alone = _hosts(ctx, run, w["ranks"])
             where = f" on {listing(hosts)}" if hosts else ""
+            phase = w.get("phase")
+            in_phase = f" in {phase}" if phase else ""
+            piped = len(r["by_stage"]) > 1
+            who = f"dp rank {w['dp_rank']}" + (f" at stage {w['stage']}" if piped else "")
             title = (
-                f"A slow worker in run {run}: dp rank {w['dp_rank']} at stage {w['stage']} "
-                f"(rank {listing(str(k) for k in w['ranks'])}{where}) costs {dur(cost)} per step, "
+                f"A slow worker in run {run}: {who} "
+                f"(rank {listing(str(k) for k in w['ranks'])}{where}) "
+                f"is slower{in_phase} and costs {dur(cost)} per step, "
                 f"{pct(cost / actual if actual else None)}"
             )
             text = (
                 f"{base} That worker alone, as recorded, makes it {num(w['slowdown'])}; its data-parallel "
-                "peers at the same stage do the same work faster, so it is the worker, not the work."
+                f"peers{' at the same stage' if piped else ''} do the same work faster in most steps, by "
+                f"more than their own step-to-step spread, so it is the worker, not the work"
+                + (
+                    f": its {phase} takes {dur(w.get('excess_ns'))} longer per step than theirs."
+                    if phase
+                    else "."
+                )
+                + " The peers that wait for it in the next collective are its victims."
             )
+            rerun = f"without it a step would take about {dur(actual - cost)}"
             advice = (
                 f"Replace or cordon the node{where} (check its clocks and throttling, its temperature and "
-                f"its links) and rerun: without it a step would take about {dur(actual - cost)}."
+                f"its links) and rerun: {rerun}."
+                if alone
+                else f"Find what that rank does differently{in_phase}: it shares its host with its peers, so "
+                "look at its own work first (extra work on that rank: logging, evaluation or checkpointing "
+                "only there; a larger shard or longer sequences; a process or thread pinned beside it), then "
+                f"at the cores it was given; {rerun}."
             )
-            numbers.update({"dp_rank": w["dp_rank"], "stage": w["stage"], "cost_ns": cost})
+            numbers.update(
+                {"dp_rank": w["dp_rank"], "stage": w["stage"], "rank": w["ranks"][0], "phase": phase,
+                 "excess_ns": w.get("excess_ns"), "alone_on_host": int(alone), **cost_numbers(cost, actual)}
+            )  # fmt: skip
         else:
             title = (
                 f"Work differs between data-parallel ranks from step to step in run {run}: "
