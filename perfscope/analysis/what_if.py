@@ -165,6 +165,18 @@ def build(cols: dict[str, np.ndarray]) -> Graph | None:
         pred[lo:hi] = np.where(found >= 0, lo + found, -1)
     base = np.where(pred >= 0, end[np.maximum(pred, 0)], step_start[step_code])
     gap = np.maximum(start - base, 0.0)
+    if cols.get("anchor_lanes") is not None:
+        # a data-parallel rank's step starts when its previous step ended (its optimizer, then the
+        # next batch): a rank that starts late does so for the previous step's excess, already replayed
+        # there. Each rank's step is replayed from the step's start, its ops kept as recorded after it,
+        # and the recorded step is the longest of the ranks' steps so aligned.
+        lanes = _codes(step_code, rank)
+        first_in_lane = np.full(int(lanes.max(initial=-1)) + 1, np.inf)
+        np.minimum.at(first_in_lane, lanes, start)
+        lane_start = first_in_lane[lanes]
+        gap = np.where(pred >= 0, gap, np.maximum(start - lane_start, 0.0))
+        step_end = np.zeros(len(steps))
+        np.maximum.at(step_end, step_code, end - (lane_start - step_start[step_code]))
 
     # sync groups: p2p pairs, batched transfers, collectives
     peer, is_send, grp, name, nth, pnth = (cols[k] for k in ("peer", "is_send", "grp", "name", "nth", "pnth"))
@@ -386,13 +398,14 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
     _own_excess(g, cols, by_worker, x_ideal, gap_ideal)
 
     causes = _causes(cols, g, s, t_act, t_ideal, worker_steps, by_stage)
-    actual = float(step_ns) if step_ns and step_ns > 0 else float(t_rec.mean())
+    given = bool(step_ns and step_ns > 0)
+    actual = float(step_ns) if given else float(t_rec.mean())  # type: ignore[arg-type]
     return {
         "steps": len(t_rec),
         "steps_per_bin": per_bin,
         "replay_error": float(np.mean(np.abs(t_act - t_rec) / np.maximum(t_rec, 1.0))),
         "actual_step_ns": actual,
-        "ideal_step_ns": actual / s if s > 0 else actual,
+        "ideal_step_ns": (actual / s if s > 0 else actual) if given else float(t_ideal.mean()),
         "slowdown": s,
         "by_worker": by_worker,
         "by_stage": by_stage,
@@ -449,7 +462,7 @@ def beyond_noise(mine: np.ndarray, peers: np.ndarray) -> bool:
 #: data imbalance moves all the work of one micro-batch together (its forward and its backward grow
 #: with its sequence lengths): the correlation of two ops' departures from their peers' typical time
 #: across the micro-batches of every step and rank must reach this; scheduler noise has none
-COHERENT = 0.3
+COHERENT = 0.5
 
 
 def _coherent(cols: dict[str, np.ndarray], g: Graph, compute: np.ndarray, rel: np.ndarray) -> bool:
@@ -709,7 +722,7 @@ def _dp_ops_sql(run: str, first_step: int) -> str:
             SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(seq, 0), false FROM comm
             WHERE run_id = {run} AND step >= {first_step}
         )
-        SELECT rank, step, name, start_ns, dur_ns, -1 AS peer,
+        SELECT rank, step, name, start_ns, dur_ns, -1 AS peer, true AS anchor,
                CASE WHEN compute THEN NULL ELSE 'world' END AS grp, false AS is_send,
                compute AND name <> 'data' AS compute,
                rank AS dp_rank, 0 AS pp_stage,
@@ -820,6 +833,8 @@ def _columns(t: pa.Table) -> dict[str, np.ndarray]:
     cols["unit"] = unit
     # the direction of a pipeline transfer (1: backward) where the op table names it: under interleaving
     # the same two ranks exchange forward and backward transfers both ways (pp = 2)
+    if "anchor" in t.column_names:  # a pure data-parallel run (see `build`)
+        cols["anchor_lanes"] = np.ones(1, dtype=bool)
     cols["pdir"] = (
         np.asarray(t.column("pdir").to_numpy(zero_copy_only=False), dtype=np.int64)
         if "pdir" in t.column_names
@@ -861,7 +876,7 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     laid = _laid_runs(store, sel)
     first: dict[str, int] = {}
     step_ns: dict[str, float] = {}
-    if laid:
+    if any(r["kind"] != "laid" for r in laid):
         stats = run_stats_table(store, sel)
         for r in store.query(
             f"SELECT run_id, first_step + warmup_steps AS first_steady_step, step_ns FROM {stats}"
@@ -869,8 +884,15 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
             first[r["run_id"]] = r["first_steady_step"] or 0
             step_ns[r["run_id"]] = r["step_ns"]
     for run in laid:
-        t = _run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=first.get(run["run_id"]) or 0)
-        row = analyse_run(_columns(t), step_ns.get(run["run_id"])) if t.num_rows else None
+        # an imported op table is read whole, its steps as the table gives them (a trace of chosen
+        # steps: no warm-up to cut, each step's span its step); a recorded run from its first steady
+        # step, with the run's step time
+        recorded = run["kind"] != "laid"
+        first_step = first.get(run["run_id"]) or 0 if recorded else 0
+        t = _run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=first_step)
+        row = (
+            analyse_run(_columns(t), step_ns.get(run["run_id"]) if recorded else None) if t.num_rows else None
+        )
         if row is not None:
             rows.append({"run_id": run["run_id"], "source": run["source"], **row})
     return pa.Table.from_pylist(rows, schema=SCHEMA)

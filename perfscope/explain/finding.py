@@ -115,10 +115,17 @@ def _tier(f: Finding) -> int:
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Causes by what they cost (`impact`), most first; then comparisons and measurements; then the
-    confounds and data-quality notes that qualify them. Ties: alarm before warning before info, then
-    confidence."""
+    """Causes by what they cost (`impact`), most first, those too small or too noisy to warn of
+    (info) after the rest; then comparisons and measurements; then the confounds and data-quality
+    notes that qualify them. Ties: alarm before warning before info, then confidence."""
     return sorted(
         findings,
-        key=lambda f: (_tier(f), -impact(f), SEVERITIES.index(f.severity), -f.confidence, f.id),
+        key=lambda f: (
+            _tier(f),
+            f.severity == "info",
+            -impact(f),
+            SEVERITIES.index(f.severity),
+            -f.confidence,
+            f.id,
+        ),
     )

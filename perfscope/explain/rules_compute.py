@@ -100,6 +100,15 @@ def straggler(ctx: Context) -> list[Finding]:
         gid = r["group_id"]
         hw = setup_of(ctx, [r["run_id"]])
         share = cost / step if step and culprit is not None else None
+        # the what-if replays the run step by step: where it names no slow worker, the rank's excess is
+        # within the ranks' step-to-step spread (DESIGN.md: no cause), said but not a warning
+        replayed = ctx.by_run("what_if").get(r["run_id"])
+        noise = replayed is not None and replayed["cause"] != "slow-worker"
+        if noise:
+            parts.append(
+                "but step by step the difference stays within the ranks' own step-to-step spread (the "
+                "what-if replay names no slow worker), so it is noise, not a cause"
+            )
         if culprit is not None:
             title = (
                 f"Straggler in run {r['run_id']}: rank {culprit['rank']} is slower in {phase}, "
@@ -117,7 +126,7 @@ def straggler(ctx: Context) -> list[Finding]:
                 ctx,
                 "straggler",
                 gid if len(rows) > 1 else r["run_id"],
-                severity=cause_severity(explained if explained is not None else share),
+                severity="info" if noise else cause_severity(explained if explained is not None else share),
                 category="cause",
                 title=title,
                 text=", ".join(parts[:1]) + " " + "; ".join(parts[1:]) + ".",

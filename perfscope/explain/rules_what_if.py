@@ -103,15 +103,26 @@ def what_if_cause(ctx: Context) -> list[Finding]:
                 + " The peers that wait for it in the next collective are its victims."
             )
             rerun = f"without it a step would take about {dur(actual - cost)}"
-            advice = (
-                f"Replace or cordon the node{where} (check its clocks and throttling, its temperature and "
-                f"its links) and rerun: {rerun}."
-                if alone
-                else f"Find what that rank does differently{in_phase}: it shares its host with its peers, so "
-                "look at its own work first (extra work on that rank: logging, evaluation or checkpointing "
-                "only there; a larger shard or longer sequences; a process or thread pinned beside it), then "
-                f"at the cores it was given; {rerun}."
+            own_work = (
+                "its own work (extra work on that rank: logging, evaluation or checkpointing only there; a "
+                "larger shard or longer sequences; a process or thread pinned beside it)"
             )
+            if alone:
+                advice = (
+                    f"Replace or cordon the node{where} (check its clocks and throttling, its temperature "
+                    f"and its links) and rerun: {rerun}."
+                )
+            elif hosts:
+                advice = (
+                    f"Find what that rank does differently{in_phase}: it shares its host with its peers, so "
+                    f"look at {own_work} first, then at the cores it was given; {rerun}."
+                )
+            else:  # where the ranks ran was not recorded (an imported op table)
+                advice = (
+                    f"Look at {own_work}; if it runs alone on its node and does the same work, replace or "
+                    f"cordon that node (check its clocks and throttling, its temperature and its links); "
+                    f"{rerun}."
+                )
             numbers.update(
                 {"dp_rank": w["dp_rank"], "stage": w["stage"], "rank": w["ranks"][0], "phase": phase,
                  "excess_ns": w.get("excess_ns"), "alone_on_host": int(alone), **cost_numbers(cost, actual)}
