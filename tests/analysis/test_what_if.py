@@ -330,7 +330,9 @@ def test_slow_worker_named_and_ideal_is_the_job_without_it(tmp_path: Path) -> No
     assert w["slowdown"] > 1.2
     (f,) = w["findings"]
     assert (
-        "dp rank 2 at stage 1" in f.title and "rank 6" in f.title and "replace or cordon" in f.recommendation.lower()
+        "dp rank 2 at stage 1" in f.title
+        and "rank 6" in f.title
+        and "replace or cordon" in f.recommendation.lower()
     )
     assert f.numbers["cost_ns"] == pytest.approx(w["actual_step_ns"] - w["ideal_step_ns"], rel=0.1)
 

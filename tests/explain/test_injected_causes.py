@@ -94,7 +94,9 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     slow = rank == options.get("slow_rank")
     extra = {p: INJECTED_S if slow and options.get("phase") == p else 0.0 for p in ("forward", "optimizer")}
     own: list[float] = []
-    with perfscope.profile(store, experiment="injected", batch_size=BATCH, poll_hz=5, gpu_telemetry=False) as prof:
+    with perfscope.profile(
+        store, experiment="injected", batch_size=BATCH, poll_hz=5, gpu_telemetry=False
+    ) as prof:
         prof.watch(net)
         run_id = prof.run_id
         t = time.perf_counter()
@@ -172,7 +174,9 @@ def test_a_slow_rank_is_named_first_with_its_phase_and_its_excess(
     assert n["cost_ns"] == pytest.approx(INJECTED_S * 1e9, rel=COST_TOLERANCE), first["title"]
     assert n["cost_share"] == pytest.approx(n["cost_ns"] / step, rel=0.01)
     # the peer waits for it: never named as the cause
-    assert not any(f["numbers"].get("rank") == 0 for f in _warnings(out)), [f["title"] for f in out["findings"]]
+    assert not any(f["numbers"].get("rank") == 0 for f in _warnings(out)), [
+        f["title"] for f in out["findings"]
+    ]
     # both ranks share one host: no hardware advice
     assert "Replace or cordon" not in first["recommendation"]
     (w,) = out["what_if"]
