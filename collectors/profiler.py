@@ -41,6 +41,9 @@ HOLD_ROWS_S = 0.05
 
 #: a phase this long after its step began, outside prof.steps: one warning that prof.step() is missing
 NO_STEP_WARN_S = 120.0
+#: module forward calls the DDP finder looks at before it stops looking (`_find_ddp_models`): the
+#: first steps of any model, at about a microsecond a call
+FIND_DDP_CALLS = 20_000
 
 #: called with every Profiler as it starts recording (`perfscope run` steps aside for a script's own)
 START_LISTENERS: list[Callable[[Profiler], None]] = []
@@ -201,6 +204,8 @@ class Profiler:
         self._hooks: list[Any] = []
         self._dist: DistRecorder | None = None
         self._facts: ddp.ModelFacts | None = None
+        self._watched: set[int] = set()  # the models watch() instrumented, by id
+        self._ddp_finder: Any = None  # the module hook that watches a DDP model the script did not
         self._flops = StepFlopCounter()
         self._poller: Poller | None = None
         self._claim: HostClaim | None = None
@@ -299,6 +304,40 @@ class Profiler:
             self._timeline.use_nvtx(ranges)
         self._start_poller(placement, me.hostname)
         self._record_dist()
+        self._find_ddp_models()
+
+    def _find_ddp_models(self) -> None:
+        """Watch a DDP model the script does not give to prof.watch, as `perfscope run` does: without
+        its buckets recorded, a rank waiting in DDP's allreduce for a slower peer would read as
+        backward compute, and the victim would be named the straggler. A module forward hook, removed
+        once it has seen a DDP model or FIND_DDP_CALLS module calls (the first steps)."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        calls = [0]
+
+        def seen(module: Any, args: Any) -> None:
+            calls[0] += 1
+            try:
+                if ddp.is_ddp(module) and id(module) not in self._watched:
+                    self.watch(module)
+                    self._stop_finding_ddp()
+                elif calls[0] >= FIND_DDP_CALLS:
+                    self._stop_finding_ddp()
+            except Exception as exc:
+                self._stop_finding_ddp()
+                self._internal_error(exc)
+
+        try:
+            self._ddp_finder = torch.nn.modules.module.register_module_forward_pre_hook(seen)
+        except Exception:
+            self._ddp_finder = None  # an old torch without global hooks: watch() as before
+
+    def _stop_finding_ddp(self) -> None:
+        finder, self._ddp_finder = self._ddp_finder, None
+        if finder is not None:
+            with contextlib.suppress(Exception):
+                finder.remove()
 
     def _record_dist(self) -> None:
         """Record every torch.distributed call from now on (after the rendezvous, which is ours),
@@ -338,6 +377,7 @@ class Profiler:
         if self._closed:
             return
         self._closed = True
+        self._stop_finding_ddp()
         was_recording, self._recording, self._live = self._recording, False, None
         if self._timeline is not None:
             self._timeline.stop_live()
@@ -555,6 +595,16 @@ class Profiler:
             if comm_hook is not None and ddp.is_ddp(model):
                 model.register_comm_hook(comm_state, comm_hook)  # what the user asked for, unrecorded
             return model
+        if id(model) in self._watched:  # watched already (by the DDP finder, or twice)
+            if comm_hook is not None:
+                self.faults.report(
+                    "watch_late",
+                    "perfscope: prof.watch(model, comm_hook=...) came after the model's first forward, "
+                    "which perfscope had already watched; the comm hook is not registered. Call "
+                    "prof.watch before the training loop.",
+                )
+            return model
+        self._watched.add(id(model))
         registered = False
         try:
             self._facts = facts = ddp.model_facts(model)

@@ -44,12 +44,27 @@ COST_TOLERANCE = 0.25
 #: the run's step time against the job's own clock
 CLOCK_TOLERANCE = 0.05
 
+#: the input-bound job with loader workers: each sample takes this long to read, a batch of
+#: WORKERS_BATCH samples WORKERS_BATCH times that in one worker, so the two workers deliver a batch every
+#: WORKERS_BATCH * PER_SAMPLE_S / 2 while the ranks compute for WORKERS_WORK_S
+PER_SAMPLE_S = 0.002
+WORKERS_BATCH = 32
+WORKERS_WORK_S = 0.004
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     "forward-straggler": {"slow_rank": 1, "phase": "forward"},
+    "backward-straggler": {"slow_rank": 1, "phase": "backward"},
     "optimizer-straggler": {"slow_rank": 1, "phase": "optimizer"},
+    # the script never calls prof.watch(model): DDP's buckets must be recorded all the same, or the
+    # rank waiting in them for its slow peer reads as the one computing longer
+    "unwatched-straggler": {"slow_rank": 1, "phase": "forward", "watch": False},
     "input-bound": {"loader_s": LOADER_S},
+    "input-bound-workers": {
+        "per_sample_s": PER_SAMPLE_S, "num_workers": 2, "batch": WORKERS_BATCH, "work_s": WORKERS_WORK_S,
+    },
     "healthy": {},
-}
+}  # fmt: skip
+STRAGGLERS = ["forward-straggler", "backward-straggler", "optimizer-straggler", "unwatched-straggler"]
 
 
 class SlowDataset:
@@ -89,22 +104,32 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     net = nn.parallel.DistributedDataParallel(make_model())
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     criterion = nn.CrossEntropyLoss()
-    ds = SlowDataset(BATCH * world_size * STEPS, options.get("loader_s", 0.0) / BATCH)
-    loader = DataLoader(ds, batch_size=BATCH, sampler=DistributedSampler(ds, shuffle=False), num_workers=0)
+    batch = options.get("batch", BATCH)
+    per_sample = options.get("per_sample_s", options.get("loader_s", 0.0) / batch)
+    ds = SlowDataset(batch * world_size * STEPS, per_sample)
+    workers = options.get("num_workers", 0)
+    loader = DataLoader(
+        ds, batch_size=batch, sampler=DistributedSampler(ds, shuffle=False), num_workers=workers,
+        persistent_workers=workers > 0,
+    )  # fmt: skip
     slow = rank == options.get("slow_rank")
-    extra = {p: INJECTED_S if slow and options.get("phase") == p else 0.0 for p in ("forward", "optimizer")}
+    phases = ("forward", "backward", "optimizer")
+    extra = {p: INJECTED_S if slow and options.get("phase") == p else 0.0 for p in phases}
+    work = options.get("work_s", WORK_S)
     own: list[float] = []
     with perfscope.profile(
-        store, experiment="injected", batch_size=BATCH, poll_hz=5, gpu_telemetry=False
+        store, experiment="injected", batch_size=batch, poll_hz=5, gpu_telemetry=False
     ) as prof:
-        prof.watch(net)
+        if options.get("watch", True):
+            prof.watch(net)
         run_id = prof.run_id
         t = time.perf_counter()
         for x, y in prof.steps(loader):
             with prof.phase("forward"):
-                time.sleep(WORK_S + extra["forward"])
+                time.sleep(work + extra["forward"])
                 loss = criterion(net(x), y)
             with prof.phase("backward"):
+                time.sleep(extra["backward"])
                 loss.backward()
             with prof.phase("optimizer"):
                 time.sleep(extra["optimizer"])
@@ -159,7 +184,7 @@ def _check_clock(out: dict[str, Any], ranks: list[dict[str, Any]]) -> float:
     return float(run["step_ns"])
 
 
-@pytest.mark.parametrize("name", ["forward-straggler", "optimizer-straggler"])
+@pytest.mark.parametrize("name", STRAGGLERS)
 def test_a_slow_rank_is_named_first_with_its_phase_and_its_excess(
     stores: dict[str, tuple[Path, list[dict[str, Any]]]], name: str
 ) -> None:
@@ -181,18 +206,24 @@ def test_a_slow_rank_is_named_first_with_its_phase_and_its_excess(
     assert "Replace or cordon" not in first["recommendation"]
     (w,) = out["what_if"]
     assert w["actual_step_ns"] == pytest.approx(step, rel=1e-9)  # one step time everywhere
+    # DDP's buckets were recorded, watched or not
+    assert (out["runs"][0]["comm_count"] or 0) > 0
 
 
+@pytest.mark.parametrize("name", ["input-bound", "input-bound-workers"])
 def test_an_input_bound_job_names_the_loader_first_with_the_wait_of_the_rank_that_waits_most(
-    stores: dict[str, tuple[Path, list[dict[str, Any]]]],
+    stores: dict[str, tuple[Path, list[dict[str, Any]]]], name: str
 ) -> None:
-    store, ranks = stores["input-bound"]
+    store, ranks = stores[name]
     out = _analyze(store)
     step = _check_clock(out, ranks)
     first = _warnings(out)[0]
     n = first["numbers"]
     assert first["rule"] == "input-bound", [f["title"] for f in out["findings"]]
-    assert n["cost_ns"] == pytest.approx(LOADER_S * 1e9, rel=COST_TOLERANCE), first["title"]
+    # without workers the loader's whole read is the wait; with two, what the ranks' compute leaves of
+    # the time the workers take to deliver a batch (the job's own step, less its work)
+    waited = LOADER_S if name == "input-bound" else _own_step_ns(ranks) / 1e9 - WORKERS_WORK_S
+    assert n["cost_ns"] == pytest.approx(waited * 1e9, rel=COST_TOLERANCE), first["title"]
     assert n["worst_rank"] in (0, 1) and n["worst_rank_share"] == pytest.approx(n["cost_ns"] / step, rel=0.01)
     # no worker is blamed for waiting on its loader
     assert not any(f["rule"] in ("what-if", "straggler") for f in _warnings(out)), [
