@@ -26,7 +26,7 @@ from .nvtx_ranges import NvtxRanges
 from .phases import IDLE, Timeline, infer_samples
 from .poller import HostClaim, Poller
 from .rendezvous import Placement, place
-from .run_metadata import cuda_device_name, ranks_row, runs_row, split_keywords, tags_json
+from .run_metadata import cuda_device_name, loader_facts, ranks_row, runs_row, split_keywords, tags_json
 from .step_rows import CANONICAL, END, NAME
 
 DATA = CANONICAL["data"]
@@ -205,6 +205,7 @@ class Profiler:
         self._dist: DistRecorder | None = None
         self._facts: ddp.ModelFacts | None = None
         self._watched: set[int] = set()  # the models watch() instrumented, by id
+        self._loader: tuple[Any, ...] | None = None  # the loop's DataLoader settings (loader_facts)
         self._ddp_finder: Any = None  # the module hook that watches a DDP model the script did not
         self._flops = StepFlopCounter()
         self._poller: Poller | None = None
@@ -716,6 +717,9 @@ class Profiler:
         )
 
     def _note_dataset(self, loader: Any) -> None:
+        if self._loader is None:
+            with contextlib.suppress(Exception):
+                self._loader = loader_facts(loader)
         if self._columns.get("dataset_samples") is None:
             with contextlib.suppress(Exception):
                 self._columns["dataset_samples"] = len(loader.dataset)
@@ -775,7 +779,9 @@ class Profiler:
         index, name = self._device()
         self._read_layout()
         coords = self._layout.rank_columns() if self._layout is not None else None
-        row = ranks_row(self.placement, self._hostname, index, name, self.started_ns, self._role, coords)
+        row = ranks_row(
+            self.placement, self._hostname, index, name, self.started_ns, self._role, coords, self._loader
+        )
         self._writer.append("ranks", row)
         self._write_runs_row(ended_ns=None)
 

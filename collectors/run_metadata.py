@@ -166,13 +166,35 @@ def ranks_row(
     started_ns: int,
     role: str | None,
     coords: tuple[int, int, int, int] | None = None,
+    loader: tuple[Any, ...] | None = None,
 ) -> tuple[Any, ...]:
-    """`coords`: the rank's (dp_rank, pp_stage, tp_rank, cp_rank) (collectors/layout.py); None: NULL."""
+    """`coords`: the rank's (dp_rank, pp_stage, tp_rank, cp_rank) (collectors/layout.py); None: NULL.
+    `loader`: `loader_facts` of the loop's DataLoader; None: NULL."""
     offset = p.clock_offset_ns if p.clock_offset_known else None  # NULL: not measured
     error = p.clock_error_ns if p.clock_offset_known else None
     return (p.rank, p.local_rank, p.node_rank, hostname, os.getpid(), offset,
             os.cpu_count() or 1, device_index, device_name, started_ns, role, *thread_facts(),
-            *(coords or (None, None, None, None)), error)  # fmt: skip
+            *(coords or (None, None, None, None)), error, *(loader or (None,) * 5))  # fmt: skip
+
+
+def loader_facts(loader: Any) -> tuple[Any, ...] | None:
+    """A torch DataLoader's (num_workers, prefetch_factor, pin_memory, persistent_workers, batch_size),
+    the settings that decide how fast it feeds the rank; None for any other iterable. A value that is
+    not what a DataLoader holds is NULL."""
+    cls = type(loader)
+    if not any(c.__name__ == "DataLoader" and c.__module__.startswith("torch.") for c in cls.__mro__):
+        return None
+
+    def whole(v: Any) -> int | None:
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 else None
+
+    def flag(v: Any) -> bool | None:
+        return v if isinstance(v, bool) else None
+
+    get = loader.__dict__.get  # never a property that could run user code
+    workers = whole(get("num_workers"))
+    return (workers, whole(get("prefetch_factor")) if workers else None, flag(get("pin_memory")),
+            flag(get("persistent_workers")), whole(get("batch_size")))  # fmt: skip
 
 
 #: An environment value longer than this is cut: it is recorded as given, not trusted.

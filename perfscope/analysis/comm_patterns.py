@@ -183,7 +183,7 @@ def pipeline_stages(store: Store, sel: Selection) -> pa.Table:
                    coalesce(c.mb_calls, 0) / s.steps AS mb_per_step
             FROM st JOIN s USING (run_id, rank) LEFT JOIN c USING (run_id, rank)
         ), run AS (
-            SELECT run_id, count(*) AS stages,
+            SELECT run_id, count(DISTINCT stage) AS stages,
                    greatest(round(median(mb_per_step)), 1)::INTEGER AS micro_batches,
                    arg_max(stage, compute_ns) AS slowest_stage, arg_max(rank, compute_ns) AS slowest_rank,
                    max(compute_ns) AS slowest_compute_ns

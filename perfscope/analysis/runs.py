@@ -82,10 +82,18 @@ def rank_breakdown(store: Store, sel: Selection) -> pa.Table:
         SELECT a.run_id, r.source, r.world_size, a.rank, k.hostname, a.rows AS steps,
                step_sum / rows AS step_ns, {means},
                CASE WHEN ({other}) < 0 THEN 0.0 ELSE ({other}) / rows END AS other_ns,
-               ({useful}) / rows AS useful_ns, c.comm_total_mean AS comm_total_ns
+               ({useful}) / rows AS useful_ns, c.comm_total_mean AS comm_total_ns,
+               k.cpu_count, k.loader_workers, k.loader_prefetch_factor, k.loader_pin_memory,
+               k.loader_persistent_workers, k.loader_batch_size
         FROM {ra} a JOIN {runs} r USING (run_id)
         LEFT JOIN {rank_comm_table(store, sel)} c USING (run_id, rank)
-        LEFT JOIN (SELECT run_id, rank, any_value(hostname) AS hostname FROM ranks GROUP BY ALL) k
+        LEFT JOIN (SELECT run_id, rank, any_value(hostname) AS hostname, any_value(cpu_count) AS cpu_count,
+                          any_value(loader_workers) AS loader_workers,
+                          any_value(loader_prefetch_factor) AS loader_prefetch_factor,
+                          any_value(loader_pin_memory) AS loader_pin_memory,
+                          any_value(loader_persistent_workers) AS loader_persistent_workers,
+                          any_value(loader_batch_size) AS loader_batch_size
+                   FROM ranks GROUP BY ALL) k
             USING (run_id, rank)
         ORDER BY a.run_id, a.rank
         """

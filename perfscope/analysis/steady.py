@@ -168,7 +168,11 @@ def roles_table(store: Store, sel: Selection) -> str:
             UNION SELECT run_id, rank FROM st
             UNION SELECT run_id, rank FROM comm WHERE run_id IN (SELECT run_id FROM {runs})
         ), recorded AS (
-            SELECT run_id, rank, max(role) AS role FROM ranks GROUP BY ALL
+            -- a role given with profile(role=...), else a pipeline stage from the recorded layout
+            -- (profile(parallel=...), an imported op table's coordinates) of a run with several stages
+            SELECT run_id, rank, coalesce(role, CASE WHEN stages > 0 THEN 'stage:' || stage END) AS role
+            FROM (SELECT run_id, rank, max(role) AS role, max(pp_stage) AS stage FROM ranks GROUP BY ALL)
+            JOIN (SELECT run_id, max(pp_stage) AS stages FROM ranks GROUP BY ALL) USING (run_id)
         ), c AS (
             SELECT run_id, rank, count(*) FILTER (WHERE peer IS NOT NULL) AS p2p,
                    count(*) FILTER (WHERE peer IS NULL) AS collectives

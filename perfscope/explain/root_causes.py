@@ -30,10 +30,10 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 #: steps, sharded data parallelism, a pipeline, a parameter server) is the root cause of the run's
 #: wait on communication, which is then its symptom.
 #: The what-if replay, when it names a cause (a long stage, a slow worker, data imbalance), explains
-#: the run's waits too: the ranks that wait on the long stage are its symptom, not a cause of their
-#: own. (The straggler finding stays its own: the report's and dashboard's Stragglers views say it.)
+#: the run's waits too: the ranks that wait on the long stage (its pipeline bubble) are its symptom,
+#: not a cause of their own, and so is the straggler finding on the rank the replay names.
 RUN_ROOTS: dict[str, tuple[str, ...]] = {
-    "what-if": ("communication-share", "straggler"),
+    "what-if": ("communication-share", "straggler", "pipeline-bubble"),
     "pipeline-bubble": ("communication-share",),
     "parameter-server": ("communication-share",),
     "periodic-sync": ("communication-share",),
@@ -76,7 +76,11 @@ def _covers(root: Finding, symptom: Finding) -> bool:
     accounts for at least half of it: a 40% wait on a big allreduce beside it is the allreduce's own,
     and both findings stand, each ranked by what it explains. The structural roots (a pipeline, a
     parameter server, periodic or sharded sync) explain the wait by what they are."""
-    if root.rule != "what-if" or not impact(symptom):
+    if root.rule != "what-if":
+        return True
+    if symptom.rule == "pipeline-bubble":  # the stages wait for the long stage: the bubble is its symptom
+        return root.id.endswith(":stage-imbalance")
+    if not impact(symptom):
         return True
     return impact(root) >= WHAT_IF_COVERS * impact(symptom)
 

@@ -244,6 +244,7 @@ def input_bound(ctx: Context) -> list[Finding]:
                 "the lost time"
             )
         hw = setup_of(ctx, [r["run_id"] for r in rows])
+        knobs = loader_knobs(who)
         out.append(
             make_finding(
                 ctx,
@@ -258,7 +259,8 @@ def input_bound(ctx: Context) -> list[Finding]:
                 text=text + ".",
                 run_ids=[r["run_id"] for r in rows],
                 analyses=("scaling", "phase_breakdown"),
-                recommendation=(
+                recommendation=knobs
+                + (
                     "Feed the GPUs faster: more DataLoader workers (num_workers), pin_memory=True with "
                     "non_blocking copies, persistent_workers and prefetch_factor, decode/augment on the GPU "
                     "(DALI), keep the dataset in RAM or GPU memory if it fits, and give each rank its own "
@@ -282,6 +284,32 @@ def input_bound(ctx: Context) -> list[Finding]:
             )
         )
     return out
+
+
+def loader_knobs(rank: Row | None) -> str:
+    """The recorded DataLoader settings of the rank that waits most, in words, with the one to change
+    first: "num_workers=0 on a 16-core host: ..." (DESIGN.md: advice names the setting and its
+    recorded value). Empty when none was recorded."""
+    if rank is None or rank.get("loader_workers") is None:
+        return ""
+    workers, cores = int(rank["loader_workers"]), rank.get("cpu_count")
+    host = f" on a {cores}-core host" if cores else ""
+    said = [f"num_workers={workers}{host}"]
+    for key, name in (
+        ("loader_prefetch_factor", "prefetch_factor"),
+        ("loader_pin_memory", "pin_memory"),
+        ("loader_persistent_workers", "persistent_workers"),
+        ("loader_batch_size", "batch_size"),
+    ):
+        if rank.get(key) is not None:
+            said.append(f"{name}={rank[key]}")
+    if workers == 0:
+        first = "the rank reads and collates every batch itself, in its own step: give it workers first"
+    elif rank.get("loader_persistent_workers") is False:
+        first = "its workers restart every epoch: persistent_workers=True, then more workers"
+    else:
+        first = f"{workers} workers do not keep up: more workers, or a larger prefetch_factor"
+    return f"The loader ran with {', '.join(said)}; {first}. "
 
 
 def _batch_headroom(ctx: Context, rows: list[Row]) -> tuple[str, dict[str, float], int | None]:

@@ -49,7 +49,8 @@ def oversubscription(ctx: Context) -> list[Finding]:
             cap = _cap(h)
             caps[rid] = cap
             sc = scaling.get(rid) or {}
-            eff = sc.get("efficiency")
+            # a run that is its own baseline (one world size) has no measured efficiency to give
+            eff = sc.get("efficiency") if sc.get("baseline_run_id") not in (None, rid) else None
             what = (
                 f"{h['ranks_on_host']} ranks share {_count(h['gpus_on_host'], 'GPU')}"
                 if h["oversubscribed_gpu"]

@@ -224,6 +224,30 @@ RANKS = Table(
             "before it was recorded",
             since=3,
         ),
+        _c(
+            "loader_workers",
+            i32,
+            "processes",
+            "num_workers of the DataLoader given to prof.steps (0: the loader runs in the rank's own "
+            "process); NULL when the loop had no DataLoader, and in stores written before it was recorded",
+            since=3,
+        ),
+        _c(
+            "loader_prefetch_factor",
+            i32,
+            "batches",
+            "the DataLoader's prefetch_factor per worker; NULL as above",
+            since=3,
+        ),
+        _c("loader_pin_memory", b, "", "the DataLoader's pin_memory; NULL as above", since=3),
+        _c("loader_persistent_workers", b, "", "the DataLoader's persistent_workers; NULL as above", since=3),
+        _c(
+            "loader_batch_size",
+            i32,
+            "samples",
+            "the DataLoader's batch_size (one micro-batch); NULL as above",
+            since=3,
+        ),
     ),
 )
 

@@ -1,0 +1,252 @@
+"""Real jobs with a cause of known size (issue 31), shared by tests/explain/test_injected_causes.py and
+benchmarks/verdicts.py: 2-rank DDP on gloo, recorded by perfscope.profile as a user's script is (a
+tutorial's loop: a DataLoader with a DistributedSampler, nn.CrossEntropyLoss() as a module, prof.steps over
+the loader and a phase per part of the step), with one cause injected, each timing its own steps.
+
+Every rank's forward holds WORK_S of sleep as its work, so the injected cause is a known share of a step
+that keeps its length on a loaded machine (a compute loop's time there is what the scheduler leaves it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from collect_helpers import make_model, results_ok, run_ranks
+
+#: 10 warm-up steps (left out, as every analysis of a recorded run does), 30 steady ones
+STEPS = 40
+BATCH = 8
+#: every rank's forward holds this much work
+WORK_S = 0.030
+#: the size of each injected cause (s per step)
+INJECTED_S = 0.008
+#: the loader's wait per batch in the input-bound job
+LOADER_S = 0.030
+#: the cost must be within this share of what was injected
+COST_TOLERANCE = 0.25
+
+#: the input-bound job with loader workers: each sample takes this long to read, a batch of
+#: WORKERS_BATCH samples WORKERS_BATCH times that in one worker, so the two workers deliver a batch every
+#: WORKERS_BATCH * PER_SAMPLE_S / 2 while the ranks compute for WORKERS_WORK_S
+PER_SAMPLE_S = 0.002
+WORKERS_BATCH = 32
+WORKERS_WORK_S = 0.004
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "forward-straggler": {"slow_rank": 1, "phase": "forward"},
+    "backward-straggler": {"slow_rank": 1, "phase": "backward"},
+    "optimizer-straggler": {"slow_rank": 1, "phase": "optimizer"},
+    # the script never calls prof.watch(model): DDP's buckets must be recorded all the same, or the
+    # rank waiting in them for its slow peer reads as the one computing longer
+    "unwatched-straggler": {"slow_rank": 1, "phase": "forward", "watch": False},
+    "input-bound": {"loader_s": LOADER_S},
+    "input-bound-workers": {
+        "per_sample_s": PER_SAMPLE_S, "num_workers": 2, "batch": WORKERS_BATCH, "work_s": WORKERS_WORK_S,
+    },
+    "healthy": {},
+}  # fmt: skip
+STRAGGLERS = ["forward-straggler", "backward-straggler", "optimizer-straggler", "unwatched-straggler"]
+
+
+class SlowDataset:
+    """A map-style dataset whose batch takes `loader_s` to read (spread over its samples)."""
+
+    def __init__(self, n: int, per_sample_s: float) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 32, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
+        self.per_sample_s = per_sample_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        if self.per_sample_s:
+            time.sleep(self.per_sample_s)
+        return self.x[i], self.y[i]
+
+
+def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A tutorial's DDP loop: a DataLoader with a DistributedSampler, nn.CrossEntropyLoss() as a module,
+    prof.steps over the loader and a phase per part of the step; `options` inject the cause."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    import perfscope
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    net = nn.parallel.DistributedDataParallel(make_model())
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    criterion = nn.CrossEntropyLoss()
+    batch = options.get("batch", BATCH)
+    per_sample = options.get("per_sample_s", options.get("loader_s", 0.0) / batch)
+    ds = SlowDataset(batch * world_size * STEPS, per_sample)
+    workers = options.get("num_workers", 0)
+    loader = DataLoader(
+        ds, batch_size=batch, sampler=DistributedSampler(ds, shuffle=False), num_workers=workers,
+        persistent_workers=workers > 0,
+    )  # fmt: skip
+    slow = rank == options.get("slow_rank")
+    phases = ("forward", "backward", "optimizer")
+    extra = {p: INJECTED_S if slow and options.get("phase") == p else 0.0 for p in phases}
+    work = options.get("work_s", WORK_S)
+    own: list[float] = []
+    waited: list[float] = []  # the job's own clock of its wait for the next batch
+    with perfscope.profile(
+        store, experiment="injected", batch_size=batch, poll_hz=5, gpu_telemetry=False
+    ) as prof:
+        if options.get("watch", True):
+            prof.watch(net)
+        run_id = prof.run_id
+        t = time.perf_counter()
+        for x, y in prof.steps(loader):
+            waited.append(time.perf_counter() - t)
+            with prof.phase("forward"):
+                time.sleep(work + extra["forward"])
+                loss = criterion(net(x), y)
+            with prof.phase("backward"):
+                time.sleep(extra["backward"])
+                loss.backward()
+            with prof.phase("optimizer"):
+                time.sleep(extra["optimizer"])
+                opt.step()
+                opt.zero_grad()
+            now = time.perf_counter()
+            own.append(now - t)
+            t = now
+    dist.destroy_process_group()
+    return {"run_id": run_id, "own_step_s": own, "own_data_s": waited}
+
+
+def analyze(store: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    res = subprocess.run(
+        [sys.executable, "-m", "perfscope", "analyze", str(store), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    return dict(json.loads(res.stdout))
+
+
+def own_step_ns(ranks: list[dict[str, Any]]) -> float:
+    """The job's own step time over the steady steps: the slower rank's mean (ranks end each step in
+    the collective together, so their means differ by the ends' skew only)."""
+    return max(sum(r["own_step_s"][10:]) / len(r["own_step_s"][10:]) for r in ranks) * 1e9
+
+
+def record_all(root: Path, names: list[str] | None = None) -> dict[str, tuple[Path, list[dict[str, Any]]]]:
+    """Every scenario (or those named) recorded at the same time, as jobs on a shared node run: each
+    the others' noisy neighbour. Per scenario: its store and each rank's result."""
+    names = names or list(SCENARIOS)
+    with ThreadPoolExecutor(len(names)) as pool:
+        jobs = {name: pool.submit(run_ranks, job, 2, str(root / name), SCENARIOS[name]) for name in names}
+        done = {name: results_ok(j.result()) for name, j in jobs.items()}
+    return {name: (root / name, [done[name][r] for r in (0, 1)]) for name in names}
+
+
+def expected_cost_ns(name: str, ranks: list[dict[str, Any]]) -> float | None:
+    """What the injected cause costs per step: a straggler's injection itself; a loader's, the wait of
+    the rank that waits most for its next batch, timed by the job (the loader's read plus its own work:
+    collating, and with workers what the ranks' work leaves of the time the workers take to deliver a
+    batch); None for the job without a cause."""
+    opts = SCENARIOS[name]
+    if "slow_rank" in opts:
+        return INJECTED_S * 1e9
+    if "loader_s" in opts or "per_sample_s" in opts:
+        # the wait of the rank that waits most, by the job's own clock around the loader's next()
+        return max(statistics.mean(r["own_data_s"][10:]) for r in ranks) * 1e9
+    return None
+
+
+#: the cost must be within this share of what was injected
+COST_TOLERANCE = 0.25
+#: the run's step time against the job's own clock
+CLOCK_TOLERANCE = 0.05
+
+
+def warnings_of(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cause findings that warn (alarm or warning), in the order the user reads them."""
+    return [f for f in out["findings"] if f["category"] == "cause" and f["severity"] != "info"]
+
+
+def first_verdict(out: dict[str, Any]) -> dict[str, Any] | None:
+    found = warnings_of(out)
+    return found[0] if found else None
+
+
+def judge(name: str, out: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with perfscope's verdict on a scenario's run (`analyze --json` output), as
+    sentences; empty when the verdict is right. Right means: the run's step time agrees with the job's
+    own clock; a straggler is the first warning, on rank 1 in the injected phase, its cost within
+    COST_TOLERANCE of the injection, the waiting rank never named, no hardware advice on a shared host,
+    DDP's buckets recorded; an input-bound job's first warning is the loader, sized by the rank that
+    waits most, no worker blamed; a job without a cause has no cause warning and the what-if names
+    none."""
+    bad: list[str] = []
+    titles = [f["title"] for f in out["findings"]]
+    (run,) = out["runs"]
+    own = own_step_ns(ranks)
+    if abs(run["step_ns"] - own) > CLOCK_TOLERANCE * own:
+        bad.append(f"step time {run['step_ns'] / 1e6:.2f} ms against the job's own {own / 1e6:.2f} ms")
+    found = warnings_of(out)
+    first = found[0] if found else None
+    opts = SCENARIOS[name]
+    want = expected_cost_ns(name, ranks)
+    if want is None:
+        if found:
+            bad.append(f"a cause warning on a job without a cause: {[f['title'] for f in found]}")
+        if any(w["cause"] != "none" for w in out["what_if"]):
+            bad.append(f"what-if cause {[w['cause'] for w in out['what_if']]}")
+        return bad
+    if first is None:
+        return [*bad, f"no cause warning: {titles}"]
+    n = first["numbers"]
+    cost = n.get("cost_ns")
+    if cost is None or abs(cost - want) > COST_TOLERANCE * want:
+        bad.append(f"cost {cost} against {want:.0f} injected: {first['title']}")
+    if "slow_rank" in opts:
+        if first["rule"] not in ("what-if", "straggler") or n.get("rank") != opts["slow_rank"]:
+            bad.append(f"first warning is not rank {opts['slow_rank']}'s: {titles}")
+        if n.get("phase") != opts["phase"]:
+            bad.append(f"phase {n.get('phase')} for {opts['phase']}: {first['title']}")
+        if any(f["numbers"].get("rank") not in (None, opts["slow_rank"]) for f in found):
+            bad.append(f"a victim named: {[f['title'] for f in found]}")
+        if "Replace or cordon" in first["recommendation"]:
+            bad.append("hardware advice for a rank that shares its host")
+        if not (run["comm_count"] or 0) > 0:
+            bad.append("DDP's buckets not recorded")
+        if (
+            out["what_if"]
+            and abs(out["what_if"][0]["actual_step_ns"] - run["step_ns"]) > 1e-6 * run["step_ns"]
+        ):
+            bad.append("the what-if's step is not the run's")
+    else:
+        if first["rule"] != "input-bound":
+            bad.append(f"first warning is not the loader: {titles}")
+        if abs((n.get("worst_rank_share") or 0.0) - (cost or 0.0) / run["step_ns"]) > 0.01:
+            bad.append(f"worst rank's share {n.get('worst_rank_share')} is not its wait over the step")
+        knob = f"num_workers={opts.get('num_workers', 0)}"
+        if knob not in first["recommendation"]:
+            bad.append(f"the advice does not name the recorded {knob}: {first['recommendation']}")
+        if any(f["rule"] in ("what-if", "straggler") for f in found):
+            bad.append(f"a worker blamed for its loader: {[f['title'] for f in found]}")
+    return bad
