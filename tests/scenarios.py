@@ -108,6 +108,7 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     work = options.get("work_s", WORK_S)
     own: list[float] = []
     waited: list[float] = []  # the job's own clock of its wait for the next batch
+    slept: list[float] = []  # ... and of the injected delay (a sleep overshoots on a loaded host)
     with perfscope.profile(
         store, experiment="injected", batch_size=batch, poll_hz=5, gpu_telemetry=False
     ) as prof:
@@ -118,20 +119,30 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
         for x, y in prof.steps(loader):
             waited.append(time.perf_counter() - t)
             with prof.phase("forward"):
-                time.sleep(work + extra["forward"])
+                time.sleep(work)
+                slept.append(_delay(extra["forward"]))
                 loss = criterion(net(x), y)
             with prof.phase("backward"):
-                time.sleep(extra["backward"])
+                slept[-1] += _delay(extra["backward"])
                 loss.backward()
             with prof.phase("optimizer"):
-                time.sleep(extra["optimizer"])
+                slept[-1] += _delay(extra["optimizer"])
                 opt.step()
                 opt.zero_grad()
             now = time.perf_counter()
             own.append(now - t)
             t = now
     dist.destroy_process_group()
-    return {"run_id": run_id, "own_step_s": own, "own_data_s": waited}
+    return {"run_id": run_id, "own_step_s": own, "own_data_s": waited, "own_delay_s": slept}
+
+
+def _delay(seconds: float) -> float:
+    """Sleep `seconds` (none when 0) and say how long it took, by the job's clock."""
+    if not seconds:
+        return 0.0
+    t = time.perf_counter()
+    time.sleep(seconds)
+    return time.perf_counter() - t
 
 
 def analyze(store: Path) -> dict[str, Any]:
@@ -164,13 +175,14 @@ def record_all(root: Path, names: list[str] | None = None) -> dict[str, tuple[Pa
 
 
 def expected_cost_ns(name: str, ranks: list[dict[str, Any]]) -> float | None:
-    """What the injected cause costs per step: a straggler's injection itself; a loader's, the wait of
+    """What the injected cause costs per step: a straggler's injected delay, timed by the job (a sleep of
+    INJECTED_S, overshot by what the host's scheduler adds); a loader's, the wait of
     the rank that waits most for its next batch, timed by the job (the loader's read plus its own work:
     collating, and with workers what the ranks' work leaves of the time the workers take to deliver a
     batch); None for the job without a cause."""
     opts = SCENARIOS[name]
-    if "slow_rank" in opts:
-        return INJECTED_S * 1e9
+    if "slow_rank" in opts:  # the delay as the slow rank's own clock measured it
+        return statistics.mean(ranks[opts["slow_rank"]]["own_delay_s"][10:]) * 1e9
     if "loader_s" in opts or "per_sample_s" in opts:
         # the wait of the rank that waits most, by the job's own clock around the loader's next()
         return max(statistics.mean(r["own_data_s"][10:]) for r in ranks) * 1e9

@@ -504,3 +504,28 @@ def test_a_worker_is_all_its_tensor_parallel_ranks(tmp_path: Path) -> None:
     top = w["by_worker"][0]
     assert (top["dp_rank"], top["stage"], top["ranks"]) == (1, 1, [6, 7])
     assert w["replay_error"] < 0.01
+
+
+@pytest.mark.parametrize(
+    ("dp", "pp", "slow", "uneven"),
+    [(4, 4, {(0, 0): 2.0}, 0.0), (8, 2, None, 0.5), (2, 1, {(1, 0): 1.3}, 0.0)],
+    ids=["dp4xpp4-worker-0-0-at-2x", "dp8xpp2-random-lengths", "dp2-one-slow-rank"],
+)
+def test_the_ideal_is_the_job_without_the_cause(
+    tmp_path: Path, dp: int, pp: int, slow: dict[tuple[int, int], float] | None, uneven: float
+) -> None:
+    """Synthetic jobs whose truth is known (issue 31): the ideal step lies within 5% of the same job
+    without its cause (the slow worker at its peers' speed; the random sequence lengths replaced by
+    their mean, every rank's share equal), and no part's slowdown exceeds the whole's."""
+    w = _what_if(tmp_path, synthetic(dp, pp, slow=slow, uneven=uneven, steps=16, seed=3), dp, pp)
+    truth = _recorded_step(synthetic(dp, pp, fwd=0.010 * (1 + uneven / 2), steps=16, seed=3))
+    assert w["ideal_step_ns"] / 1e9 == pytest.approx(truth, rel=0.05), (w["slowdown"], w["cause"])
+    assert all(
+        r["slowdown"] <= w["slowdown"] + 1e-12 for k in ("by_worker", "by_stage", "by_op_type") for r in w[k]
+    )
+    if slow:
+        (worker,) = slow
+        top = w["by_worker"][0]
+        assert w["cause"] == "slow-worker" and (top["dp_rank"], top["stage"]) == worker, w["cause"]
+    else:
+        assert w["cause"] == "data-imbalance"
