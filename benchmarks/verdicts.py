@@ -31,6 +31,7 @@ INJECTED = {
     "input-bound": "the Dataset sleeps 30 ms per batch, num_workers=0",
     "input-bound-workers": "the Dataset sleeps 2 ms per sample, batch 32, num_workers=2, 4 ms of work",
     "healthy": "nothing: identical ranks",
+    "noisy-neighbour": "nothing, beside a process spinning a core",
 }
 
 

@@ -53,6 +53,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "per_sample_s": PER_SAMPLE_S, "num_workers": 2, "batch": WORKERS_BATCH, "work_s": WORKERS_WORK_S,
     },
     "healthy": {},
+    # the same, beside a process that spins a core for the whole run: a confound, not a cause
+    "noisy-neighbour": {"burner": True},
 }  # fmt: skip
 STRAGGLERS = ["forward-straggler", "backward-straggler", "optimizer-straggler", "unwatched-straggler"]
 
@@ -109,29 +111,36 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     own: list[float] = []
     waited: list[float] = []  # the job's own clock of its wait for the next batch
     slept: list[float] = []  # ... and of the injected delay (a sleep overshoots on a loaded host)
-    with perfscope.profile(
-        store, experiment="injected", batch_size=batch, poll_hz=5, gpu_telemetry=False
-    ) as prof:
-        if options.get("watch", True):
-            prof.watch(net)
-        run_id = prof.run_id
-        t = time.perf_counter()
-        for x, y in prof.steps(loader):
-            waited.append(time.perf_counter() - t)
-            with prof.phase("forward"):
-                time.sleep(work)
-                slept.append(_delay(extra["forward"]))
-                loss = criterion(net(x), y)
-            with prof.phase("backward"):
-                slept[-1] += _delay(extra["backward"])
-                loss.backward()
-            with prof.phase("optimizer"):
-                slept[-1] += _delay(extra["optimizer"])
-                opt.step()
-                opt.zero_grad()
-            now = time.perf_counter()
-            own.append(now - t)
-            t = now
+    spin = [sys.executable, "-c", "while True: pass"]
+    burner = subprocess.Popen(spin) if options.get("burner") and rank == 0 else None
+    try:
+        with perfscope.profile(
+            store, experiment="injected", batch_size=batch, poll_hz=5, gpu_telemetry=False
+        ) as prof:
+            if options.get("watch", True):
+                prof.watch(net)
+            run_id = prof.run_id
+            t = time.perf_counter()
+            for x, y in prof.steps(loader):
+                waited.append(time.perf_counter() - t)
+                with prof.phase("forward"):
+                    time.sleep(work)
+                    slept.append(_delay(extra["forward"]))
+                    loss = criterion(net(x), y)
+                with prof.phase("backward"):
+                    slept[-1] += _delay(extra["backward"])
+                    loss.backward()
+                with prof.phase("optimizer"):
+                    slept[-1] += _delay(extra["optimizer"])
+                    opt.step()
+                    opt.zero_grad()
+                now = time.perf_counter()
+                own.append(now - t)
+                t = now
+    finally:
+        if burner is not None:
+            burner.kill()
+            burner.wait()
     dist.destroy_process_group()
     return {"run_id": run_id, "own_step_s": own, "own_data_s": waited, "own_delay_s": slept}
 
@@ -226,6 +235,8 @@ def judge(name: str, out: dict[str, Any], ranks: list[dict[str, Any]]) -> list[s
     if want is None:
         if found:
             bad.append(f"a cause warning on a job without a cause: {[f['title'] for f in found]}")
+        if opts.get("burner") and not any(f["rule"] == "contention" for f in out["findings"]):
+            bad.append(f"the other process's CPU is not named: {titles}")
         if any(w["cause"] != "none" for w in out["what_if"]):
             bad.append(f"what-if cause {[w['cause'] for w in out['what_if']]}")
         return bad
