@@ -1,8 +1,8 @@
 """The explainer: rules that turn analyses into ranked findings in plain words.
 
 `explain(store, sel)` runs every rule in `RULES`, merges what one cause shows several ways into one
-root cause with its symptoms (root_causes.py), and returns `Finding`s ranked by the share of the lost
-efficiency they explain. See docs/analysis.md.
+root cause with its symptoms (root_causes.py), and returns `Finding`s ranked by what they cost per
+step (finding.rank_findings). See docs/analysis.md.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = ["CATEGORIES", "RULES", "SEVERITIES", "Evidence", "Finding", "Rule", "
 
 
 def explain(store: Store, sel: Selection | None = None) -> list[Finding]:
-    """Every cause found in the selected runs, once, most lost efficiency explained first.
+    """Every cause found in the selected runs, once, the costliest first.
 
     `Finding.flatten()` gives back every rule firing a finding stands for (its symptoms and its
     repeats on other groups).
