@@ -32,6 +32,8 @@ INJECTED = {
     "input-bound-workers": "the Dataset sleeps 2 ms per sample, batch 32, num_workers=2, 4 ms of work",
     "healthy": "nothing: identical ranks",
     "noisy-neighbour": "nothing, beside a process spinning a core",
+    "accumulation": "nothing: identical ranks, 4 micro-batches per optimizer step (no_sync for 3)",
+    "exposed-sync": "a hand-written 32 MB allreduce every step, 10 ms of work",
 }
 
 

@@ -53,6 +53,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "per_sample_s": PER_SAMPLE_S, "num_workers": 2, "batch": WORKERS_BATCH, "work_s": WORKERS_WORK_S,
     },
     "healthy": {},
+    # identical ranks that accumulate 4 micro-batches per optimizer step (no_sync for the first 3)
+    "accumulation": {"accumulate": 4},
+    # a hand-written allreduce of 32 MB every step, exposed: the ranks wait on it
+    "exposed-sync": {"sync_floats": 8 * 2**20, "work_s": 0.010},
     # the same, beside a process that spins a core for the whole run: a confound, not a cause
     "noisy-neighbour": {"burner": True},
 }  # fmt: skip
@@ -98,7 +102,9 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     criterion = nn.CrossEntropyLoss()
     batch = options.get("batch", BATCH)
     per_sample = options.get("per_sample_s", options.get("loader_s", 0.0) / batch)
-    ds = SlowDataset(batch * world_size * STEPS, per_sample)
+    accumulate = options.get("accumulate", 1)
+    ds = SlowDataset(batch * world_size * STEPS * accumulate, per_sample)
+    extra_sync = torch.zeros(options.get("sync_floats", 0))
     workers = options.get("num_workers", 0)
     loader = DataLoader(
         ds, batch_size=batch, sampler=DistributedSampler(ds, shuffle=False), num_workers=workers,
@@ -111,6 +117,7 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     own: list[float] = []
     waited: list[float] = []  # the job's own clock of its wait for the next batch
     slept: list[float] = []  # ... and of the injected delay (a sleep overshoots on a loaded host)
+    synced: list[float] = []  # ... and of a hand-written allreduce
     spin = [sys.executable, "-c", "while True: pass"]
     burner = subprocess.Popen(spin) if options.get("burner") and rank == 0 else None
     try:
@@ -121,19 +128,36 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
                 prof.watch(net)
             run_id = prof.run_id
             t = time.perf_counter()
-            for x, y in prof.steps(loader):
+            batches = iter(loader)
+            for x, y in prof.steps(loader) if accumulate == 1 else _accumulated(prof, batches, accumulate):
                 waited.append(time.perf_counter() - t)
+                if accumulate > 1:  # the micro-batches before the last: no gradient sync (DDP's no_sync)
+                    for _ in range(accumulate - 1):
+                        with net.no_sync():
+                            with prof.phase("forward"):
+                                time.sleep(work / accumulate)
+                                loss = criterion(net(x), y)
+                            with prof.phase("backward"):
+                                loss.backward()
+                        with prof.phase("data"):
+                            x, y = next(batches)
                 with prof.phase("forward"):
-                    time.sleep(work)
+                    time.sleep(work / accumulate)
                     slept.append(_delay(extra["forward"]))
                     loss = criterion(net(x), y)
                 with prof.phase("backward"):
                     slept[-1] += _delay(extra["backward"])
                     loss.backward()
+                if extra_sync.numel():  # a hand-written allreduce of more data, timed by the job
+                    s0 = time.perf_counter()
+                    prof.all_reduce(extra_sync)
+                    synced.append(time.perf_counter() - s0)
                 with prof.phase("optimizer"):
                     slept[-1] += _delay(extra["optimizer"])
                     opt.step()
                     opt.zero_grad()
+                if accumulate > 1:
+                    prof.step()
                 now = time.perf_counter()
                 own.append(now - t)
                 t = now
@@ -142,7 +166,22 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
             burner.kill()
             burner.wait()
     dist.destroy_process_group()
-    return {"run_id": run_id, "own_step_s": own, "own_data_s": waited, "own_delay_s": slept}
+    return {
+        "run_id": run_id,
+        "own_step_s": own,
+        "own_data_s": waited,
+        "own_delay_s": slept,
+        "own_sync_s": synced,
+    }
+
+
+def _accumulated(prof: Any, batches: Any, accumulate: int) -> Any:
+    """The first micro-batch of each optimizer step, its wait a data phase (the loop's body reads the
+    rest); a user's accumulation loop ends each step with prof.step()."""
+    for _ in range(STEPS):
+        with prof.phase("data"):
+            batch = next(batches)
+        yield batch
 
 
 def _delay(seconds: float) -> float:
@@ -192,6 +231,8 @@ def expected_cost_ns(name: str, ranks: list[dict[str, Any]]) -> float | None:
     opts = SCENARIOS[name]
     if "slow_rank" in opts:  # the delay as the slow rank's own clock measured it
         return statistics.mean(ranks[opts["slow_rank"]]["own_delay_s"][10:]) * 1e9
+    if "sync_floats" in opts:  # the allreduce as the ranks' own clocks timed it, their mean
+        return statistics.mean(statistics.mean(r["own_sync_s"][10:]) for r in ranks) * 1e9
     if "loader_s" in opts or "per_sample_s" in opts:
         # the wait of the rank that waits most, by the job's own clock around the loader's next()
         return max(statistics.mean(r["own_data_s"][10:]) for r in ranks) * 1e9
@@ -262,6 +303,9 @@ def judge(name: str, out: dict[str, Any], ranks: list[dict[str, Any]]) -> list[s
             and abs(out["what_if"][0]["actual_step_ns"] - run["step_ns"]) > 1e-6 * run["step_ns"]
         ):
             bad.append("the what-if's step is not the run's")
+    elif "sync_floats" in opts:
+        if first["rule"] != "communication-share":
+            bad.append(f"first warning is not the exposed communication: {titles}")
     else:
         if first["rule"] != "input-bound":
             bad.append(f"first warning is not the loader: {titles}")

@@ -374,6 +374,9 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
         mask = (dp == d) & (stage == st)
         t = mixed(mask)
         worker_steps[(d, st)] = t
+        # what the job would save without it: every other op as recorded, its own at the ideal (on a
+        # noisy host the others' noise still sets part of the pace, so this is less than its slowdown)
+        without = replay(g, np.where(mask, x_ideal, g.x), np.where(mask, gap_ideal, g.gap))
         by_worker.append(
             {
                 "dp_rank": d,
@@ -381,6 +384,7 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
                 "ranks": sorted(set(rank[mask].tolist())),
                 "slowdown": _ratio(t, t_ideal),
                 "step_slowdown": _binned_ratios(t, t_ideal, per_bin),
+                "saving": max(0.0, 1.0 - float(without.mean() / t_act.mean())) if t_act.mean() > 0 else 0.0,
             }
         )
     by_stage = [
@@ -845,7 +849,8 @@ def _columns(t: pa.Table) -> dict[str, np.ndarray]:
 
 WORKER = pa.struct([("dp_rank", pa.int64()), ("stage", pa.int64()), ("ranks", pa.list_(pa.int64())),
                     ("slowdown", pa.float64()), ("step_slowdown", pa.list_(pa.float64())),
-                    ("phase", pa.string()), ("excess_ns", pa.float64())])  # fmt: skip
+                    ("phase", pa.string()), ("excess_ns", pa.float64()),
+                    ("saving", pa.float64())])  # fmt: skip
 SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),

@@ -15,7 +15,7 @@ from ..words import counted
 from .context import Context, Row, baseline, largest, lost_share
 from .finding import Finding
 from .hardware import Setup, fewer_hops, setup_of, transport_check
-from .rulebook import cause_severity, make_finding, rule
+from .rulebook import cause_severity, cost_numbers, make_finding, rule
 from .rules_patterns import COMM_WAIT_SHARE, alone, measure_next, pattern_runs, ranks_waiting, waits_on
 from .words import batch_per, dur, gbps, listing, num, pct, times
 
@@ -129,6 +129,8 @@ def communication_share(ctx: Context) -> list[Finding]:
             continue
         shares = {r["rank"]: _waited(r) / r["step_ns"] for r in ranks}
         share = sum(shares.values()) / len(shares)
+        step = (runs.get(run_id) or {}).get("step_ns") or _mean(r["step_ns"] for r in ranks)
+        waited = _mean(_waited(r) for r in ranks)
         if share < COMM_WAIT_SHARE:
             continue
         n = int(ranks[0]["world_size"])
@@ -140,8 +142,8 @@ def communication_share(ctx: Context) -> list[Finding]:
         roles = sorted({str(r["role"]) for r in ranks})
         text = (
             f"In run {run_id} (N={n}, {listing(counted_roles(ranks))}), the ranks wait on communication "
-            f"for {pct(share)} of each step on average, {dur(share * _mean(r['step_ns'] for r in ranks))} "
-            f"of {dur(_mean(r['step_ns'] for r in ranks))}: {ops}{moved}."
+            f"for {pct(share)} of each step on average, {dur(waited)} of the run's {dur(step)} step: "
+            f"{ops}{moved}."
         )
         detail = ranks_waiting(ranks)
         if detail:
@@ -190,6 +192,8 @@ def communication_share(ctx: Context) -> list[Finding]:
                     "least_waiting_share": shares[least["rank"]],
                     "roles": ",".join(roles),
                     "measure_world_sizes": ",".join(map(str, sizes)) if nxt else None,
+                    # its cost: the ranks' mean exposed wait, against the run's step time
+                    **cost_numbers(waited, step),
                 },
             )
         )
