@@ -65,6 +65,14 @@ def test_straggler_study_stage_imbalance(tmp_path: Path) -> None:
     assert {r["op_type"] for r in w["by_op_type"][:2]} == {"forward-compute", "backward-compute"}
     (f,) = [f for f in out["findings"] if f["rule"] == "what-if"]
     assert "stage 3" in f["title"] and "fewer layers" in f["recommendation"]
+    # the first finding (issue 31): the long stage, sized by the replay against the run's own step, with
+    # the pipeline's waits as its symptoms; no generic communication or straggler verdict on a pipeline
+    assert out["findings"][0]["id"] == f["id"], [g["title"] for g in out["findings"]]
+    assert f["numbers"]["cost_share"] == pytest.approx(
+        f["numbers"]["cost_ns"] / w["actual_step_ns"], rel=1e-9
+    )
+    rules = {g["rule"] for g in out["findings"]}
+    assert not rules & {"communication-share", "straggler"}, rules
     # the layout reached the store
     with open_store(store) as s:
         ranks = s.query(
