@@ -94,12 +94,14 @@ def test_demo_sample_is_a_real_measured_ddp_study(demo: Store) -> None:
 
 def test_demo_sample_is_explained_as_oversubscription(demo: Store) -> None:
     findings = explain(demo)
-    top = findings[0]
     cpus = demo.query("SELECT max(cpu_count) AS c FROM ranks").column("c")[0].as_py()
-    # recorded on a 2-core machine: 4 ranks time-share the cores, and that leads the explanation
+    # recorded on a 2-core machine: 4 ranks time-share the cores; a confound (DESIGN.md, "The cost of
+    # a cause, and the order of findings"): every cause on those runs carries it as a caveat, and it
+    # follows them, the first of the confounds
     assert cpus < 4
-    assert top.rule == "oversubscription" and top.severity == "alarm"
-    assert f"on {cpus} cores" in top.title
-    # the symptoms it causes carry the caveat instead of outranking it
+    (top,) = [f for f in findings if f.rule == "oversubscription"]
+    assert top.severity == "alarm" and f"on {cpus} cores" in top.title
+    causes = [f for f in findings if f.category == "cause" and f.rule != "oversubscription"]
+    assert all(findings.index(f) < findings.index(top) for f in causes)
     others = [f for f in findings if f.rule == "communication-bound"]
-    assert all("contention" in f.text for f in others)
+    assert others and all("contention" in f.text for f in others)
