@@ -123,7 +123,7 @@ def test_stragglers_section_says_the_load_balance_finding(tmp_path: Path) -> Non
     assert not flagged  # no rank is last most of the time ...
     # ... yet the rule fires on balance, and names the rank whose own work is longer, with its phase
     assert len(found) == 1 and "load balance" in found[0].text and "rank 1" in found[0].title
-    section, got = _section(tmp_path, "stragglers")
+    section, _ = _section(tmp_path, "stragglers")
     text = _words(section)
     assert found[0].title in text and found[0].text in text
     assert "No rank" not in text
