@@ -1,11 +1,13 @@
 """The verdicts on jobs with a cause of known size (issue 31): every scenario of tests/scenarios.py
-recorded at the same time (each the others' noisy neighbour), `perfscope analyze --json` on each, and
-the first cause warning set against what was injected, `--rounds` times, optionally beside `--burners`
-processes that each spin a core. Prints the scenario table of BENCHMARKS.md: what was injected,
-perfscope's first finding (rule, rank, phase), its cost per step (median and range over the rounds)
-against the injected cost, and in how many rounds `scenarios.judge` found the verdict right.
+recorded in two batches at the same time (each the others' noisy neighbour; the stragglers beside their
+twin without a delay), `perfscope analyze --json` on each, and the first cause warning set against what
+was injected, `--rounds` times, optionally beside `--burners` processes that each spin a core. Prints
+the scenario table of BENCHMARKS.md: what was injected, perfscope's first finding (rule, rank, phase),
+its cost per step (median and range over the rounds) against what the cause cost (a straggler: its
+job's step less its twin's; a loader: the wait of the rank that waits most; an allreduce: its time;
+each by the jobs' own clocks), and in how many rounds `scenarios.judge` found the verdict right.
 
-    .venv/bin/python benchmarks/verdicts.py [--rounds 10] [--burners 2]
+    .venv/bin/python benchmarks/verdicts.py [--rounds 10] [--burners 2] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from scenarios import SCENARIOS, analyze, expected_cost_ns, first_verdict, judge, record_all
+from scenarios import SCENARIOS, STRAGGLERS, analyze, expected_cost_ns, first_verdict, judge, record_all
 
 INJECTED = {
     "forward-straggler": "rank 1 sleeps 8 ms more in every forward",
@@ -46,6 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--burners", type=int, default=0, help="processes spinning a core each during the rounds")
+    ap.add_argument("--keep", type=Path, help="copy the store of every wrong verdict here, to look at")
     args = ap.parse_args()
     seen: dict[str, list[tuple[dict[str, Any] | None, float | None, list[str]]]] = {n: [] for n in SCENARIOS}
     burners = [
@@ -62,9 +66,11 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 for name, (store, ranks) in stores.items():
                     out = analyze(store)
-                    seen[name].append(
-                        (first_verdict(out), expected_cost_ns(name, ranks), judge(name, out, ranks))
-                    )
+                    twin = stores["healthy"][1] if name in STRAGGLERS else None
+                    bad = judge(name, out, ranks, twin)
+                    seen[name].append((first_verdict(out), expected_cost_ns(name, ranks, twin), bad))
+                    if bad and args.keep:
+                        shutil.copytree(store, args.keep / f"{name}-{k}")
             print(f"round {k + 1}/{args.rounds}: load {loads[-1]:.1f}", file=sys.stderr)
     finally:
         for b in burners:

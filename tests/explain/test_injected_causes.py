@@ -6,7 +6,9 @@ per step within 25% of the injection; a job without a cause must give no cause w
 times its own steps (perf_counter around each optimizer update): the run's step time must agree with
 that clock.
 
-The jobs run at the same time, as jobs on a shared node do: each is the others' noisy neighbour. Every
+The jobs run at the same time, in two batches, as jobs on a shared node do: each is the others' noisy
+neighbour; the stragglers run beside their twin without a delay, whose step time says what the delay
+costs. Every
 rank's forward holds WORK_S of sleep as its work, so the injected cause is a known share of a step that
 keeps its length on the loaded 2 cores (a compute loop's time there is what the scheduler leaves it).
 """
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-from scenarios import SCENARIOS, analyze, judge, record_all
+from scenarios import SCENARIOS, STRAGGLERS, analyze, judge, record_all
 
 pytestmark = pytest.mark.slow
 
@@ -37,4 +39,5 @@ def test_the_first_finding_is_the_injected_cause_with_its_cost(
     25% of the injection; the job without a cause quiet; every run's step time the job's own."""
     store, ranks = stores[name]
     out = analyze(store)
-    assert judge(name, out, ranks) == []
+    twin = stores["healthy"][1] if name in STRAGGLERS else None
+    assert judge(name, out, ranks, twin) == []
