@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SAMPLE_STAMP := $(VENV)/.installed-sample
 
 comma := ,
-.PHONY: lock setup lint typecheck pytest test test-quick durations sample dashboard schema bench clean gpu-check
+.PHONY: check-pypi lock setup lint typecheck pytest test test-quick durations sample dashboard schema bench clean gpu-check
 
 LOCK := requirements-lock.txt
 SAMPLE_LOCK := requirements-sample-lock.txt
@@ -61,6 +61,14 @@ durations: setup
 	$(PY) -m pytest -q --junitxml=artifacts/durations.xml
 	$(PY) tests/durations.py update artifacts/durations.xml
 
+# both locks resolved against PyPI alone (no local wheels, no other index, no pip configuration), as on
+# a user's machine: a dry run, nothing installed (it downloads the wheels' metadata, torch's several GB
+# of CUDA packages among them)
+check-pypi: | $(PY)
+	cd /tmp && for lock in $(CURDIR)/$(LOCK) $(CURDIR)/$(SAMPLE_LOCK); do \
+		$(CURDIR)/$(PY) -m pip install --isolated --no-cache-dir --dry-run --ignore-installed -q \
+			--index-url https://pypi.org/simple -r $$lock || exit 1; done
+
 # the main job on the bundled sample data
 sample: $(SAMPLE_STAMP)
 	mkdir -p artifacts
@@ -78,6 +86,8 @@ lock: setup
 	# perfscope names itself through the dashboard extra: never pinned, installed editable above
 	CUSTOM_COMPILE_COMMAND="make lock" $(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url --unsafe-package perfscope --unsafe-package pip \
 		$(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -c constraints-cpu.txt -o $(LOCK) pyproject.toml
+	# a local CPU wheel (torch==X+cpu) is not on PyPI: pin the version, which the CPU build satisfies too
+	sed -i 's/^torch==\(.*\)+cpu$$/torch==\1/' $(LOCK)
 	# the sample's install set, at the full lock's versions
 	CUSTOM_COMPILE_COMMAND="make lock" $(PY) -m piptools compile -q --strip-extras --no-emit-find-links --no-emit-index-url --unsafe-package perfscope --unsafe-package pip \
 		--extra report -c $(LOCK) -o $(SAMPLE_LOCK) pyproject.toml
