@@ -161,13 +161,14 @@ class SampleCounter:
     def step_started(self) -> None:
         self.closed_in_step = False
 
-    def take(self, optimizer: Any) -> int | None:
-        """The step's samples (None: no forward counted); starts the next step's count."""
+    def take(self, optimizer: Any) -> tuple[int | None, int]:
+        """The step's samples (None: no forward counted) and its micro-batches (the backwards of the
+        model's forwards: several with gradient accumulation); starts the next step's count."""
         self.backward(False)  # forwards after the last backward (or with none reached) are one batch
         groups, self.micro = self.micro, []
         self.closed_in_step = False
         counts = [n for n in (self._batch(group, optimizer) for group in groups) if n is not None]
-        return sum(counts) if counts else None
+        return (sum(counts) if counts else None), len(groups)
 
     def _batch(self, group: list[tuple[Any, int]], optimizer: Any) -> int | None:
         fallback = None
@@ -479,10 +480,12 @@ class AutoRecorder:
         """The outermost optimizer step ended: the step ends, the wait for the next batch begins."""
         assert self.prof is not None
         try:
-            samples = self.samples.take(self.stepping)
+            samples, micro = self.samples.take(self.stepping)
             self.stepping = None
-            # `--batch-size` given: the user's count is stored (the profile's default)
-            self.prof.step(samples if self.prof.batch_size is None else None)
+            # `--batch-size` given: the loader's batch (one micro-batch) the user gave, times the
+            # step's micro-batches (gradient accumulation runs several between two updates)
+            given = self.prof.batch_size
+            self.prof.step(samples if given is None else given * max(micro, 1))
             self._stop_finding_ddp()
             self.in_data = True
             self._enter("data")

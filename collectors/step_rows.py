@@ -32,6 +32,16 @@ from typing import Any, Protocol
 CANONICAL: dict[str, int] = {"data": 0, "forward": 1, "backward": 2, "sync": 3, "optimizer": 4}
 _BACKWARD = CANONICAL["backward"]
 _SYNC = CANONICAL["sync"]
+_FORWARD = CANONICAL["forward"]
+
+
+def step_samples(samples: int | None, default_samples: int | None, forwards: int) -> int | None:
+    """A step's samples: as given (the batch prof.steps inferred, or prof.step(samples=...)), else the
+    loader's batch (`batch_size=`, one micro-batch) times the forward passes of the step (gradient
+    accumulation runs several between two optimizer updates; DESIGN.md: a step is one update)."""
+    if samples is not None or default_samples is None:
+        return samples
+    return default_samples * (forwards if forwards > 1 else 1)
 
 Emit = Callable[[str, list[tuple[Any, ...]]], None]
 #: `Collective.exposed` of a synchronous call: the caller waited for all of it
@@ -223,6 +233,7 @@ def write_frozen(
     span_rows: list[Any] = []
     put_span = span_rows.extend if flat else span_rows.append
     backward: list[tuple[int, int]] = []
+    forwards = 0  # forward phases not inside another: the step's micro-batches
     i = at + _HEAD
     stop = len(frozen) if until is None else until
     for _ in range(n_spans):
@@ -236,6 +247,8 @@ def write_frozen(
             cols[canon] += dur
             if column >= 0:  # its nearest canonical ancestor's own time excludes it
                 cols[column] -= dur
+            if canon == _FORWARD and column != _FORWARD:
+                forwards += 1
             if canon == _BACKWARD:
                 start_rel = start - s0 if host else el(s0, start)
                 backward.append((start_rel, start_rel + dur))
@@ -309,8 +322,7 @@ def write_frozen(
                 cols[col] -= waited
         cols = [c if c > 0 else 0 for c in cols]
         other = step_ns - sum(cols)
-        if samples is None:
-            samples = default_samples
+        samples = step_samples(samples, default_samples, forwards)
         row = (rank, index, step_start_host + shift, step_ns, *cols, other if other > 0 else 0,
                comm_total, n_comm_rows, samples, clock)  # fmt: skip
         emit("steps", list(row) if flat else [row])
@@ -351,6 +363,7 @@ def write_held_flat(
             at = stop
             continue
         cols = [0, 0, 0, 0, 0]
+        forwards = 0
         i += _HEAD
         for _ in range(n_spans):
             name, parent_name, column, depth, start_host, start, span_end, error, canon = values[i : i + 9]
@@ -363,13 +376,15 @@ def write_held_flat(
                 cols[canon] += dur
                 if column >= 0:  # its nearest canonical ancestor's own time excludes it
                     cols[column] -= dur
+                if canon == _FORWARD and column != _FORWARD:
+                    forwards += 1
         for j in range(i, stop, 3):
             metrics += (rank, index, values[j + 2] + shift, values[j], metric_value(values[j + 1]))
         cols = [c if c > 0 else 0 for c in cols]
         step_ns = step_end - s0
         other = step_ns - sum(cols)
         steps += (rank, index, step_start_host + shift, step_ns, *cols, other if other > 0 else 0, 0, 0,
-                  samples if samples is not None else default_samples, clock)  # fmt: skip
+                  step_samples(samples, default_samples, forwards), clock)  # fmt: skip
         at = stop
     for table in ("spans", "metrics", "steps"):
         if not out[table]:

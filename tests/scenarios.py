@@ -276,6 +276,8 @@ def expected_cost_ns(
 COST_TOLERANCE = 0.25
 #: the run's step time against the job's own clock
 CLOCK_TOLERANCE = 0.05
+#: the run's samples/s against the job's own (issue 32: within 2%, where the step time agrees)
+THROUGHPUT_TOLERANCE = CLOCK_TOLERANCE + 0.02
 
 
 def warnings_of(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -305,6 +307,11 @@ def judge(
     own = own_step_ns(ranks)
     if abs(run["step_ns"] - own) > CLOCK_TOLERANCE * own:
         bad.append(f"step time {run['step_ns'] / 1e6:.2f} ms against the job's own {own / 1e6:.2f} ms")
+    # samples/s against the job's own: every micro-batch of every rank, over its own step time
+    samples = SCENARIOS[name].get("batch", BATCH) * SCENARIOS[name].get("accumulate", 1) * len(ranks)
+    rate = run["throughput_samples_per_s"] or 0.0
+    if abs(rate - samples / (own / 1e9)) > THROUGHPUT_TOLERANCE * samples / (own / 1e9):
+        bad.append(f"{rate:.0f} samples/s against the job's own {samples / (own / 1e9):.0f}")
     found = warnings_of(out)
     first = found[0] if found else None
     opts = SCENARIOS[name]

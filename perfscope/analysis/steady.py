@@ -59,6 +59,7 @@ def runs_table(store: Store, sel: Selection) -> str:
                r.gpus_per_node,
                r.batch_size_per_rank,
                r.global_batch_size,
+               r.dp_size, r.tp_size, r.pp_size,
                coalesce(r.scaling_mode, '') AS scaling_mode_declared,
                r.grad_bytes, r.param_count, r.flops_per_step, r.device_peak_flops,
                r.dataset_samples, r.started_ns
@@ -329,13 +330,16 @@ def run_stats_table(store: Store, sel: Selection) -> str:
             LEFT JOIN rl USING (run_id)
         ), g AS (
             SELECT j.*,
-                   -- an explicit global batch wins (with stages or servers, per-rank batch x world
-                   -- size is the collector's SPMD guess, not the user's); pipeline stages pass one
-                   -- global batch along (counted once), servers process none; ranks whose rows
-                   -- are missing did the same work as the ones recorded
-                   coalesce(CASE WHEN stages + servers = 0
-                                   OR global_batch_size IS DISTINCT FROM batch_size_per_rank * world_size
+                   -- an explicit global batch wins (per-rank batch x world size is the collector's
+                   -- SPMD guess, not the user's: the samples recorded say more, the micro-batches of
+                   -- gradient accumulation counted); a recorded layout counts the samples of one
+                   -- replica (its tensor, pipeline ranks share them) times the data-parallel degree;
+                   -- pipeline stages pass one global batch along (counted once), servers process
+                   -- none; ranks whose rows are missing did the same work as the ones recorded
+                   coalesce(CASE WHEN global_batch_size IS DISTINCT FROM batch_size_per_rank * world_size
                                  THEN global_batch_size::DOUBLE END,
+                            CASE WHEN dp_size IS NOT NULL AND coalesce(tp_size, 1) * coalesce(pp_size, 1) > 1
+                                 THEN samples_per_step_recorded / ranks_seen * dp_size END,
                             CASE WHEN stages > 1 THEN samples_per_step_recorded / ranks_seen
                                  ELSE samples_per_step_recorded
                                       * greatest(1.0, (world_size - servers) / ranks_seen) END,

@@ -479,3 +479,13 @@ def test_model_facts_from_the_model_not_a_preprocessing_module(tmp_path: Path) -
 def test_batch_size_given_is_stored(tmp_path: Path) -> None:
     _record(tmp_path, SHAPES["loss_module"], [sys.executable], "--batch-size", "7")
     assert _stored(tmp_path) == {0: [7] * STEPS}
+
+
+def test_batch_size_given_counts_every_micro_batch_of_an_accumulating_job(tmp_path: Path) -> None:
+    """Issue 32: `--batch-size` is the loader's batch (one micro-batch); a step of gradient accumulation
+    (3 micro-batches, DDP's no_sync for the first 2) holds 3 of them, so its samples are 3 times it,
+    not once (the samples/s was 3-4 times too low); the model's loss module adds no micro-batch."""
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2"]
+    own = _record(tmp_path, DDP_NO_SYNC, torchrun, "--batch-size", "7")
+    assert sorted(own) == [0, 1]
+    assert _stored(tmp_path) == {0: [21] * STEPS, 1: [21] * STEPS}
