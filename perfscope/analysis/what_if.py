@@ -384,7 +384,7 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
                 "ranks": sorted(set(rank[mask].tolist())),
                 "slowdown": _ratio(t, t_ideal),
                 "step_slowdown": _binned_ratios(t, t_ideal, per_bin),
-                "saving": max(0.0, 1.0 - float(without.mean() / t_act.mean())) if t_act.mean() > 0 else 0.0,
+                "saving_ns": max(0.0, float(t_act.mean() - without.mean())),
             }
         )
     by_stage = [
@@ -854,7 +854,7 @@ def _columns(t: pa.Table) -> dict[str, np.ndarray]:
 WORKER = pa.struct([("dp_rank", pa.int64()), ("stage", pa.int64()), ("ranks", pa.list_(pa.int64())),
                     ("slowdown", pa.float64()), ("step_slowdown", pa.list_(pa.float64())),
                     ("phase", pa.string()), ("excess_ns", pa.float64()),
-                    ("saving", pa.float64())])  # fmt: skip
+                    ("saving_ns", pa.float64())])  # fmt: skip
 SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),

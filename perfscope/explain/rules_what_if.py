@@ -80,7 +80,7 @@ def what_if_cause(ctx: Context) -> list[Finding]:
             w = r["by_worker"][0]
             # the step time the job saves without it (its ops at the ideal, the others as recorded),
             # never more than its slowdown gives
-            cost = min(cost_ns(r, w["slowdown"]), (w.get("saving") or 0.0) * actual)
+            cost = min(cost_ns(r, w["slowdown"]), w.get("saving_ns") or 0.0)
             hosts, alone = _hosts(ctx, run, w["ranks"])
             where = f" on {listing(hosts)}" if hosts else ""
             phase = w.get("phase")
