@@ -43,6 +43,7 @@ def step_samples(samples: int | None, default_samples: int | None, forwards: int
         return samples
     return default_samples * (forwards if forwards > 1 else 1)
 
+
 Emit = Callable[[str, list[tuple[Any, ...]]], None]
 #: `Collective.exposed` of a synchronous call: the caller waited for all of it
 EXPOSED_ALL = -1
