@@ -59,6 +59,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "exposed-sync": {"sync_floats": 8 * 2**20, "work_s": 0.010},
     # the same, beside a process that spins a core for the whole run: a confound, not a cause
     "noisy-neighbour": {"burner": True},
+    # identical ranks, the DDP model under torch.compile (inductor): no cause
+    "compiled": {"compile": True},
+    # identical ranks of DTensor tensor parallelism, dp 2 x tp 2 on 4 ranks (ColwiseParallel then
+    # RowwiseParallel on the tp mesh, gradients all-reduced over the dp group): no cause
+    "tensor-parallel": {"tp": 2, "world": 4},
 }  # fmt: skip
 STRAGGLERS = ["forward-straggler", "backward-straggler", "optimizer-straggler", "unwatched-straggler"]
 
@@ -97,18 +102,18 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     torch.manual_seed(0)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
-    net = nn.parallel.DistributedDataParallel(make_model())
+    parallel, replicas, replica, net, sync_grads = _parallelise(rank, world_size, options)
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     criterion = nn.CrossEntropyLoss()
     batch = options.get("batch", BATCH)
     per_sample = options.get("per_sample_s", options.get("loader_s", 0.0) / batch)
     accumulate = options.get("accumulate", 1)
-    ds = SlowDataset(batch * world_size * STEPS * accumulate, per_sample)
+    ds = SlowDataset(batch * replicas * STEPS * accumulate, per_sample)
     extra_sync = torch.zeros(options.get("sync_floats", 0))
     workers = options.get("num_workers", 0)
+    sampler = DistributedSampler(ds, num_replicas=replicas, rank=replica, shuffle=False)
     loader = DataLoader(
-        ds, batch_size=batch, sampler=DistributedSampler(ds, shuffle=False), num_workers=workers,
-        persistent_workers=workers > 0,
+        ds, batch_size=batch, sampler=sampler, num_workers=workers, persistent_workers=workers > 0
     )  # fmt: skip
     slow = rank == options.get("slow_rank")
     phases = ("forward", "backward", "optimizer")
@@ -122,9 +127,9 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
     burner = subprocess.Popen(spin) if options.get("burner") and rank == 0 else None
     try:
         with perfscope.profile(
-            store, experiment="injected", batch_size=batch, poll_hz=5, gpu_telemetry=False
+            store, experiment="injected", batch_size=batch, poll_hz=5, gpu_telemetry=False, parallel=parallel
         ) as prof:
-            if options.get("watch", True):
+            if options.get("watch", True) and sync_grads is None:
                 prof.watch(net)
             run_id = prof.run_id
             t = time.perf_counter()
@@ -148,6 +153,9 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
                 with prof.phase("backward"):
                     slept[-1] += _delay(extra["backward"])
                     loss.backward()
+                if sync_grads is not None:
+                    with prof.phase("sync"):
+                        sync_grads()
                 if extra_sync.numel():  # a hand-written allreduce of more data, timed by the job
                     s0 = time.perf_counter()
                     prof.all_reduce(extra_sync)
@@ -173,6 +181,38 @@ def job(rank: int, world_size: int, store: str, options: dict[str, Any]) -> dict
         "own_delay_s": slept,
         "own_sync_s": synced,
     }
+
+
+def _parallelise(rank: int, world_size: int, options: dict[str, Any]) -> tuple[Any, int, int, Any, Any]:
+    """The job's model and layout: (profile's `parallel=`, data-parallel replicas, this rank's replica,
+    the model, the gradient sync to call after backward or None where DDP syncs). DDP by default
+    (under torch.compile with `compile`); with `tp`, DTensor tensor parallelism on a (dp, tp) mesh, the
+    ranks of a tp group reading the same batch, gradients all-reduced over the dp group."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    tp = options.get("tp", 1)
+    if tp == 1:
+        net: Any = nn.parallel.DistributedDataParallel(make_model())
+        if options.get("compile"):
+            net = torch.compile(net)
+        return None, world_size, rank, net, None
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(make_model(), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    dp_group, replicas = mesh["dp"].get_group(), world_size // tp
+
+    def sync_grads() -> None:
+        for p in model.parameters():
+            if p.grad is not None:
+                local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                dist.all_reduce(local, group=dp_group)
+                local /= replicas
+
+    return mesh, replicas, mesh["dp"].get_local_rank(), model, sync_grads
 
 
 def _accumulated(prof: Any, batches: Any, accumulate: int) -> Any:
@@ -230,9 +270,13 @@ def record_all(root: Path, names: list[str] | None = None) -> dict[str, tuple[Pa
         if not now:
             continue
         with ThreadPoolExecutor(len(now)) as pool:
-            jobs = {name: pool.submit(run_ranks, job, 2, str(root / name), SCENARIOS[name]) for name in now}
+            jobs = {name: pool.submit(run_ranks, job, _world(name), str(root / name), SCENARIOS[name]) for name in now}
             done.update({name: results_ok(j.result()) for name, j in jobs.items()})
-    return {name: (root / name, [done[name][r] for r in (0, 1)]) for name in names}
+    return {name: (root / name, [done[name][r] for r in range(_world(name))]) for name in names}
+
+
+def _world(name: str) -> int:
+    return int(SCENARIOS[name].get("world", 2))
 
 
 def _steady(values: list[float]) -> list[float]:
@@ -308,13 +352,14 @@ def judge(
     if abs(run["step_ns"] - own) > CLOCK_TOLERANCE * own:
         bad.append(f"step time {run['step_ns'] / 1e6:.2f} ms against the job's own {own / 1e6:.2f} ms")
     # samples/s against the job's own: every micro-batch of every rank, over its own step time
-    samples = SCENARIOS[name].get("batch", BATCH) * SCENARIOS[name].get("accumulate", 1) * len(ranks)
+    opts = SCENARIOS[name]
+    replicas = len(ranks) // opts.get("tp", 1)  # tensor-parallel ranks share their replica's samples
+    samples = opts.get("batch", BATCH) * opts.get("accumulate", 1) * replicas
     rate = run["throughput_samples_per_s"] or 0.0
     if abs(rate - samples / (own / 1e9)) > THROUGHPUT_TOLERANCE * samples / (own / 1e9):
         bad.append(f"{rate:.0f} samples/s against the job's own {samples / (own / 1e9):.0f}")
     found = warnings_of(out)
     first = found[0] if found else None
-    opts = SCENARIOS[name]
     want = expected_cost_ns(name, ranks, twin)
     # the comparison with a twin has its own noise: two standard errors of the difference on top
     slack = 2 * twin_difference(ranks, twin)[1] if twin is not None and "slow_rank" in opts else 0.0

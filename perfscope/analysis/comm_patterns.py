@@ -110,10 +110,14 @@ def comm_by_role(store: Store, sel: Selection) -> pa.Table:
     Collective wait is the exposed sync the step waited for less its point-to-point wait (DDP's
     overlapped buckets have no exposed time of their own: their step's exposed sync is theirs).
     `wait_op`, `wait_peer` (NULL for a collective) and `wait_group_size` name the op the rank
-    waited on longest (by exposed time, else by total time), `wait_op_ns` its exposed time per step."""
+    waited on longest (by exposed time, else by total time), `wait_op_ns` its exposed time per step.
+    `transfer_wait_ns` (the run's, on each of its rows): per steady step the exposed sync of the rank
+    that waited least (it waited for the transfer itself; the others also for it to arrive), their
+    mean: what the step would save if communication were free."""
     ss = _steady_steps(store, sel)
     per_rank = _rank_steady(store, sel)
     roles = roles_table(store, sel)
+    thr = thresholds_table(store, sel)
     return _with_run(
         store,
         sel,
@@ -135,6 +139,12 @@ def comm_by_role(store: Store, sel: Selection) -> pa.Table:
                 PARTITION BY run_id, rank
                 ORDER BY coalesce(exposed_sum, 0) DESC, total_sum DESC NULLS LAST, op, peer
             ) = 1
+        ), least AS (
+            SELECT run_id, step, min(coalesce(s.sync_exposed_ns, 0)) AS waited
+            FROM steps s JOIN {thr} t USING (run_id)
+            WHERE s.step >= t.first_steady_step AND s.step_ns IS NOT NULL GROUP BY ALL
+        ), transfer AS (
+            SELECT run_id, avg(waited) AS transfer_wait_ns FROM least GROUP BY ALL
         )
         SELECT r.run_id, r.rank, r.role, r.role_source, s.steps, s.step_ns, s.compute_ns,
                coalesce(c.p2p_ns, 0) / s.steps AS p2p_wait_ns,
@@ -143,9 +153,9 @@ def comm_by_role(store: Store, sel: Selection) -> pa.Table:
                    coalesce(s.sync_exposed_ns, 0) - coalesce(c.p2p_ns, 0) / s.steps
                ) AS collective_wait_ns,
                top.op AS wait_op, top.peer AS wait_peer, top.group_size AS wait_group_size,
-               top.exposed_sum / s.steps AS wait_op_ns
+               top.exposed_sum / s.steps AS wait_op_ns, transfer.transfer_wait_ns
         FROM {roles} r LEFT JOIN s USING (run_id, rank) LEFT JOIN c USING (run_id, rank)
-        LEFT JOIN top USING (run_id, rank)
+        LEFT JOIN top USING (run_id, rank) LEFT JOIN transfer USING (run_id)
         """,
         "run_id, rank",
     )

@@ -128,11 +128,16 @@ def communication_share(ctx: Context) -> list[Finding]:
         if run_id in skip or not alone(ctx, run_id):
             continue
         shares = {r["rank"]: _waited(r) / r["step_ns"] for r in ranks}
-        share = sum(shares.values()) / len(shares)
+        mean_share = sum(shares.values()) / len(shares)
         step = (runs.get(run_id) or {}).get("step_ns") or _mean(r["step_ns"] for r in ranks)
         waited = _mean(_waited(r) for r in ranks)
-        if share < COMM_WAIT_SHARE:
+        if mean_share < COMM_WAIT_SHARE:
             continue
+        # what free communication would save: each step's wait of the rank that waited least (the
+        # transfer itself); the rest of the others' wait is for a slower rank, which stays
+        transfer = ranks[0].get("transfer_wait_ns")
+        transfer = min(waited, float(transfer)) if transfer is not None else min(map(_waited, ranks))
+        share = transfer / step
         n = int(ranks[0]["world_size"])
         most = max(ranks, key=lambda r: shares[r["rank"]])
         least = min(ranks, key=lambda r: shares[r["rank"]])
@@ -142,8 +147,13 @@ def communication_share(ctx: Context) -> list[Finding]:
         roles = sorted({str(r["role"]) for r in ranks})
         text = (
             f"In run {run_id} (N={n}, {listing(counted_roles(ranks))}), the ranks wait on communication "
-            f"for {pct(share)} of each step on average, {dur(waited)} of the run's {dur(step)} step: "
-            f"{ops}{moved}."
+            f"for {pct(mean_share)} of each step on average, {dur(waited)} of the run's {dur(step)} step: "
+            f"{ops}{moved}. The transfer itself (each step, the wait of the rank that waited least) takes "
+            f"{dur(transfer)} per step, {pct(share)} of the step: what free communication would save"
+        )
+        text += (
+            "." if transfer >= COMM_WAIT_SHARE * step else "; the rest is waiting for a slower rank to "
+            "arrive, a straggler or contention (their findings), not the link."
         )
         detail = ranks_waiting(ranks)
         if detail:
@@ -172,7 +182,7 @@ def communication_share(ctx: Context) -> list[Finding]:
                 ctx,
                 "communication-share",
                 run_id,
-                severity="alarm" if share >= 0.5 else "warning",
+                severity="alarm" if share >= 0.5 else "warning" if share >= COMM_WAIT_SHARE else "info",
                 category="cause",
                 title=f"Run {run_id} waits on communication for {pct(share)} of its step ({ops})",
                 text=text,
@@ -192,8 +202,10 @@ def communication_share(ctx: Context) -> list[Finding]:
                     "least_waiting_share": shares[least["rank"]],
                     "roles": ",".join(roles),
                     "measure_world_sizes": ",".join(map(str, sizes)) if nxt else None,
-                    # its cost: the ranks' mean exposed wait, against the run's step time
-                    **cost_numbers(waited, step),
+                    "mean_wait_share": mean_share,
+                    # its cost: the transfer's wait (the least waiting rank's, per step), against the
+                    # run's step time
+                    **cost_numbers(transfer, step),
                 },
             )
         )

@@ -247,6 +247,20 @@ def _wait_share_from_rows(store: Path) -> float:
     return sum(r["share"] for r in rows) / len(rows)
 
 
+def _transfer_share_from_rows(store: Path) -> float:
+    """What free communication would save, over the run's step time, straight from the steps table:
+    per steady step the exposed wait of the rank that waited least (the transfer itself), their mean."""
+    first = _steady_from(store)
+    (row,) = _rows(
+        store,
+        f"SELECT avg(m) AS waited FROM (SELECT step, min(sync_exposed_ns) AS m FROM steps "
+        f"WHERE step >= {first} GROUP BY step)",
+    )
+    with open_store(store) as s:
+        (run,) = run_analysis("run_summary", s).to_pylist()
+    return float(row["waited"]) / float(run["step_ns"])
+
+
 def _all_rules(findings: list[dict[str, Any]]) -> set[str]:
     """Every rule that fired, also those merged into another finding as its symptoms."""
     out = set()
@@ -264,7 +278,10 @@ def test_ddp_with_big_gradients_says_its_wait_first(
     first = _first(_analyze(ddp_big, capsys)["findings"])
     assert first["rule"] == "communication-share", first["title"]
     n = first["numbers"]
-    assert n["comm_share"] == pytest.approx(share, abs=SHARE_TOL)
+    # the ranks' mean wait is said; the cost is the transfer's (the least waiting rank's, per step)
+    assert n["mean_wait_share"] == pytest.approx(share, abs=SHARE_TOL)
+    assert n["comm_share"] == pytest.approx(_transfer_share_from_rows(ddp_big), abs=SHARE_TOL)
+    assert n["comm_share"] <= n["mean_wait_share"] + 1e-9
     assert n["wait_op"] == "allreduce" and n["wait_peer"] is None and n["roles"] == "worker"
     assert "allreduce across all 2 ranks" in first["title"] and pct(n["comm_share"]) in first["title"]
     assert first["explained_loss"] == pytest.approx(n["comm_share"])
