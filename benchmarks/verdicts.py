@@ -37,6 +37,8 @@ INJECTED = {
     "noisy-neighbour": "nothing, beside a process spinning a core",
     "accumulation": "nothing: identical ranks, 4 micro-batches per optimizer step (no_sync for 3)",
     "exposed-sync": "a hand-written 32 MB allreduce every step, 10 ms of work",
+    "compiled": "nothing: identical ranks, torch.compile(DDP(model))",
+    "tensor-parallel": "nothing: identical ranks, DTensor dp 2 x tp 2 on 4 ranks",
 }
 
 

@@ -364,6 +364,8 @@ def judge(
     # the comparison with a twin has its own noise: two standard errors of the difference on top
     slack = 2 * twin_difference(ranks, twin)[1] if twin is not None and "slow_rank" in opts else 0.0
     if want is None:
+        # more ranks than cores: the oversubscription alarm is true of the host, not a cause in the job
+        found = [f for f in found if f["rule"] != "oversubscription" or len(ranks) <= (os.cpu_count() or 1)]
         if found:
             bad.append(f"a cause warning on a job without a cause: {[f['title'] for f in found]}")
         if opts.get("burner") and not any(f["rule"] == "contention" for f in out["findings"]):
