@@ -270,7 +270,7 @@ def record_all(root: Path, names: list[str] | None = None) -> dict[str, tuple[Pa
         if not now:
             continue
         with ThreadPoolExecutor(len(now)) as pool:
-            jobs = {name: pool.submit(run_ranks, job, _world(name), str(root / name), SCENARIOS[name]) for name in now}
+            jobs = {n: pool.submit(run_ranks, job, _world(n), str(root / n), SCENARIOS[n]) for n in now}
             done.update({name: results_ok(j.result()) for name, j in jobs.items()})
     return {name: (root / name, [done[name][r] for r in range(_world(name))]) for name in names}
 

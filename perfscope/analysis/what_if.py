@@ -885,7 +885,7 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     laid = _laid_runs(store, sel)
     first: dict[str, int] = {}
     step_ns: dict[str, float] = {}
-    if any(r["kind"] != "laid" for r in laid):
+    if laid:
         stats = run_stats_table(store, sel)
         for r in store.query(
             f"SELECT run_id, first_step + warmup_steps AS first_steady_step, step_ns FROM {stats}"
@@ -893,15 +893,10 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
             first[r["run_id"]] = r["first_steady_step"] or 0
             step_ns[r["run_id"]] = r["step_ns"]
     for run in laid:
-        # an imported op table is read whole, its steps as the table gives them (a trace of chosen
-        # steps: no warm-up to cut, each step's span its step); a recorded run from its first steady
-        # step, with the run's step time
-        recorded = run["kind"] != "laid"
-        first_step = first.get(run["run_id"]) or 0 if recorded else 0
-        t = _run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=first_step)
-        row = (
-            analyse_run(_columns(t), step_ns.get(run["run_id"]) if recorded else None) if t.num_rows else None
-        )
+        # every run from its first steady step, with the run's step time (DESIGN.md's elapsed time):
+        # one step time for a run everywhere, an imported op table's too
+        t = _run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=first.get(run["run_id"]) or 0)
+        row = analyse_run(_columns(t), step_ns.get(run["run_id"])) if t.num_rows else None
         if row is not None:
             rows.append({"run_id": run["run_id"], "source": run["source"], **row})
     return pa.Table.from_pylist(rows, schema=SCHEMA)

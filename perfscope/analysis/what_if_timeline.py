@@ -55,15 +55,15 @@ class Replayed:
 
 
 def what_if_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
-    """The runs `what_if` reads (run_id, source, kind), each with its `first_step`: the first steady
-    step of a recorded run, 0 for an imported op table (every step)."""
+    """The runs `what_if` reads (run_id, source, kind), each with its `first_step`: its first steady
+    step, as `what_if` reads it (an imported op table's too)."""
     runs = wi._laid_runs(store, sel)
     first: dict[str, int] = {}
-    if any(r["kind"] != "laid" for r in runs):
+    if runs:
         thr = thresholds_table(store, sel)
         got = store.query(f"SELECT run_id, first_steady_step FROM {thr}").to_pylist()
         first = {r["run_id"]: int(r["first_steady_step"] or 0) for r in got}
-    return [{**r, "first_step": first.get(r["run_id"], 0) if r["kind"] != "laid" else 0} for r in runs]
+    return [{**r, "first_step": first.get(r["run_id"], 0)} for r in runs]
 
 
 def replayed_run(store: Store, sel: Selection, run: dict[str, Any]) -> Replayed | None:

@@ -152,7 +152,9 @@ def communication_share(ctx: Context) -> list[Finding]:
             f"{dur(transfer)} per step, {pct(share)} of the step: what free communication would save"
         )
         text += (
-            "." if transfer >= COMM_WAIT_SHARE * step else "; the rest is waiting for a slower rank to "
+            "."
+            if transfer >= COMM_WAIT_SHARE * step
+            else "; the rest is waiting for a slower rank to "
             "arrive, a straggler or contention (their findings), not the link."
         )
         detail = ranks_waiting(ranks)

@@ -60,7 +60,10 @@ def test_straggler_study_stage_imbalance(tmp_path: Path) -> None:
     assert w["by_stage"][0]["slowdown"] == pytest.approx(expected["by_stage"]["3"], rel=0.10)
     assert w["cause"] == "stage-imbalance"
     assert w["replay_error"] < 0.03
-    assert w["steps"] == 32 and len(w["by_worker"]) == 8
+    # its steady steps, the run's own (one step time for the run everywhere: DESIGN.md's warm-up cut)
+    (run,) = out["runs"]
+    assert w["steps"] == run["steady_steps"] and len(w["by_worker"]) == 8
+    assert w["actual_step_ns"] == pytest.approx(run["step_ns"], rel=1e-9)
     # the compute ops carry the excess, as in the study's attribution by op type
     assert {r["op_type"] for r in w["by_op_type"][:2]} == {"forward-compute", "backward-compute"}
     (f,) = [f for f in out["findings"] if f["rule"] == "what-if"]
@@ -299,7 +302,14 @@ def _interleaved(
 
 
 def _what_if(
-    tmp_path: Path, table: pa.Table, dp: int, pp: int, name: str = "t", *args: str | int, csv: bool = False
+    tmp_path: Path,
+    table: pa.Table,
+    dp: int,
+    pp: int,
+    name: str = "t",
+    *args: str | int,
+    csv: bool = False,
+    sel: Selection | None = None,
 ) -> dict:
     path = tmp_path / f"{name}.{'csv' if csv else 'parquet'}"
     if csv:
@@ -312,7 +322,7 @@ def _what_if(
     res = _cli("import", "op-table", path, "--dp", dp, "--pp", pp, "--store", store, *args)
     assert res.returncode == 0, res.stderr
     with open_store(store) as s:
-        (row,) = run_analysis("what_if", s, Selection()).to_pylist()
+        (row,) = run_analysis("what_if", s, sel or Selection()).to_pylist()
         row["findings"] = [g for f in explain(s) for g in f.flatten() if g.rule == "what-if"]
     return row
 
@@ -358,7 +368,8 @@ def test_each_workers_slowdown_is_given_per_step(tmp_path: Path) -> None:
     span = float(np.asarray(first.column("start_ts")).max() + np.asarray(first.column("duration")).max())
     start[first.num_rows :] += span + 0.01  # the later steps after the first ones
     both = both.set_column(both.schema.get_field_index("start_ts"), "start_ts", pa.array(start))
-    w = _what_if(tmp_path, both, 4, 2)
+    # every step (no warm-up cut: the heat map's bins are the table's steps)
+    w = _what_if(tmp_path, both, 4, 2, sel=Selection(warmup_steps=0))
     assert w["steps"] == 12 and w["steps_per_bin"] == 1
     by = {(x["dp_rank"], x["stage"]): x for x in w["by_worker"]}
     slow = by[(2, 1)]["step_slowdown"]
@@ -537,3 +548,33 @@ def test_the_ideal_is_the_job_without_the_cause(
         assert w["cause"] == "slow-worker" and (top["dp_rank"], top["stage"]) == worker, w["cause"]
     else:
         assert w["cause"] == "data-imbalance"
+
+
+def test_an_imported_pipeline_with_a_long_stage_gets_the_pipeline_story_first(tmp_path: Path) -> None:
+    """Issue 31's pipeline: pp 4 x dp 2, stage 2 at 1.5x the others. The first finding is the what-if's
+    stage 2, its cost against the run's own step; the pipeline's waits are its symptoms (the bubble),
+    never the generic communication-share or a straggler rank (ranks of one stage are identical), and
+    every figure uses the run's step time."""
+    table = synthetic(2, 4, slow={(0, 2): 1.5, (1, 2): 1.5}, steps=16)
+    path = tmp_path / "pp.parquet"
+    pq.write_table(table, path)
+    store = tmp_path / "store"
+    res = _cli("import", "op-table", path, "--dp", 2, "--pp", 4, "--store", store)
+    assert res.returncode == 0, res.stderr
+    out = _analyze(store)
+    (run,) = out["runs"]
+    (w,) = out["what_if"]
+    assert w["cause"] == "stage-imbalance" and w["by_stage"][0]["stage"] == 2
+    assert w["actual_step_ns"] == pytest.approx(run["step_ns"], rel=1e-6)
+    first = out["findings"][0]
+    titles = [f["title"] for f in out["findings"]]
+    assert first["rule"] == "what-if" and first["numbers"]["stage"] == 2, titles
+    n = first["numbers"]
+    assert n["cost_share"] == pytest.approx(n["cost_ns"] / run["step_ns"], rel=1e-6)
+
+    def rules(fs: list[dict]) -> set[str]:
+        return {f["rule"] for f in fs} | {r for f in fs for r in rules(f["symptoms"] + f["also_in"])}
+
+    assert not rules(out["findings"]) & {"communication-share", "straggler"}
+    # the stages wait for the long one for more than a quarter of the step: the bubble is said
+    assert "pipeline-bubble" in rules(out["findings"])
