@@ -251,8 +251,10 @@ def test_perfetto_writes_the_ideal_step_beside_each_rank(slow_worker: Path, tmp_
     ideal_steps = [e for e in ev if e["ph"] == "X" and e["cat"] == "ideal" and e["tid"] == IDEAL_STEP_TID]
     per_step = {e["args"]["step"]: e["args"]["ideal_step_ns"] for e in ideal_steps}
     assert len(per_step) == row["steps"] and len(ideal_steps) == 8 * row["steps"]
-    # the ideal steps are the analysis' ideal step (µs rounding apart)
-    assert sum(per_step.values()) / len(per_step) == pytest.approx(row["ideal_step_ns"], rel=1e-6)
+    # the ideal steps are the analysis' ideal step: the replay's, each step's span; the analysis' is the
+    # run's step time (the steady window's elapsed time over its steps, the gaps between steps in it)
+    # over S, so they agree to within those gaps
+    assert sum(per_step.values()) / len(per_step) == pytest.approx(row["ideal_step_ns"], rel=0.02)
     recorded = [e["dur"] for e in ev if e["ph"] == "X" and e["cat"] == "step"]
     assert sum(recorded) / len(recorded) > 1.2 * sum(per_step.values()) / len(per_step) / 1000
     # the slow worker (rank 6, dp 2 at stage 1) computes as its dp peers do in the ideal, 1.6× in the record
@@ -263,10 +265,11 @@ def test_perfetto_writes_the_ideal_step_beside_each_rank(slow_worker: Path, tmp_
 
     assert compute_us(IDEAL_PID + 6, "ideal") == pytest.approx(compute_us(IDEAL_PID + 4, "ideal"), rel=0.05)
     assert compute_us(6, "span") > 1.4 * compute_us(4, "span")
-    # a step window holds only its ideal steps; every ideal op lies inside its ideal step
-    one = _export(slow_worker, tmp_path / "one.json", "--run", row["run_id"], "--steps", "3:4")
+    # a step window holds only its ideal steps (the steady ones: 6 to 11 of the table's 12); every
+    # ideal op lies inside its ideal step
+    one = _export(slow_worker, tmp_path / "one.json", "--run", row["run_id"], "--steps", "3:8")
     ideal = [e for e in one["traceEvents"] if e["ph"] == "X" and e["cat"] == "ideal"]
-    assert {e["args"]["step"] for e in ideal} == {3, 4}
+    assert {e["args"]["step"] for e in ideal} == {6, 7, 8}
     bounds = {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in ideal if e["tid"] == IDEAL_STEP_TID}
     for e in ideal:
         lo, hi = bounds[e["args"]["step"]]
