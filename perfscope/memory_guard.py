@@ -10,8 +10,11 @@ with one line that says so, as Ctrl-C would stop it (its clean-up runs; an impor
 half-written), and exits 1.
 
 Not `run` (the training job's memory is its own), `dashboard` (a server: its user queries are bounded
-by user_sql's query slots) or `top`. The watchdog samples every 20 ms: a spike shorter than that can
-pass the limit unseen; a process that does not stop within 5 s of being asked is ended.
+by user_sql's query slots) or `top`. A value that is not a size (sizes.read_size: `garbage`, `nanGB`,
+`0`, `1KB`) is refused with exit 2 by every command that reads it (READS_LIMIT) before it starts:
+warning and carrying on would run with no whole-process limit at all. The watchdog samples every
+20 ms: a spike shorter than that can pass the limit unseen; a process that does not stop within 5 s
+of being asked is ended.
 """
 
 from __future__ import annotations
