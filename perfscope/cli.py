@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     args.verb = ALIASES.get(args.verb, args.verb)
     module = importlib.import_module(f"perfscope.commands.{VERBS[args.verb][0]}")
-    guard = guard_for(args.verb)
+    try:
+        guard = guard_for(args.verb)
+    except PerfscopeError as exc:  # a mistyped PERFSCOPE_MEMORY_LIMIT: nothing has started
+        print(f"perfscope {args.verb}: error: {one_line(exc.message)}", file=sys.stderr)
+        return exc.exit_code
     with warnings.catch_warnings(), guard or contextlib.nullcontext(), _footers_shown(args.verb):
         warnings.simplefilter("always", PerfscopeWarning)
         warnings.showwarning = _show_warning

@@ -10,8 +10,11 @@ with one line that says so, as Ctrl-C would stop it (its clean-up runs; an impor
 half-written), and exits 1.
 
 Not `run` (the training job's memory is its own), `dashboard` (a server: its user queries are bounded
-by user_sql's query slots) or `top`. The watchdog samples every 20 ms: a spike shorter than that can
-pass the limit unseen; a process that does not stop within 5 s of being asked is ended.
+by user_sql's query slots) or `top`. A value that is not a size (sizes.read_size: `garbage`, `nanGB`,
+`0`, `1KB`) is refused with exit 2 by every command that reads it (READS_LIMIT) before it starts:
+warning and carrying on would run with no whole-process limit at all. The watchdog samples every
+20 ms: a spike shorter than that can pass the limit unseen; a process that does not stop within 5 s
+of being asked is ended.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from types import TracebackType
 import psutil
 
 from .errors import one_line
-from .sizes import parse_size
+from .sizes import read_size
 
 ENV = "PERFSCOPE_MEMORY_LIMIT"
 GUARDED = frozenset({"analyze", "report", "import", "export", "sql", "info", "compact", "simulate"})
+#: the commands whose DuckDB takes its memory limit from PERFSCOPE_MEMORY_LIMIT too: a mistyped value
+#: is refused by each of them before it starts
+READS_LIMIT = GUARDED | {"dashboard", "top"}
 #: how often the watchdog looks, and how long a stopped command may take to stop before it is ended
 INTERVAL_S = 0.02
 GRACE_S = 5.0
@@ -98,13 +104,14 @@ class MemoryGuard:
 
 
 def guard_for(verb: str) -> MemoryGuard | None:
-    """The watchdog for `verb` when PERFSCOPE_MEMORY_LIMIT is set to a size (store.analysis_memory_limit
-    already warns about one that is not)."""
+    """The watchdog for `verb` when PERFSCOPE_MEMORY_LIMIT is set. A value that is not a size
+    (`garbage`, `nanGB`, `0`, `-1GB`, `1KB`) is refused (PerfscopeError, exit 2) by every command that
+    reads it, before it starts: warning and going on would run with no whole-process limit at all."""
     value = os.environ.get(ENV, "").strip()
-    if verb not in GUARDED or not value:
+    if verb not in READS_LIMIT or not value:
         return None
-    limit = parse_size(value)
-    return MemoryGuard(limit, one_line(value), verb) if limit is not None else None
+    limit = read_size(value, ENV)
+    return MemoryGuard(limit, one_line(value), verb) if verb in GUARDED else None
 
 
 def stopped_in_time(guard: MemoryGuard | None) -> bool:

@@ -269,27 +269,51 @@ def printable_columns(table: pa.Table, *, nested: bool = False) -> pa.Table:
 
 #: what makes a CSV field need quotes (csv.QUOTE_MINIMAL, as DuckDB and psql write CSV)
 _CSV_SPECIAL = (",", '"', "\n", "\r")
+#: what a spreadsheet reads as the start of a formula (OWASP's CSV injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
-def _csv_field(value: str | None) -> str:
-    """One field: NULL empty, an empty string "" (so the two stay apart), quotes only where needed."""
+def spreadsheet_safe(text: str) -> str:
+    """A text cell no spreadsheet evaluates: one starting with a formula character (an op named
+    `=HYPERLINK(...)` or `=cmd|' /C calc'!A0`) gets a leading `'`, which Excel, LibreOffice and
+    Google Sheets read as "this is text" (OWASP's rule). Numbers are never passed here: -3 stays -3."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def _csv_field(value: str | None, *, text: bool = True) -> str:
+    """One field: NULL empty, an empty string "" (so the two stay apart), quotes only where needed;
+    a `text` field (not a number) made spreadsheet-safe first."""
     if value is None:
         return ""
+    if text:
+        value = spreadsheet_safe(value)
     if value == "" or any(c in value for c in _CSV_SPECIAL):
         return '"' + value.replace('"', '""') + '"'
     return value
 
 
+def _is_number(t: pa.DataType) -> bool:
+    types = pa.types
+    return types.is_integer(t) or types.is_floating(t) or types.is_decimal(t) or types.is_boolean(t)
+
+
 def csv_text(table: pa.Table, *, header: bool = True) -> str:
     """`table` as CSV the way DuckDB's COPY, psql and Python's csv module write it: a field is quoted
     only when it holds a comma, a quote or a line break (quotes doubled); a value reads as Arrow's CSV
-    writer writes it (pyarrow's writer quotes every string, which shell pipelines do not expect)."""
+    writer writes it (pyarrow's writer quotes every string, which shell pipelines do not expect).
+    Every CSV perfscope writes is made here (report --tables, sql --format csv, the dashboard's
+    download), so every text cell and column name is spreadsheet-safe (spreadsheet_safe); numbers
+    are written as they are."""
     import pyarrow.compute as pc
 
+    text = [not _is_number(f.type) for f in table.schema]
     table = printable_columns(table)
     columns = [pc.cast(c, pa.string()).to_pylist() for c in table.columns]
     lines = [",".join(_csv_field(n) for n in table.column_names)] if header else []
-    lines += [",".join(_csv_field(v) for v in row) for row in zip(*columns, strict=True)]
+    lines += [
+        ",".join(_csv_field(v, text=t) for v, t in zip(row, text, strict=True))
+        for row in zip(*columns, strict=True)
+    ]
     return "".join(line + "\n" for line in lines)
 
 
@@ -300,6 +324,7 @@ __all__ = [
     "open_output",
     "output_folder",
     "printable_columns",
+    "spreadsheet_safe",
     "store_target",
     "write_output",
 ]

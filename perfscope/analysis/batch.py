@@ -147,7 +147,8 @@ def _variants_table(store: Store, sel: Selection) -> str:
     The variant is the user tags whose values differ between runs of the same experiment (the
     learning-rate rule, say), as sorted 'k=v' pairs; `target` and `seed` are not variants (runs
     that differ only in seed are repeats). Runs of different variants are compared, never pooled
-    as repeats. Malformed tags read as none."""
+    as repeats. Malformed tags read as none. Keys are read with json_each, never spliced into a
+    JSON path: a `"` in a tag key made every analysis fail (issue 33)."""
     runs = runs_table(store, sel)
     obj = "CASE WHEN json_valid(t) THEN CASE WHEN json_type(t::JSON) = 'OBJECT' THEN t::JSON END END"
     return temp_table(
@@ -159,9 +160,9 @@ def _variants_table(store: Store, sel: Selection) -> str:
             FROM {runs} r LEFT JOIN (SELECT run_id, any_value(tags) AS t FROM runs GROUP BY run_id) x
                  USING (run_id)
         ), kv AS (
-            SELECT run_id, experiment, k, json_extract_string(j, '$."' || k || '"') AS v
-            FROM (SELECT run_id, experiment, j, unnest(json_keys(j)) AS k FROM t WHERE j IS NOT NULL)
-            WHERE k NOT IN ('target', 'seed')
+            SELECT t.run_id, t.experiment, e.key AS k, json_extract_string(e.value, '$') AS v
+            FROM t, json_each(t.j) e
+            WHERE t.j IS NOT NULL AND e.key NOT IN ('target', 'seed')
         ), varying AS (
             -- a key whose value (or absence) is not the same in every run of the experiment
             SELECT kv.experiment, kv.k FROM kv
@@ -190,11 +191,11 @@ def _tag_targets_sql(variants: str) -> str:
             FROM (SELECT run_id, unnest(string_split(target_tag, ',')) AS part
                   FROM {variants} WHERE target_tag IS NOT NULL AND NOT starts_with(target_tag, '{{'))
             UNION ALL
-            SELECT run_id, k, TRY_CAST(json_extract_string(j, '$."' || k || '"') AS DOUBLE)
-            FROM (SELECT run_id, j, unnest(json_keys(j)) AS k
+            SELECT o.run_id, e.key, TRY_CAST(json_extract_string(e.value, '$') AS DOUBLE)
+            FROM (SELECT run_id, j
                   FROM (SELECT run_id, CASE WHEN json_valid(target_tag) THEN target_tag::JSON END AS j
                         FROM {variants} WHERE starts_with(target_tag, '{{'))
-                  WHERE json_type(j) = 'OBJECT')
+                  WHERE json_type(j) = 'OBJECT') o, json_each(o.j) e
         ) WHERE target IS NOT NULL AND isfinite(target)
     """
 

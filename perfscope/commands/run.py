@@ -46,9 +46,8 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR2,
 )
 
-#: a run id names folders (`run_id=<id>`, and '<id>-<8 hex digits>' when it is taken): with this many
-#: bytes at most, every such name stays under the 255 bytes a file name may have
-MAX_RUN_ID_BYTES = 200
+#: the run id a job's ranks share when the user sets one (collectors/identity.py reads it)
+RUN_ID_ENV = "PERFSCOPE_RUN_ID"
 
 #: exit status when CMD exists but cannot be started (a shell's), and when it is not found
 CANNOT_START_EXIT = 126
@@ -93,15 +92,15 @@ def _utf8(flag: str, value: str) -> str:
     return value
 
 
-def _run_id(value: str) -> str:
-    size = len(_utf8("--run-id", value).encode("utf-8"))
-    if size > MAX_RUN_ID_BYTES:
-        raise PerfscopeError(
-            f"--run-id is {size} bytes long (in UTF-8); a run id names folders of the store and may have "
-            f"at most {MAX_RUN_ID_BYTES} bytes"
-        )
+def _run_id(value: str, flag: str = "--run-id") -> str:
+    """A run id the store can hold (`--run-id`, or PERFSCOPE_RUN_ID from the environment, which the
+    job's profile() would take), refused here, before the job starts, when it cannot."""
+    from ..store.schema import run_id_size_problem
+
+    if problem := run_id_size_problem(_utf8(flag, value)):
+        raise PerfscopeError(f"{flag}: {problem}")
     if not value.strip():
-        raise PerfscopeError("--run-id is empty; give a name or leave the flag out")
+        raise PerfscopeError(f"{flag} is empty; give a name or leave it out")
     return value
 
 
@@ -129,6 +128,8 @@ def profile_options(args: argparse.Namespace) -> dict[str, Any]:
         options["nvtx"] = False
     if args.run_id is not None:
         options["run_id"] = _run_id(args.run_id)
+    elif os.environ.get(RUN_ID_ENV, "").strip():  # the job's profile() reads it: refused before it starts
+        _run_id(os.environ[RUN_ID_ENV].strip(), RUN_ID_ENV)
     return options
 
 

@@ -38,7 +38,7 @@ from ..store.imports import (
 )
 from ..store.listing import partition_value_problem
 from ..store.rollups import ROLLUP_DIR
-from ..store.schema import PARTITION_KEY, TABLES
+from ..store.schema import MAX_RUN_ID_BYTES, PARTITION_KEY, TABLES, run_id_size_problem
 from ..store.writer import StoreWriter, segment_dir
 
 #: canonical phases of a steps row, in column order (after rank, step, start_ns, step_ns)
@@ -162,14 +162,15 @@ def default_run_id(origin: str, experiment: str, paths: Sequence[Path]) -> str:
 def check_run_id(run_id: str) -> str:
     if (
         not run_id
-        or len(os.fsencode(run_id)) > 200  # bytes: a folder name is at most 255 of them
+        or run_id_size_problem(run_id)  # bytes: a folder name is at most 255 of them
         or run_id.startswith(".")
         or any(c in run_id for c in "/\0\n")
         or partition_value_problem(run_id)
     ):
         shown = repr(run_id) if len(run_id) <= 80 else f"{run_id[:60]!r}... ({len(run_id):,} characters)"
         raise PerfscopeError(
-            f"run id {shown} cannot name a folder; use up to 200 bytes of letters, digits, '-', '_', '.'"
+            f"run id {shown} cannot name a folder; use up to {MAX_RUN_ID_BYTES} bytes of letters, digits, "
+            "'-', '_', '.'"
         )
     return run_id
 

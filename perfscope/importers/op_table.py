@@ -62,6 +62,9 @@ META_IGNORED = ("trial_name", "run_id", "world_size")
 MAX_META_BYTES = 1 << 16
 #: seconds a trace may span: a year
 MAX_SECONDS = 3.2e7
+#: seconds past which a step is no training step: a table in microseconds or milliseconds read as
+#: seconds (its steps 10^6 or 10^3 times too long) is warned about
+PLAUSIBLE_STEP_S = 3600.0
 MAX_STEP = 10**12
 
 #: Megatron-LM op -> (phase, comm kind): kind None = compute on the rank; 'p2p' = pipeline transfer;
@@ -109,14 +112,14 @@ def parse_meta(path: Path) -> dict[str, int]:
                 f"{path}:{n}: only flat 'key: value' lines are read (dp_size, pp_size, tp_size, "
                 f"dsp_size, vpp_size), not {shown(line)}"
             )
-        if key == "world_size" and value.isdigit() and len(value) <= 7:
+        if key == "world_size" and _whole(value):
             out["world"] = int(value)
             continue
         if key in META_IGNORED:
             continue
         if key not in META_KEYS:
             raise PerfscopeError(f"{path}:{n}: unknown key {shown(key)}; known: {', '.join(META_KEYS)}")
-        if not value.isdigit() or len(value) > 7:
+        if not _whole(value):
             raise PerfscopeError(f"{path}:{n}: {key} must be a whole number, not {shown(value)}")
         out[META_KEYS[key]] = int(value)
     if "dp" not in out or "pp" not in out:
@@ -130,9 +133,19 @@ def parse_meta(path: Path) -> dict[str, int]:
     return out
 
 
+def _whole(value: str) -> bool:
+    """Whether a meta value is a whole number int() reads: ASCII digits only ('²' and '٣' are
+    digits to str.isdigit, not to int), at most 7 of them."""
+    return value.isascii() and value.isdigit() and len(value) <= 7
+
+
 def check_layout(layout: dict[str, int | None]) -> dict[str, int]:
-    """dp, pp, tp, cp, vpp as whole numbers of at least 1 whose product is a possible job."""
-    out = {k: int(layout.get(k) or 1) for k in ("dp", "pp", "tp", "cp", "vpp")}
+    """dp, pp, tp, cp, vpp as whole numbers of at least 1 whose product is a possible job; a size not
+    given is 1, a size given as 0 is refused (it was read as 1)."""
+    out = {}
+    for k in ("dp", "pp", "tp", "cp", "vpp"):
+        given = layout.get(k)
+        out[k] = 1 if given is None else int(given)
     for key in ("dp", "pp"):
         if layout.get(key) is None:
             raise PerfscopeError(
@@ -140,7 +153,11 @@ def check_layout(layout: dict[str, int | None]) -> dict[str, int]:
             )
     for key, value in out.items():
         if value < 1:
-            raise PerfscopeError(f"op-table: --{key} is {value}; it must be 1 or more")
+            names = [m for m, flag in META_KEYS.items() if flag == key]
+            raise PerfscopeError(
+                f"op-table: the {key} size (--{key}, or {' or '.join(names)} in the meta file) is {value}; "
+                "every size must be 1 or more"
+            )
     world = out["dp"] * out["pp"] * out["tp"] * out["cp"]
     if world > MAX_RANKS:
         raise PerfscopeError(f"op-table: dp·pp·tp·cp = {world:,} ranks; no job has more than {MAX_RANKS:,}")
@@ -190,7 +207,15 @@ def _int_column(t: pa.Table, name: str, path: Path, lo: int, hi: int) -> np.ndar
 
 
 def _float_column(t: pa.Table, name: str, path: Path) -> np.ndarray:
+    """Seconds as float64; a column of another type (true/false, timestamps, text) is refused: a
+    boolean read as 1 s, a timestamp as seconds since 1970."""
     col = t.column(name)
+    kind = col.type
+    number = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
+    if not (number or pa.types.is_null(kind)):  # null: a CSV column of NaN only, refused below
+        raise PerfscopeError(
+            f"{path}: column {name} must hold numbers (seconds), not values of type {shown(str(kind), 40)}"
+        )
     try:
         values = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
     except (ValueError, TypeError, pa.ArrowException):
@@ -202,6 +227,16 @@ def _float_column(t: pa.Table, name: str, path: Path) -> np.ndarray:
             f"it must be seconds from 0 to {MAX_SECONDS:.0e} (no NaN, no negative)"
         )
     return values
+
+
+def _text_column(col: pa.ChunkedArray, name: str, path: Path) -> np.ndarray:
+    """Op names as Python str: text, or bytes that are UTF-8 text (a CSV cell of other bytes reads
+    as binary, as does a Parquet BYTE_ARRAY without a string annotation); anything else refused."""
+    try:
+        text = col.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise PerfscopeError(f"{path}: column {name} must be UTF-8 text (the op names)") from None
+    return np.asarray(text.to_numpy(zero_copy_only=False), dtype=object)
 
 
 def _peer_stage(s: int, c: int, to_next: bool, pp: int, vpp: int) -> int | None:
@@ -252,6 +287,18 @@ def _transfer_chunks(
     return out
 
 
+def _warn_long_steps(imp: RunImport, steps: np.ndarray, seconds: np.ndarray) -> None:
+    """One line when a step lasts longer than any training step plausibly does (PLAUSIBLE_STEP_S):
+    the table is most likely in microseconds or milliseconds, read as seconds."""
+    i = int(np.argmax(seconds))
+    if float(seconds[i]) > PLAUSIBLE_STEP_S:
+        imp.warn(
+            f"step {int(steps[i])} lasts {float(seconds[i]):,.0f} s; no training step takes over "
+            f"{PLAUSIBLE_STEP_S / 3600:.0f} h: start_ts and duration are read as seconds (a table in "
+            "milliseconds or microseconds must be divided by 1e3 or 1e6 first)"
+        )
+
+
 def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     """`perfscope import op-table` without a layout: refused in one line (the table cannot say it)."""
     raise PerfscopeError("op-table: give --meta META.yaml, or --dp N --pp N [--tp N --cp N]")
@@ -288,7 +335,7 @@ def import_op_table(
     optype_col = t.column("optype")
     if optype_col.null_count:
         raise PerfscopeError(f"{path}: column optype has {optype_col.null_count:,} empty values")
-    optype = np.asarray(optype_col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+    optype = _text_column(optype_col, "optype", path)
     vpp = lay["vpp"]
     mc: np.ndarray | None = None
     if "mc" in t.column_names:  # the local model chunk of a compute op, -1 (or empty) elsewhere
@@ -439,6 +486,7 @@ def import_op_table(
                 ),
                 clock="cuda",
             )
+        _warn_long_steps(imp, steps, hi - lo)
         if overlapping:
             imp.warn("start_ts restarts at every step: steps are laid end to end in step order")
         unpaired = sum(abs(v) for v in balance.values())

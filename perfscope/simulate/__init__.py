@@ -22,7 +22,7 @@ import pyarrow as pa
 from .. import __version__
 from ..errors import PerfscopeError
 from ..output import is_store_folder, store_target
-from ..store.schema import TABLES
+from ..store.schema import TABLES, run_id_size_problem
 from ..store.writer import StoreWriter
 from .model import (
     Backend,
@@ -441,6 +441,9 @@ def write_runs(root: str | Path, specs: Sequence[RunSpec], seed: int, start_ns: 
         )
     if len({s.run_id for s in specs}) != len(specs):
         raise PerfscopeError("two simulated runs would get the same id; make experiment names differ")
+    for spec in specs:  # before any run is written
+        if problem := run_id_size_problem(spec.run_id):
+            raise PerfscopeError(f"{problem}: shorten the experiment, partition or backend names")
     store_target(root, create=True)
     t0 = start_ns
     for spec in specs:

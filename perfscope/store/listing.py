@@ -1088,7 +1088,7 @@ def analysis_memory_limit() -> str:
         warn_once(
             "memory-limit-env",
             f"perfscope: PERFSCOPE_MEMORY_LIMIT={one_line(value)} is not a size such as 4GB or 512MiB; "
-            f"using {DEFAULT_ANALYSIS_MEMORY_LIMIT}",
+            f"DuckDB uses {DEFAULT_ANALYSIS_MEMORY_LIMIT} (the perfscope commands refuse such a value)",
         )
     return DEFAULT_ANALYSIS_MEMORY_LIMIT
 

@@ -28,6 +28,22 @@ META_TABLE = b"perfscope.table"
 META_REPLACES = b"perfscope.replaces"
 
 PARTITION_KEY = "run_id"
+#: a run id names folders (`run_id=<id>`, and '<id>-<8 hex digits>' when it is taken): with this many
+#: bytes at most, every such name stays under the 255 bytes a file name may have
+MAX_RUN_ID_BYTES = 200
+
+
+def run_id_size_problem(run_id: str) -> str:
+    """Why `run_id` is too long to name the store's folders, or ''. Checked when a run starts (profile,
+    perfscope run, an import, the store writer): a longer id was accepted, then every write failed."""
+    size = len(run_id.encode("utf-8", "surrogatepass"))
+    if size <= MAX_RUN_ID_BYTES:
+        return ""
+    start = run_id[:40].encode("utf-8", "backslashreplace").decode()
+    return (
+        f"run id {start!r}... is {size:,} bytes long (in UTF-8); a run id names the store's folders "
+        f"(a file name has at most 255 bytes) and may have at most {MAX_RUN_ID_BYTES} bytes"
+    )
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import pyarrow as pa
 from ..errors import warn_once
 from . import leftovers
 from .live import LIVE_SUFFIX, LiveSegment, read_live, twin
-from .schema import PARTITION_KEY, TABLES
+from .schema import PARTITION_KEY, TABLES, run_id_size_problem
 from .segments import LIVE_MAX_AGE_S, write_segment
 
 Row = Sequence[Any]
@@ -219,6 +219,8 @@ class StoreWriter:
             raise ValueError("roll_interval_s must be positive")
         if not run_id or "/" in run_id or run_id.startswith("."):
             raise ValueError(f"run_id {run_id!r} cannot name a folder")
+        if problem := run_id_size_problem(run_id):  # refused here, not at every write that follows
+            raise ValueError(problem)
         self.root = Path(root)
         self.run_id = run_id
         self.host_tag = host_tag()

@@ -217,3 +217,34 @@ def test_which_names_are_targets(name: str, direction: str | None) -> None:
     from perfscope.analysis.batch import metric_direction
 
     assert metric_direction(name) == direction
+
+
+@pytest.mark.parametrize("key", ['x"y', "$.a", "a'b", "x\\\\y", "é ü"])
+def test_any_tag_key_keeps_the_other_runs_findings(store_path: Path, tmp_path: Path, key: str) -> None:
+    """A `"` in a tag key was spliced into a JSON path ('$."' || k || '"'): every analysis reading
+    variants failed ("JSON path error") and the other runs' diverged finding was lost (issue 33)."""
+    import shutil
+
+    root = tmp_path / "store"
+    shutil.copytree(store_path, root)
+    make_run(root, "odd", experiment="tta", steps=STEPS, metrics={"loss": _decay(0.3, 0.1)}, tags={key: "1"})
+    ttm = _ttm(root)
+    assert ttm["odd"]["variant"] == f"{key}=1"
+    with open_store(root) as store:
+        (f,) = [f for f in explain(store, Selection()) if f.rule == "diverged"]
+    assert set(f.evidence.run_ids) == {"b256-n2-linear", "b128-n4-linear"}
+
+
+def test_analyze_and_report_read_a_quote_in_a_tag_key(store_path: Path, tmp_path: Path) -> None:
+    """`perfscope analyze` and `report` on a store where one run has the tag key 'x"y' (exit 70
+    "JSON path error" before issue 33): both succeed and the diverged finding is still shown."""
+    import shutil
+
+    root = tmp_path / "store"
+    shutil.copytree(store_path, root)
+    tags = {'x"y': "1"}
+    make_run(root, "odd", experiment="tta", steps=STEPS, metrics={"loss": _decay(0.3, 0.1)}, tags=tags)
+    assert main(["analyze", str(root), "--json"]) == 0
+    out = tmp_path / "r.md"
+    assert main(["report", str(root), "--format", "md", "-o", str(out)]) == 0
+    assert "diverged" in out.read_text()

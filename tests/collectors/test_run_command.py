@@ -532,7 +532,7 @@ def test_ctrl_z_stops_the_job_with_perfscope_run_and_fg_resumes_both(tmp_path: P
     ("flag", "value", "needle"),
     [
         ("--store", "st\udcff", "--store st\\xff is not valid UTF-8"),  # argv's b"st\xff", as Python reads it
-        ("--run-id", "\u00e9" * 150, "--run-id is 300 bytes long"),  # 150 characters, 300 bytes
+        ("--run-id", "\u00e9" * 150, "is 300 bytes long"),  # 150 characters, 300 bytes
         ("--experiment", "exp\udcfe", "not valid UTF-8"),
     ],
 )

@@ -87,3 +87,35 @@ def test_under_the_limit_a_command_answers_as_before(tmp_path: Path, limit: str 
     out = _perfscope(limit, "analyze", str(DEMO), "--json", cwd=tmp_path)
     assert out.returncode == 0 and '"findings"' in out.stdout, out.stderr[-2000:]
     assert "stopped" not in out.stderr
+
+
+@pytest.mark.parametrize("bad", ["garbage", "1KB", "nanGB", "0", "-1GB", "2 parsecs", "infGB"])
+@pytest.mark.parametrize("verb", ["info", "dashboard"])
+def test_a_mistyped_limit_is_refused_before_the_command_starts(tmp_path: Path, bad: str, verb: str) -> None:
+    """It was one warning, "using 2GB", and then no whole-process limit at all (issue 33)."""
+    out = _perfscope(bad, verb, str(DEMO), cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"perfscope {verb}: error: PERFSCOPE_MEMORY_LIMIT={bad} is not a size")
+    assert "512MiB" in lines[0] and "at least 1 MB" in lines[0] and out.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("value", "limit"), [("512MiB", 512 << 20), (" 1.5 GB ", 15 * 10**8), ("2g", 2 * 10**9)]
+)
+def test_a_parsed_limit_is_the_process_limit(monkeypatch: pytest.MonkeyPatch, value: str, limit: int) -> None:
+    from perfscope.memory_guard import guard_for
+
+    monkeypatch.setenv("PERFSCOPE_MEMORY_LIMIT", value)
+    guard = guard_for("analyze")
+    assert guard is not None and guard.limit == limit
+    assert guard_for("run") is None and guard_for("dashboard") is None  # read there, no watchdog
+
+
+def test_1mb_is_the_smallest_limit() -> None:
+    from perfscope import PerfscopeError
+    from perfscope.sizes import read_size
+
+    assert read_size("1MB", "X") == 10**6 and read_size("1 mib", "X") == 1 << 20
+    with pytest.raises(PerfscopeError, match="X=999KB is not a size"):
+        read_size("999KB", "X")

@@ -276,6 +276,15 @@ def test_batch_page_without_a_sweep(measured: Path) -> None:
     assert any("No batch-size sweep" in i.value for i in at.info)
 
 
+def test_batch_page_reads_a_quote_in_a_tag_key(tmp_path: Path) -> None:
+    """A run tagged {'x"y': '1'} beside two others: the page showed "JSON path error" (issue 33)."""
+    root = tmp_path / "store"
+    for rid, tags in (("a", {"lr": "1"}), ("b", {"lr": "2"}), ("odd", {'x"y': "1"})):
+        make_run(root, rid, steps=12, metrics={"loss": lambda step: 2.0 / (1 + step)}, tags=tags)
+    at = clean(open_page(root, "batch"))
+    assert len(column(at, "reached")) == 3  # one row per run in the time-to-target table
+
+
 def test_compare_runs_side_by_side(seed: Path) -> None:
     a = "sim-seed-scaling-hpdlf-horovod-nccl-n012-b75-s2022"
     b = "sim-seed-scaling-hpdlf-horovod-mpi-n012-b75-s2022"

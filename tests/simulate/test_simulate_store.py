@@ -408,3 +408,18 @@ def test_fit_refuses_a_batch_it_cannot_predict(tmp_path: Path, capsys: pytest.Ca
     assert code == 2
     assert "was measured at batch 75 only" in err and "batch 300 cannot be predicted" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_id_too_long_for_a_folder_is_refused_before_any_run(tmp_path: Path) -> None:
+    """Three 64-character names make a 220-byte run id: refused in one line before anything is written
+    (issue 33: a long run id was accepted, then every write failed)."""
+    e, p, b = "e" * 64, "p" * 64, "b" * 64
+    cfg = {
+        "seed": 5,
+        "partitions": {p: {"base": "gpu2", "backends": {b: {"base": "horovod-nccl"}}}},
+        "experiments": [{"name": e, "partitions": [p], "backends": [b], "world_sizes": [1], "steps": 20}],
+    }
+    root = tmp_path / "s"
+    with pytest.raises(PerfscopeError, match=r"bytes long .* shorten the experiment, partition or backend"):
+        write_study(root, parse_config(cfg))
+    assert not list(root.glob("*/run_id=*"))
