@@ -761,8 +761,10 @@ class Unreplayable(Exception):
 def _step_sample(store: Store, run: str, kind: str, first: int) -> tuple[str, str | None]:
     """The SQL condition on `step` that keeps the run's ops under MAX_OPS (every k-th of its steps, in
     step order) and the words that say so, or ("true", None) when all of them fit. The ops are counted
-    as the rows they are read from (spans of depth 0 and 1, comm and steps rows: at least as many)."""
-    rows = f"""(SELECT step FROM spans WHERE run_id = {run} AND depth <= 1 AND step >= {first}
+    as the rows they are read from (spans of the depth the kind reads, comm rows, a dp run's steps rows
+    four times: its phases)."""
+    depth = {"laid": "depth = 1", "staged": "depth = 0"}.get(kind, "false")
+    rows = f"""(SELECT step FROM spans WHERE run_id = {run} AND {depth} AND step >= {first}
                 UNION ALL SELECT step FROM comm WHERE run_id = {run} AND step >= {first}
                 UNION ALL SELECT step FROM steps, range(4) WHERE run_id = {run} AND step >= {first}
                           AND {"true" if kind == "dp" else "false"})"""

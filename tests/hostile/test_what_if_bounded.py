@@ -165,14 +165,14 @@ def _peak_rss_mb(*args: str | int | os.PathLike[str]) -> tuple[int, float, str]:
 
 
 def test_corner_ranks_of_a_huge_layout_take_little_memory(tmp_path: Path) -> None:
-    """Two ranks at the corners of dp 512 x pp 512, 200 steps (a 16 KB table): `analyze` peaked at 1.43 GB
-    (arrays sized by the largest coordinate); now as much as any small store (bound: 700 MB RSS, the
-    interpreter and its libraries included)."""
-    corner = 511 * 512 + 511
+    """Four ranks at the corners of dp 512 x pp 512, one slow, 200 steps (a 20 KB table): `analyze` peaked
+    at 1,446 MB (arrays sized by the largest coordinate, measured on the code before); now as much as any
+    small store, 245 MB (bound: 700 MB RSS, the interpreter and its libraries included)."""
+    lay = [(d, s, s * 512 + d) for d in (0, 511) for s in (0, 511)]
     rows = [
-        (d, s, r, step, "forward-compute", 0.01 * k, 0.004 * (1 + d / 511), k)
+        (d, s, r, step, "forward-compute", 0.01 * k, 0.004 * (1.5 if (d, s) == (511, 511) else 1.0), k)
         for step in range(200)
-        for d, s, r in ((0, 0, 0), (511, 511, corner))
+        for d, s, r in lay
         for k in range(2)
     ]
     store = _import(tmp_path, rows, 512, 512)
@@ -240,6 +240,10 @@ def test_slowdown_below_one_says_why(tmp_path: Path) -> None:
     (w,) = json.loads(res.stdout)["what_if"]
     assert w["slowdown"] < 1
     assert "is below 1" in w["note"] and "longer than the recorded one" in w["note"]
+    html = tmp_path / "r.html"
+    res = _cli("report", store, "-o", html)
+    assert res.returncode == 0, res.stderr
+    assert "is below 1: the balanced replay" in html.read_text()
 
 
 def test_a_cyclic_pipeline_says_why_it_has_no_what_if(tmp_path: Path) -> None:
