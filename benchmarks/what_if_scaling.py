@@ -108,7 +108,7 @@ def bench(work: Path, ranks: int, pp: int, micro: int, steps: int) -> dict[str, 
         "cause": w["cause"],
         "slowdown": w["slowdown"],
         "steps": w["steps"],
-        "note": w["note"],
+        "note": w.get("note"),
     }
 
 
