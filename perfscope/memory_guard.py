@@ -9,12 +9,13 @@ about 100-200 MB, which no setting moves), stays under the limit. Past it the co
 with one line that says so, as Ctrl-C would stop it (its clean-up runs; an import leaves nothing
 half-written), and exits 1.
 
-Not `run` (the training job's memory is its own), `dashboard` (a server: its user queries are bounded
-by user_sql's query slots) or `top`. A value that is not a size (sizes.read_size: `garbage`, `nanGB`,
-`0`, `1KB`) is refused with exit 2 by every command that reads it (READS_LIMIT) before it starts:
-warning and carrying on would run with no whole-process limit at all. The watchdog samples every
-20 ms: a spike shorter than that can pass the limit unseen; a process that does not stop within 5 s
-of being asked is ended.
+`dashboard` too: its Streamlit server is the command's child, so the server's analyses, every session's,
+count, and past the limit the server is stopped with the command (issue 33: one store's analysis took
+a server to 6.3 GB). Not `run` (the training job's memory is its own) or `top`. A value that is not a
+size (sizes.read_size: `garbage`, `nanGB`, `0`, `1KB`) is refused with exit 2 by every command that
+reads it (READS_LIMIT) before it starts: warning and carrying on would run with no whole-process limit
+at all. The watchdog samples every 20 ms: a spike shorter than that can pass the limit unseen; a
+process that does not stop within 5 s of being asked is ended.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from .errors import one_line
 from .sizes import read_size
 
 ENV = "PERFSCOPE_MEMORY_LIMIT"
-GUARDED = frozenset({"analyze", "report", "import", "export", "sql", "info", "compact", "simulate"})
+GUARDED = frozenset(
+    {"analyze", "report", "import", "export", "sql", "info", "compact", "simulate", "dashboard"}
+)
 #: the commands whose DuckDB takes its memory limit from PERFSCOPE_MEMORY_LIMIT too: a mistyped value
 #: is refused by each of them before it starts
-READS_LIMIT = GUARDED | {"dashboard", "top"}
+READS_LIMIT = GUARDED | {"top"}
 #: how often the watchdog looks, and how long a stopped command may take to stop before it is ended
 INTERVAL_S = 0.02
 GRACE_S = 5.0

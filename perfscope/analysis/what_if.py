@@ -39,8 +39,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..store.reader import Store
+from .cache import memo
 from .comm_patterns import P2P_OPS
-from .registry import analysis
+from .registry import analysis, run_analysis
 from .selection import Selection, sql_literal
 from .steady import roles_table, run_stats_table, runs_table, thresholds_table
 
@@ -63,6 +64,10 @@ DATA_SPREAD = 0.05
 FIXED_SLOWEST = 0.6
 #: a stage's compute is longer than the median stage's by this much to count as longer
 LONGER = 0.02
+#: the grid of (step, dp rank, stage) cells the causes compare holds at most this many cells per op
+#: (or GRID_MIN): a full layout has about one cell per worker's ops in a step
+GRID_PER_OP = 4
+GRID_MIN = 1_000_000
 
 
 @dataclass
@@ -135,6 +140,33 @@ def _medians(group: np.ndarray, values: np.ndarray, *, lower: bool = False) -> n
     return med[group]
 
 
+def _latest_before(by_end: np.ndarray, pos: np.ndarray, ties: np.ndarray) -> np.ndarray:
+    """For each op k of `ties` (ascending): the op at the last position p <= pos[k] of the end order
+    `by_end` whose index is below k, or -1. Ops are taken out of the end order from the last index
+    down (union-find over positions, path halving: each deleted position points at the one before
+    it), so every query and deletion is amortised O(1): linear, where stepping back one position at
+    a time was quadratic in the ops that end at one instant."""
+    m = len(by_end)
+    at = np.empty(m, dtype=np.int64)
+    at[by_end] = np.arange(m)  # the end-order position of each op
+    parent = list(range(m + 1))  # position p + 1 -> p + 1 while present; 0 is "none"
+    at_l, pos_l = at.tolist(), pos.tolist()
+    ties_l = ties.tolist()
+    out = []
+    deleted_to = m  # ops with index >= deleted_to are out of the order
+    for k in reversed(ties_l):
+        while deleted_to > k:
+            deleted_to -= 1
+            p = at_l[deleted_to] + 1
+            parent[p] = p - 1
+        p = pos_l[k] + 1
+        while parent[p] != p:
+            parent[p] = parent[parent[p]]
+            p = parent[p]
+        out.append(int(by_end[p - 1]) if p > 0 else -1)
+    return np.asarray(out[::-1], dtype=np.int64)
+
+
 def build(cols: dict[str, np.ndarray]) -> Graph | None:
     """The dependency graph of one run's ops (sorted by step, rank, start), or None when cyclic."""
     n = len(cols["rank"])
@@ -157,11 +189,9 @@ def build(cols: dict[str, np.ndarray]) -> Graph | None:
         pos = np.searchsorted(ends[by_end], start[lo:hi] + PRED_SLACK_NS, side="right") - 1
         found = np.where(pos >= 0, by_end[np.maximum(pos, 0)], -1)
         here = np.arange(hi - lo)
-        for k in np.flatnonzero(found >= here).tolist():  # ties: ops starting here, step back
-            p = pos[k]
-            while p >= 0 and by_end[p] >= k:
-                p -= 1
-            found[k] = by_end[p] if p >= 0 else -1
+        ties = np.flatnonzero(found >= here)
+        if len(ties):  # ops that end by this one's start but come after it: the latest one before it
+            found[ties] = _latest_before(by_end, pos, ties)
         pred[lo:hi] = np.where(found >= 0, lo + found, -1)
     base = np.where(pred >= 0, end[np.maximum(pred, 0)], step_start[step_code])
     gap = np.maximum(start - base, 0.0)
@@ -368,9 +398,15 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
     def mixed(mask: np.ndarray) -> np.ndarray:
         return replay(g, np.where(mask, g.x, x_ideal), np.where(mask, g.gap, gap_ideal))
 
-    by_worker, worker_steps = [], {}
+    notes: list[str] = []
+    over = (g.x + g.gap) - (x_ideal + gap_ideal)
+    worker = _codes(stage, dp)  # dense, in (stage, dp) order
+    workers = _replayed(worker, over, "worker", "workers", notes)
+    w_first = np.unique(worker, return_index=True)[1]
+    by_worker: list[dict[str, Any]] = []
+    worker_steps: dict[tuple[int, int], np.ndarray] = {}
     per_bin = -(-len(t_ideal) // MAX_STEP_BINS)  # steps per bin of the per-step slowdowns
-    for d, st in sorted(set(zip(dp.tolist(), stage.tolist(), strict=True))):
+    for d, st in sorted((int(dp[w_first[w]]), int(stage[w_first[w]])) for w in workers.tolist()):
         mask = (dp == d) & (stage == st)
         t = mixed(mask)
         worker_steps[(d, st)] = t
@@ -387,13 +423,18 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
                 "saving_ns": max(0.0, float(t_act.mean() - without.mean())),
             }
         )
-    by_stage = [
-        {"stage": st, "slowdown": _ratio(mixed(stage == st), t_ideal)} for st in sorted(set(stage.tolist()))
+    st_code = _codes(stage)
+    st_first = np.unique(st_code, return_index=True)[1]
+    stages = sorted(
+        int(stage[st_first[c]]) for c in _replayed(st_code, over, "stage", "stages", notes).tolist()
+    )
+    by_stage: list[dict[str, Any]] = [
+        {"stage": st, "slowdown": _ratio(mixed(stage == st), t_ideal)} for st in stages
     ]
     names = cols["names"]
-    by_op = [
-        {"op_type": names[c], "slowdown": _ratio(mixed(name == c), t_ideal)}
-        for c in sorted(set(name.tolist()))
+    op_types = sorted(_replayed(name, over, "op type", "op types", notes).tolist())
+    by_op: list[dict[str, Any]] = [
+        {"op_type": names[c], "slowdown": _ratio(mixed(name == c), t_ideal)} for c in op_types
     ]
     for lst in (by_worker, by_stage, by_op):
         for r in lst:  # a part never costs more than the whole: they share one ideal (see _ratio)
@@ -401,7 +442,13 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
         lst.sort(key=lambda r: -r["slowdown"])
     _own_excess(g, cols, by_worker, x_ideal, gap_ideal)
 
-    causes = _causes(cols, g, s, t_act, t_ideal, worker_steps, by_stage)
+    causes = _causes(cols, g, s, t_act, t_ideal, worker_steps, by_stage, notes)
+    if s < 1.0:
+        notes.append(
+            f"slowdown {s:.3g} is below 1: the balanced replay (every op at its data-parallel peers' typical "
+            "time, averaged over the stages that run it) is longer than the recorded one, so the stages' "
+            "work does not share evenly here; no worker, stage or op type is named"
+        )
     given = bool(step_ns and step_ns > 0)
     actual = float(step_ns) if given else float(t_rec.mean())  # type: ignore[arg-type]
     return {
@@ -416,7 +463,29 @@ def analyse_run(cols: dict[str, np.ndarray], step_ns: float | None = None) -> di
         "by_op_type": by_op,
         "cause": causes[0] if causes else "none",
         "second_cause": causes[1] if len(causes) > 1 else None,
+        "note": "; ".join(notes) if notes else None,
     }
+
+
+#: the workers, stages and op types replayed each on their own at most (those whose ops exceed their
+#: ideal the most): each is a replay of the whole run, so their count bounds the analysis' time at
+#: this many times one replay, linear in the ops whatever the number of ranks or op names
+MAX_REPLAYED = 64
+
+
+def _replayed(code: np.ndarray, over: np.ndarray, one: str, many: str, notes: list[str]) -> np.ndarray:
+    """The codes (dense, 0..k-1) to replay on their own: all of them, or the MAX_REPLAYED whose ops'
+    excess over the ideal (`over`) is largest (ties: the lower code), said in `notes`."""
+    total = np.bincount(code, weights=over)
+    k = len(total)
+    if k <= MAX_REPLAYED:
+        return np.arange(k)
+    top = np.lexsort((np.arange(k), -total))[:MAX_REPLAYED]
+    notes.append(
+        f"{k:,} {many}: the {MAX_REPLAYED} whose ops exceed their ideal the most were each replayed on their "
+        f"own (every {one} is in the ideal and the slowdown)"
+    )
+    return np.sort(top)
 
 
 def _own_excess(
@@ -502,14 +571,26 @@ def _causes(
     t_ideal: np.ndarray,
     worker_steps: dict[tuple[int, int], np.ndarray],
     by_stage: list[dict[str, Any]],
+    notes: list[str],
 ) -> list[str]:
     if not s >= NONE_BELOW:
         return []
     out: list[str] = []
-    dp, stage = cols["dp_rank"], cols["pp_stage"]
+    # the grid of (step, dp rank, stage) holds the coordinates present, in order (dense codes), never
+    # sized by the largest coordinate; a layout its ranks fill too sparsely to hold in a grid is not judged
+    dp_coord, st_coord = cols["dp_rank"], cols["pp_stage"]
+    dp_vals, st_vals = np.unique(dp_coord), np.unique(st_coord)
+    dp, stage = np.searchsorted(dp_vals, dp_coord), np.searchsorted(st_vals, st_coord)
     compute = cols["compute"]
     n_dp = int(dp.max()) + 1
     n_st = int(stage.max()) + 1
+    cells = len(g.step_start) * n_dp * n_st
+    if cells > max(GRID_PER_OP * len(dp), GRID_MIN):
+        notes.append(
+            f"its ranks fill {len(np.unique(_codes(dp, stage))):,} of {n_dp * n_st:,} (dp rank, stage) "
+            "places of their layout: too sparse to compare peers, so no cause is named"
+        )
+        return []
     # compute per (step, dp rank, stage): the recorded durations of the rank's own ops
     work = np.zeros((len(g.step_start), n_dp, n_st))
     np.add.at(
@@ -517,8 +598,8 @@ def _causes(
     )
 
     # stage imbalance: one stage explains most, the others little, and is longer at every dp rank
-    shares = {r["stage"]: _share(r["slowdown"], s) for r in by_stage}
-    top = by_stage[0]["stage"]
+    shares = {int(np.searchsorted(st_vals, r["stage"])): _share(r["slowdown"], s) for r in by_stage}
+    top = int(np.searchsorted(st_vals, by_stage[0]["stage"]))
     if (
         n_st > 1
         and shares[top] >= MAJOR_SHARE
@@ -539,6 +620,7 @@ def _causes(
         top_w = int(np.bincount(best, minlength=len(keys)).argmax())
         d, st = keys[top_w]
         peers = [i for i, k in enumerate(keys) if k[1] == st and k != (d, st)]
+        d, st = int(np.searchsorted(dp_vals, d)), int(np.searchsorted(st_vals, st))  # the grid's
         top_major = (step_shares[top_w] >= MAJOR_SHARE).mean() > 0.5 and (best == top_w).mean() > 0.5
         peer_share = max((float(np.median(step_shares[i])) for i in peers), default=0.0)
         # a worker without data-parallel peers (one per stage) is its stage: which of the two is slow,
@@ -667,23 +749,74 @@ def _dp_only_runs(store: Store, runs: str) -> list[dict[str, Any]]:
     ).to_pylist()
 
 
+#: the ops one run's replay reads at most: a run with more has its steps sampled (every k-th step,
+#: said in the row), so the analysis' memory is bounded whatever the table's length
+MAX_OPS = 1 << 20
+
+
+class Unreplayable(Exception):
+    """A run the what-if cannot replay; its message says why (one line)."""
+
+
+def _step_sample(store: Store, run: str, kind: str, first: int) -> tuple[str, str | None]:
+    """The SQL condition on `step` that keeps the run's ops under MAX_OPS (every k-th of its steps, in
+    step order) and the words that say so, or ("true", None) when all of them fit. The ops are counted
+    as the rows they are read from (spans of the depth the kind reads, comm rows, a dp run's steps rows
+    four times: its phases)."""
+    depth = {"laid": "depth = 1", "staged": "depth = 0"}.get(kind, "false")
+    rows = f"""(SELECT step FROM spans WHERE run_id = {run} AND {depth} AND step >= {first}
+                UNION ALL SELECT step FROM comm WHERE run_id = {run} AND step >= {first}
+                UNION ALL SELECT step FROM steps, range(4) WHERE run_id = {run} AND step >= {first}
+                          AND {"true" if kind == "dp" else "false"})"""
+    per_step = f"(SELECT step, count(*) AS n FROM {rows} WHERE step IS NOT NULL GROUP BY step)"
+    got = store.query(
+        f"SELECT coalesce(sum(n), 0) AS total, count(*) AS steps, coalesce(max(n), 0) AS most FROM {per_step}"
+    ).to_pylist()[0]
+    total, steps, most = int(got["total"]), int(got["steps"]), int(got["most"])
+    if total <= MAX_OPS:
+        return "true", None
+    if most > MAX_OPS:
+        raise Unreplayable(
+            f"one of its steps holds {most:,} ops, over the {MAX_OPS:,} one replay reads; import fewer "
+            "micro-batches or ranks per step"
+        )
+    k = -(-total // MAX_OPS)
+    while True:
+        indexed = f"(SELECT step, n, row_number() OVER (ORDER BY step) - 1 AS i FROM {per_step})"
+        kept = store.query(
+            f"SELECT coalesce(sum(n), 0) AS n, count(*) AS steps FROM {indexed} WHERE i % {k} = 0"
+        ).to_pylist()[0]
+        if int(kept["n"]) <= MAX_OPS:
+            break
+        k *= 2
+    keep = f"step IN (SELECT step FROM {indexed} WHERE i % {k} = 0)"
+    return keep, (
+        f"its {steps:,} steps hold {total:,} ops, over the {MAX_OPS:,} one replay reads: every {k}th step "
+        f"was replayed ({int(kept['steps']):,} steps)"
+    )
+
+
 def _run_ops(
     store: Store, sel: Selection, run_id: str, *, kind: str = "laid", first_step: int = 0
-) -> pa.Table:
+) -> tuple[pa.Table, str | None]:
     """One run's ops (spans of depth 1 and comm rows) with their rank's coordinates, in step, rank and
     start order; a literal run id, so only that run's partitions are read. A pure data-parallel run
     (`dp_only`): every rank is dp rank = its rank at stage 0, its ops each step's phases from the
     `steps` row and its collectives (all on one group, the world), from `first_step` (its first
     steady step: the warm-up steps, which every other analysis of a recorded run leaves out, are not
-    the job's step). A recorded pipeline (`kind` 'staged'): see `_staged_ops_sql`."""
+    the job's step). A recorded pipeline (`kind` 'staged'): see `_staged_ops_sql`. At most about
+    MAX_OPS ops: a longer run's steps are sampled, and the second value says so (else None); a run
+    with a step over MAX_OPS raises Unreplayable."""
     run = sql_literal(run_id)
+    keep, sampled = _step_sample(store, run, kind, int(first_step))
     kind_laid = kind == "staged" and _has_coordinates(store, run)
     if kind == "dp":
-        return store.query(_dp_ops_sql(run, int(first_step)))
+        return store.query(_dp_ops_sql(run, int(first_step), keep)), sampled
     if kind == "staged":
-        return store.query(_staged_ops_sql(run, int(first_step), roles_table(store, sel), laid=kind_laid))
+        roles = roles_table(store, sel)
+        return store.query(_staged_ops_sql(run, int(first_step), roles, laid=kind_laid, keep=keep)), sampled
     first = int(first_step)
-    return store.query(
+    t = store.query(
         f"""
         WITH k AS (SELECT rank, any_value(dp_rank) AS dp_rank, any_value(pp_stage) AS pp_stage
                    FROM ranks WHERE run_id = {run} AND dp_rank IS NOT NULL AND pp_stage IS NOT NULL
@@ -691,12 +824,12 @@ def _run_ops(
         ops AS (
             SELECT rank, step, name, start_ns, dur_ns, -1 AS peer, NULL AS grp, false AS is_send,
                    true AS compute, 0 AS pdir
-            FROM spans WHERE run_id = {run} AND depth = 1 AND step >= {first}
+            FROM spans WHERE run_id = {run} AND depth = 1 AND step >= {first} AND {keep}
             UNION ALL
             SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(peer, -1),
                    group_ranks, op IN ('send', 'isend'), false,
                    CASE WHEN coalesce(name, '') LIKE 'backward%' THEN 1 ELSE 0 END
-            FROM comm WHERE run_id = {run} AND step >= {first}
+            FROM comm WHERE run_id = {run} AND step >= {first} AND {keep}
         )
         SELECT o.*, k.dp_rank, k.pp_stage,
                row_number() OVER (PARTITION BY step, o.rank, name ORDER BY start_ns, dur_ns) - 1 AS nth,
@@ -707,9 +840,10 @@ def _run_ops(
         ORDER BY step, o.rank, start_ns, dur_ns, name, peer, is_send, compute
         """
     )
+    return t, sampled
 
 
-def _dp_ops_sql(run: str, first_step: int) -> str:
+def _dp_ops_sql(run: str, first_step: int, keep: str = "true") -> str:
     """The ops of a pure data-parallel run. The `steps` row gives each phase's own time (its exposed
     communication left out): data, forward and backward one after the other from the step's start,
     the optimizer ending at the step's end (the exposed sync wait and the rest of the step before it,
@@ -720,7 +854,7 @@ def _dp_ops_sql(run: str, first_step: int) -> str:
                           coalesce(data_ns, 0) AS d, coalesce(forward_ns, 0) AS f,
                           coalesce(backward_ns, 0) AS b, coalesce(optimizer_ns, 0) AS o
                    FROM steps WHERE run_id = {run} AND start_ns IS NOT NULL AND step_ns IS NOT NULL
-                         AND step >= {first_step}),
+                         AND step >= {first_step} AND {keep}),
         ops AS (
             SELECT rank, step, 'data' AS name, t0 AS start_ns, d AS dur_ns, 0 AS ord, true AS compute FROM s
             UNION ALL SELECT rank, step, 'forward', t0 + d, f, 0, true FROM s
@@ -728,7 +862,7 @@ def _dp_ops_sql(run: str, first_step: int) -> str:
             UNION ALL SELECT rank, step, 'optimizer', t0 + greatest(step_ns - o, d + f + b), o, 0, true FROM s
             UNION ALL
             SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(seq, 0), false FROM comm
-            WHERE run_id = {run} AND step >= {first_step}
+            WHERE run_id = {run} AND step >= {first_step} AND {keep}
         )
         SELECT rank, step, name, start_ns, dur_ns, -1 AS peer, true AS anchor,
                CASE WHEN compute THEN NULL ELSE 'world' END AS grp, false AS is_send,
@@ -747,7 +881,7 @@ def _has_coordinates(store: Store, run: str) -> bool:
     return bool(n)
 
 
-def _staged_ops_sql(run: str, first_step: int, roles: str, *, laid: bool = False) -> str:
+def _staged_ops_sql(run: str, first_step: int, roles: str, *, laid: bool = False, keep: str = "true") -> str:
     """The ops of a recorded pipeline, from its first steady step. Each rank's stage is its role's
     K, its dp rank its place among the stage's ranks. Its ops are its phases (spans of depth 0:
     forward, backward ... as the job named them) and its transfers. A phase holds the blocking
@@ -774,7 +908,7 @@ def _staged_ops_sql(run: str, first_step: int, roles: str, *, laid: bool = False
                       name, start_ns AS s0, start_ns + dur_ns AS s1,
                       dense_rank() OVER (PARTITION BY step, rank, name ORDER BY start_ns, dur_ns) - 1 AS nth
                FROM spans
-               WHERE run_id = {run} AND depth = 0 AND step >= {first_step} AND start_ns IS NOT NULL
+               WHERE run_id = {run} AND depth = 0 AND step >= {first_step} AND {keep} AND start_ns IS NOT NULL
                      AND dur_ns IS NOT NULL),
         cm AS (SELECT rank, step, start_ns, dur_ns, peer, op, is_async,
                       coalesce(name, CASE WHEN peer IS NOT NULL OR op IN {P2P_OPS}
@@ -783,7 +917,8 @@ def _staged_ops_sql(run: str, first_step: int, roles: str, *, laid: bool = False
                            THEN coalesce(group_ranks, CASE WHEN group_size = (SELECT world FROM w)
                                                            OR group_size IS NULL THEN 'world' END) END AS grp
                FROM comm
-               WHERE run_id = {run} AND step >= {first_step} AND start_ns IS NOT NULL AND dur_ns IS NOT NULL),
+               WHERE run_id = {run} AND step >= {first_step} AND {keep} AND start_ns IS NOT NULL
+                     AND dur_ns IS NOT NULL),
         cut AS (SELECT ph.unit, cm.start_ns AS c0, least(cm.start_ns + cm.dur_ns, ph.s1) AS c1
                 FROM ph JOIN cm ON ph.rank = cm.rank AND ph.step = cm.step
                      AND cm.start_ns >= ph.s0 AND cm.start_ns < ph.s1
@@ -870,6 +1005,7 @@ SCHEMA = pa.schema(
         ("by_op_type", pa.list_(pa.struct([("op_type", pa.string()), ("slowdown", pa.float64())]))),
         ("cause", pa.string()),
         ("second_cause", pa.string()),
+        ("note", pa.string()),
     ]
 )
 
@@ -880,7 +1016,9 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
     actual_step_ns, ideal_step_ns, slowdown (actual / ideal), by_worker (with each worker's slowdown per
     bin of steps_per_bin consecutive steps, at most MAX_STEP_BINS bins), by_stage, by_op_type (each
     sorted by slowdown, largest first), cause and second_cause (slow-worker, stage-imbalance,
-    data-imbalance, none)."""
+    data-imbalance, none), note (what the row leaves out or why it reads as it does: sampled steps,
+    workers, stages or op types not replayed on their own, a slowdown below 1; else null). A run it
+    cannot replay has no row here but one in `what_if_unreplayed`."""
     rows = []
     laid = _laid_runs(store, sel)
     first: dict[str, int] = {}
@@ -892,11 +1030,40 @@ def what_if(store: Store, sel: Selection) -> pa.Table:
         ).to_pylist():
             first[r["run_id"]] = r["first_steady_step"] or 0
             step_ns[r["run_id"]] = r["step_ns"]
+    notes = []
     for run in laid:
         # every run from its first steady step, with the run's step time (DESIGN.md's elapsed time):
         # one step time for a run everywhere, an imported op table's too
-        t = _run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=first.get(run["run_id"]) or 0)
-        row = analyse_run(_columns(t), step_ns.get(run["run_id"])) if t.num_rows else None
+        try:
+            t, sampled = _run_ops(
+                store, sel, run["run_id"], kind=run["kind"], first_step=first.get(run["run_id"]) or 0
+            )
+            row = analyse_run(_columns(t), step_ns.get(run["run_id"])) if t.num_rows else None
+            if row is None and t.num_rows:
+                raise Unreplayable(CYCLE)
+        except Unreplayable as e:
+            notes.append({"run_id": run["run_id"], "source": run["source"], "note": str(e)})
+            continue
         if row is not None:
+            if sampled:
+                row["note"] = "; ".join(x for x in (sampled, row["note"]) if x)
             rows.append({"run_id": run["run_id"], "source": run["source"], **row})
+    memo(store, ("what_if_unreplayed", sel), lambda: pa.Table.from_pylist(notes, schema=UNREPLAYED))
     return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+#: why a run's graph cannot be replayed (`build` found a cycle)
+CYCLE = (
+    "its ops wait on each other in a cycle (a deadlocked schedule: each side of a transfer waits for an op "
+    "the other side runs after it; an interleaved table paired with the wrong --vpp does so too), so no "
+    "replay order exists; check the order of its sends and recvs, or its --vpp"
+)
+UNREPLAYED = pa.schema([("run_id", pa.string()), ("source", pa.string()), ("note", pa.string())])
+
+
+@analysis("what_if_unreplayed", "What-if: the runs it cannot replay, and why", "what-if")
+def what_if_unreplayed(store: Store, sel: Selection) -> pa.Table:
+    """Per run the what-if reads but cannot replay (a cyclic, deadlocked dependency graph; a step with
+    more than MAX_OPS ops): run_id, source and note, one line that says why."""
+    run_analysis("what_if", store, sel)
+    return memo(store, ("what_if_unreplayed", sel), lambda: pa.Table.from_pylist([], schema=UNREPLAYED))

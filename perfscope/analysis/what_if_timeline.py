@@ -69,7 +69,10 @@ def what_if_runs(store: Store, sel: Selection) -> list[dict[str, Any]]:
 def replayed_run(store: Store, sel: Selection, run: dict[str, Any]) -> Replayed | None:
     """The run's (a row of `what_if_runs`) ops, graph and ideal times; None when it has no ops or
     its graph cannot be replayed (as `what_if` decides)."""
-    t = wi._run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=run["first_step"])
+    try:
+        t, _ = wi._run_ops(store, sel, run["run_id"], kind=run["kind"], first_step=run["first_step"])
+    except wi.Unreplayable:
+        return None
     if t.num_rows == 0:
         return None
     cols = wi._columns(t)
@@ -175,10 +178,13 @@ def step_timeline(rep: Replayed) -> list[dict[str, Any]]:
     t0 = g.step_start[k]
     dp, stage, rank = cols["dp_rank"][here], cols["pp_stage"][here], cols["rank"][here]
     excess = (g.x + g.gap - rep.x_ideal - rep.gap_ideal)[here]
-    workers = sorted(set(zip(dp.tolist(), stage.tolist(), strict=True)))
-    by_excess = sorted(
-        workers, key=lambda w: (-float(excess[(dp == w[0]) & (stage == w[1])].sum()), w[1], w[0])
-    )
+    # each worker's excess in the step, summed at once (one pass over the step's ops, not one per worker)
+    code = wi._codes(dp, stage)
+    first_of = np.unique(code, return_index=True)[1]
+    per_worker = np.bincount(code, weights=excess)
+    workers = sorted(zip(dp[first_of].tolist(), stage[first_of].tolist(), strict=True))
+    total = {(int(dp[i]), int(stage[i])): float(per_worker[c]) for c, i in enumerate(first_of.tolist())}
+    by_excess = sorted(workers, key=lambda w: (-total[w], w[1], w[0]))
     shown = sorted(by_excess[:MAX_WORKERS], key=lambda w: (w[1], w[0]))
     span = max(float(t_act[k]), float(t_ideal[k]), 1.0)
     names = cols["names"]

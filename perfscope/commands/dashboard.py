@@ -154,9 +154,16 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, forward)
     try:
         return child.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached both processes; let streamlit finish its shutdown
+    except KeyboardInterrupt:
+        # Ctrl-C reached both processes: streamlit finishes its shutdown. The memory guard's stop
+        # reached this one alone: the server is ended here, within the guard's grace (5 s)
         try:
-            return child.wait(timeout=10)
+            return child.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            child.terminate()
+        try:
+            return child.wait(timeout=2)
         except subprocess.TimeoutExpired:
             child.kill()
+            child.wait()
             return 130

@@ -162,4 +162,21 @@ def what_if_cause(ctx: Context) -> list[Finding]:
                 numbers=numbers,
             )
         )
+    # a run the what-if reads but cannot replay says so, never disappears (issue 33)
+    for u in ctx.rows("what_if_unreplayed"):
+        out.append(
+            make_finding(
+                ctx,
+                "what-if",
+                f"{u['run_id']}:unreplayed",
+                severity="info",
+                category="measurement",
+                title=f"No what-if for run {u['run_id']}: it cannot be replayed",
+                text=f"The what-if cannot replay run {u['run_id']}: {u['note']}.",
+                run_ids=[u["run_id"]],
+                analyses=("what_if_unreplayed",),
+                recommendation="Fix the table as the line says and import it again to get the what-if.",
+                confidence=0.9,
+            )
+        )
     return out

@@ -299,6 +299,17 @@ def _warn_long_steps(imp: RunImport, steps: np.ndarray, seconds: np.ndarray) -> 
         )
 
 
+def _phase_times(phases: dict[str, list[tuple[int, int]]], step_ns: int) -> dict[str, int]:
+    """Each phase's time in a rank's step: the union of its ops' intervals (ops that overlap or run at one
+    instant count once), and the phases together never past the step (scaled down to it where ops of
+    different phases overlap)."""
+    took = {k: int(length(merge(np.array(iv, dtype=np.float64)))) if iv else 0 for k, iv in phases.items()}
+    total = sum(took.values())
+    if total > step_ns:
+        took = {k: v * step_ns // total for k, v in took.items()}
+    return took
+
+
 def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     """`perfscope import op-table` without a layout: refused in one line (the table cannot say it)."""
     raise PerfscopeError("op-table: give --meta META.yaml, or --dp N --pp N [--tp N --cp N]")
@@ -412,7 +423,9 @@ def import_op_table(
         for chunk in np.split(idx, bounds):
             r, st = int(rank[chunk[0]]), int(step[chunk[0]])
             d, s = coords[r]
-            phases = {"forward": 0, "backward": 0, "optimizer": 0}
+            # each phase's ops' intervals, in ns from the step's start (exact in float64)
+            phases: dict[str, list[tuple[int, int]]] = {"forward": [], "backward": [], "optimizer": []}
+            s0 = int(step_start_ns[np.searchsorted(steps, st)])
             comm_iv = []
             comm_total = 0
             seq = 0
@@ -422,7 +435,7 @@ def import_op_table(
                 phase, kind, fn = OPS.get(op, ("other", None, None))
                 if kind is None:
                     if phase in phases:
-                        phases[phase] += int(dur_ns[i])
+                        phases[phase].append((int(start_ns[i]) - s0, int(start_ns[i] + dur_ns[i]) - s0))
                     imp.span(r, st, op, int(start_ns[i]), int(dur_ns[i]), clock="cuda", parent=phase, depth=1)
                     continue
                 peer: int | None = None
@@ -469,17 +482,17 @@ def import_op_table(
                            "group_ranks": ",".join(map(str, members))},
                 )  # fmt: skip
                 seq += 1
-            s0 = int(step_start_ns[np.searchsorted(steps, st)])
             last = int((start_ns[chunk] + dur_ns[chunk]).max())
+            took = _phase_times(phases, max(0, last - s0))
             imp.step(
                 r,
                 st,
                 StepTimes(
                     start_ns=s0,
                     step_ns=max(0, last - s0),
-                    forward_ns=phases["forward"],
-                    backward_ns=phases["backward"],
-                    optimizer_ns=phases["optimizer"],
+                    forward_ns=took["forward"],
+                    backward_ns=took["backward"],
+                    optimizer_ns=took["optimizer"],
                     sync_exposed_ns=int(length(merge(np.array(comm_iv, dtype=np.float64)))) if comm_iv else 0,
                     comm_total_ns=comm_total,
                     comm_count=seq,

@@ -94,6 +94,9 @@ def what_if(ctx: Context) -> Section | None:
     assert chosen is not None  # values is not empty
     run_id = chosen["run_id"]
     s.blocks.append(run_words(chosen))
+    for r in values:  # what a row leaves out, or why it reads as it does (issue 33)
+        if r.get("note"):
+            s.blocks.append([f"Run {r['run_id']}: {r['note']}."])
     why = "the run the what-if finding names" if named else "the run with the largest slowdown"
     s.blocks.append(ctx.chart("what_if_steps", f"run {run_id}, {why}", run_id=run_id))
     s.blocks.append(

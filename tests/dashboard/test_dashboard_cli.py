@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from storegen import make_run
-from test_dashboard_browser import dashboard_server
+from test_dashboard_browser import dashboard_server, free_port
 
 from perfscope import sample_traces
 from perfscope.cli import main
@@ -62,3 +68,34 @@ def test_another_host_and_sigterm_stops_the_server(tmp_path: Path) -> None:
         proc.wait(timeout=20)
         with pytest.raises(OSError):
             urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
+
+
+def test_the_memory_limit_bounds_the_server_too(tmp_path: Path) -> None:
+    """PERFSCOPE_MEMORY_LIMIT bounds the dashboard as it bounds `analyze` (issue 33): the Streamlit
+    server, the command's child, counts; past the limit the command says so in one line, exits 1 and
+    takes its server along. (A limit of 20 MB: the server's own start passes it.)"""
+    make_run(tmp_path / "store", "r1", world_size=2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfscope", "dashboard", str(tmp_path / "store"), "--port", str(free_port()),
+         "--no-token"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "PERFSCOPE_MEMORY_LIMIT": "20MB"},
+    )  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err
+    assert "perfscope dashboard: stopped: its memory grew past PERFSCOPE_MEMORY_LIMIT=20MB" in err
+    # the server went with it: nothing is left in the command's session
+    time.sleep(0.5)
+    left = [p for p in psutil.process_iter(["pid"]) if _session(p) == proc.pid]
+    assert left == [], left
+
+
+def _session(p: psutil.Process) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return None
