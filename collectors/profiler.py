@@ -27,6 +27,7 @@ from .phases import IDLE, Timeline, infer_samples
 from .poller import HostClaim, Poller
 from .rendezvous import Placement, place
 from .run_metadata import cuda_device_name, loader_facts, ranks_row, runs_row, split_keywords, tags_json
+from .settings import autocast_now
 from .step_rows import CANONICAL, END, NAME
 
 DATA = CANONICAL["data"]
@@ -207,6 +208,7 @@ class Profiler:
         self._watched: set[int] = set()  # the models watch() instrumented, by id
         self._loader: tuple[Any, ...] | None = None  # the loop's DataLoader settings (loader_facts)
         self._ddp_finder: Any = None  # the module hook that watches a DDP model the script did not
+        self._autocast: str | None = None  # autocast in the first module forward (settings.autocast_now)
         self._flops = StepFlopCounter()
         self._poller: Poller | None = None
         self._claim: HostClaim | None = None
@@ -320,6 +322,8 @@ class Profiler:
         def seen(module: Any, args: Any) -> None:
             calls[0] += 1
             try:
+                if calls[0] == 1:  # the first module forward: inside the model's, under its autocast
+                    self._autocast = autocast_now()
                 if ddp.is_ddp(module) and id(module) not in self._watched:
                     self.watch(module)
                     self._stop_finding_ddp()
@@ -801,6 +805,7 @@ class Profiler:
             device_model=self._device()[1],
             driver_version=self._gpus.driver_version,
             tags=self._tags,
+            autocast=self._autocast,
         )
         self._writer.append("runs", row)
 

@@ -150,6 +150,48 @@ RUNS = Table(
         _c("pp_size", i32, "", "pipeline stages; NULL when the layout is unknown", since=3),
         _c("tp_size", i32, "", "tensor-parallel degree; NULL when the layout is unknown", since=3),
         _c("cp_size", i32, "", "context-parallel degree; NULL when the layout is unknown", since=3),
+        _c(
+            "param_dtypes",
+            s,
+            "",
+            "dtypes of the watched model's parameters, comma-separated, the one holding most parameters "
+            "first ('float32', 'bfloat16,float32'); NULL when no model was seen, and in stores written "
+            "before it was recorded (so for every setting below)",
+            since=3,
+        ),
+        _c(
+            "autocast",
+            s,
+            "",
+            "autocast regions active in the model's first forward, as device:dtype ('cuda:bfloat16'); "
+            "'' when none was; NULL when not seen",
+            since=3,
+        ),
+        _c(
+            "compiled",
+            b,
+            "",
+            "the model was wrapped by torch.compile (OptimizedModule); NULL as above",
+            since=3,
+        ),
+        _c(
+            "ddp_bucket_cap_mb",
+            f64,
+            "MiB",
+            "DistributedDataParallel's bucket_cap_mb (its bucket_bytes_cap / 2^20); NULL without DDP",
+            since=3,
+        ),
+        _c("ddp_gradient_as_bucket_view", b, "", "DDP's gradient_as_bucket_view; NULL without DDP", since=3),
+        _c("ddp_find_unused_parameters", b, "", "DDP's find_unused_parameters; NULL without DDP", since=3),
+        _c("ddp_static_graph", b, "", "DDP's static_graph; NULL without DDP", since=3),
+        _c(
+            "env",
+            s,
+            "JSON",
+            "rank 0's NCCL_* variables and OMP_NUM_THREADS / MKL_NUM_THREADS as set, a JSON object of "
+            "at most 32 names, values cut at 64 characters; NULL when none is set",
+            since=3,
+        ),
     ),
 )
 
