@@ -21,6 +21,7 @@ from perfscope.charts.timeline import (
     step_series_chart,
 )
 from perfscope.report.model import format_value
+from perfscope.report.settings import setting_pairs
 from perfscope.report.text import literal as md
 from perfscope.words import counted, joined, known
 
@@ -95,6 +96,7 @@ def render(ctx: Context) -> None:
     )
     run = by_id[run_id]
     _headline(run)
+    _settings(ctx, run_id)
     tabbed(
         links.RUN_TAB,
         {
@@ -160,6 +162,20 @@ def _headline(run: dict[str, Any]) -> None:
             )
         )
     )
+
+
+def _settings(ctx: Context, run_id: str) -> None:
+    """The job's recorded settings (run_settings) as a compact two-column table, folded."""
+    found = rows(ctx.table("run_settings", ctx.refine(run_ids=(run_id,))))
+    pairs = setting_pairs(found[0]) if found else []
+    if not pairs:
+        return
+    with st.expander("Settings", expanded=False):
+        show_table(
+            pa.table({"setting": [k for k, _ in pairs], "value": [v for _, v in pairs]}),
+            {"setting": Col("setting"), "value": Col("value")},
+        )
+        definition_note("run_settings", popover=True)
 
 
 def _batch_words(run: dict[str, Any]) -> str:

@@ -95,6 +95,7 @@ class RunSpec:
     tags: Mapping[str, object] = field(default_factory=dict)
     torch_threads: int | None = None  # per rank, as recorded in `ranks` (NULL: not recorded)
     affinity_cores: int | None = None  # logical CPUs each rank may use (NULL: not recorded)
+    runs_extra: Mapping[str, object] = field(default_factory=dict)  # more runs columns (the job's settings)
 
 
 def _nodes(spec: RunSpec) -> int:
@@ -297,6 +298,7 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
                 torch_version="2.13",
                 tags=json.dumps(dict(spec.tags)),
                 ended_ns=end_ns,
+                **spec.runs_extra,
             ),
         )
     w.close()

@@ -197,6 +197,42 @@ def test_overlap_failure(tmp_path, healthy):
     assert not _rule(healthy, "overlap-failure")
 
 
+def test_overlap_failure_names_the_recorded_ddp_settings(tmp_path):
+    ddp = {
+        "ddp_bucket_cap_mb": 25.0,
+        "ddp_gradient_as_bucket_view": False,
+        "ddp_find_unused_parameters": True,
+        "ddp_static_graph": False,
+    }
+    make_run(tmp_path, "n1", world_size=1)
+    make_run(
+        tmp_path,
+        "n4",
+        world_size=4,
+        phases={**DEFAULT_PHASES, "sync_exposed": 8 * MS},
+        comm=Comm([1 << 22, 1 << 22], lambda nb: 4e6),
+        runs_extra=ddp,
+    )
+    (f,) = _rule(_findings(tmp_path), "overlap-failure")
+    assert f.recommendation.startswith(
+        "DDP ran with bucket_cap_mb=25, gradient_as_bucket_view=False, find_unused_parameters=True, "
+        "static_graph=False. find_unused_parameters=True walks the autograd graph"
+    )
+    # static_graph=True: the settings are named, the cost of find_unused_parameters is not claimed
+    other = tmp_path / "static"
+    make_run(other, "n1", world_size=1)
+    make_run(
+        other,
+        "n4",
+        world_size=4,
+        phases={**DEFAULT_PHASES, "sync_exposed": 8 * MS},
+        comm=Comm([1 << 22, 1 << 22], lambda nb: 4e6),
+        runs_extra={**ddp, "ddp_static_graph": True},
+    )
+    (g,) = _rule(_findings(other), "overlap-failure")
+    assert "static_graph=True. " in g.recommendation and "walks the autograd graph" not in g.recommendation
+
+
 def test_backend_comparison_inside_and_across_nodes(tmp_path, healthy):
     for n in (1, 2, 4, 8, 16):
         across = n > 4
