@@ -492,6 +492,51 @@ HOST_SAMPLES = Table(
     ),
 )
 
+PROC_MEMORY = Table(
+    "proc_memory",
+    "Resident memory of each training process, at the poller's rate (one poller per host); the rank is "
+    "the `ranks` row of the same hostname and pid. Empty in stores written before it was recorded.",
+    (
+        _c("ts_ns", i64, "ns since epoch", "sample time, on rank 0's clock"),
+        _c("hostname", s, "", "host name"),
+        _c("node_rank", i32, "", "index of the host"),
+        _c("pid", i64, "", "process id of the rank (ranks.pid)"),
+        _c(
+            "rss_bytes",
+            i64,
+            "bytes",
+            "resident set size of the process (its DataLoader workers not included)",
+        ),
+        _c(
+            "host_available_bytes",
+            i64,
+            "bytes",
+            "memory the host could still give processes (psutil's available), read once a second",
+        ),
+        _c("host_total_bytes", i64, "bytes", "the host's physical memory"),
+    ),
+)
+
+DEVICE_MEMORY = Table(
+    "device_memory",
+    "The CUDA caching allocator's peaks of each rank and step (torch.cuda.max_memory_allocated and "
+    "max_memory_reserved, then reset_peak_memory_stats, at the end of every step); only ranks that "
+    "use CUDA write it.",
+    (
+        RANK,
+        STEP,
+        _c("ts_ns", i64, "ns since epoch", "end of the step, on rank 0's clock"),
+        _c("peak_allocated_bytes", i64, "bytes", "most memory held by tensors at once during the step"),
+        _c("peak_reserved_bytes", i64, "bytes", "most memory the caching allocator reserved during the step"),
+        _c(
+            "device_total_bytes",
+            i64,
+            "bytes",
+            "the device's memory (torch.cuda.mem_get_info's total), read once; NULL when unknown",
+        ),
+    ),
+)
+
 METRICS = Table(
     "metrics",
     "User metrics logged with prof.log(...), one row per name and step.",
@@ -543,7 +588,20 @@ REFERENCE_BW = Table(
 
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (RUNS, RANKS, STEPS, SPANS, COMM, GPU_SAMPLES, HOST_SAMPLES, METRICS, EVENTS, REFERENCE_BW)
+    for t in (
+        RUNS,
+        RANKS,
+        STEPS,
+        SPANS,
+        COMM,
+        GPU_SAMPLES,
+        HOST_SAMPLES,
+        PROC_MEMORY,
+        DEVICE_MEMORY,
+        METRICS,
+        EVENTS,
+        REFERENCE_BW,
+    )
 }
 
 

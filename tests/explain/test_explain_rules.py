@@ -451,3 +451,26 @@ def test_one_run_waiting_on_communication_says_so_and_what_to_record_next(tmp_pa
     assert f.numbers["comm_share"] == pytest.approx(90 * MS / step, rel=0.01)
     assert f.numbers["measure_world_sizes"] == "1,4,16" and "N=1, N=4 and N=16" in f.recommendation
     assert not _rule(healthy, "communication-share")
+
+
+def test_memory_imbalance_and_creep_on_recorded_rows(tmp_path, healthy):
+    gib = 2**30
+    make_run(
+        tmp_path,
+        "mem",
+        world_size=4,
+        host=Host(),
+        # rank 3 holds 12 GiB more on its device; rank 1's RSS grows 4 MiB per step
+        cuda_peak_fn=lambda r, s: 20 * gib + 12 * gib * (r == 3),
+        rss_fn=lambda r, s: 2 * gib + (4 << 20) * s * (r == 1),
+    )
+    found = _findings(tmp_path)
+    (imb,) = _rule(found, "memory-imbalance")
+    assert imb.numbers["rank"] == 3 and imb.numbers["kind"] == "device"
+    assert imb.numbers["peak_bytes"] == 32 * gib + 2**28
+    (creep,) = _rule(found, "memory-creep")
+    assert (creep.numbers["kind"], creep.numbers["rank"]) == ("host", 1)
+    assert creep.numbers["slope_bytes_per_step"] == pytest.approx(4 << 20)
+    assert not _rule(found, "memory-headroom")  # 32.25 of 80 GiB
+    for name in ("memory-imbalance", "memory-creep", "memory-headroom"):
+        assert not _rule(healthy, name)
