@@ -10,6 +10,7 @@ from typing import Any
 from .dist_recorder import group_members, quiet
 from .faults import Faults
 from .phases import Timeline
+from .settings import is_ddp, model_settings
 
 #: Hooks from torch.distributed.algorithms.ddp_comm_hooks that put 2-byte elements on the wire:
 #: the collective's payload is half the bucket's fp32 buffer.
@@ -36,8 +37,6 @@ def model_facts(model: Any) -> ModelFacts:
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper: name the model inside
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else None
-    from .settings import model_settings
-
     try:
         settings = model_settings(model)
     except Exception:  # an odd model: its settings stay NULL, its facts are still counted
@@ -51,14 +50,6 @@ def model_facts(model: Any) -> ModelFacts:
         is_ddp=is_ddp(model),
         settings=settings,
     )
-
-
-def is_ddp(model: Any) -> bool:
-    import sys
-
-    nn_parallel = sys.modules.get("torch.nn.parallel")
-    ddp_class = getattr(nn_parallel, "DistributedDataParallel", None)
-    return ddp_class is not None and isinstance(model, ddp_class)
 
 
 class HookState:

@@ -52,11 +52,15 @@ def unwrap_compiled(model: Any) -> tuple[Any, bool]:
     return (inner, True) if inner is not None else (model, False)
 
 
+def is_ddp(model: Any) -> bool:
+    """A DistributedDataParallel model (torch.nn.parallel imported by the job, never by us)."""
+    ddp_class = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
+    return ddp_class is not None and isinstance(model, ddp_class)
+
+
 def model_settings(model: Any) -> dict[str, Any]:
     """The MODEL_COLUMNS of a model as given to prof.watch (or found by the DDP finder): DDP wrapped in
     torch.compile and torch.compile inside DDP are both seen through. DDP columns are None without DDP."""
-    from .ddp import is_ddp
-
     outer, compiled = unwrap_compiled(model)
     ddp_model = outer if is_ddp(outer) else None
     inner = ddp_model.module if ddp_model is not None else outer
