@@ -97,7 +97,8 @@ class RunSpec:
     affinity_cores: int | None = None  # logical CPUs each rank may use (NULL: not recorded)
     #: (rank, step) -> the rank's RSS: with `host`, a proc_memory sample at each step's start (default 1 GiB)
     rss_fn: Callable[[int, int], float] | None = None
-    #: (rank, step) -> the CUDA allocator's peak allocated bytes of the step: device_memory rows (none when None)
+    #: (rank, step) -> the CUDA allocator's peak allocated bytes of the step: device_memory rows
+    #: (none when None)
     cuda_peak_fn: Callable[[int, int], float] | None = None
     device_total_bytes: int = 80 * 2**30
     runs_extra: Mapping[str, object] = field(default_factory=dict)  # more runs columns (the job's settings)
@@ -180,8 +181,9 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
             phase_ns = {f"{p}_ns": None if durs[p] is None else int(durs[p] or 0) for p in PHASE_ORDER}
             if spec.host is not None:
                 rss = spec.rss_fn(r, step) if spec.rss_fn is not None else 2**30
-                mem_rows.append(("proc_memory", row("proc_memory", ts_ns=t + 1, hostname=f"node{r // spec.gpus_per_node}",
-                    node_rank=r // spec.gpus_per_node, pid=1000 + r, rss_bytes=int(rss),
+                node = r // spec.gpus_per_node
+                mem_rows.append(("proc_memory", row("proc_memory", ts_ns=t + 1, hostname=f"node{node}",
+                    node_rank=node, pid=1000 + r, rss_bytes=int(rss),
                     host_available_bytes=2**36, host_total_bytes=2**37)))  # fmt: skip
             if spec.cuda_peak_fn is not None:
                 peak = int(spec.cuda_peak_fn(r, step))
