@@ -75,6 +75,20 @@ THREAD_COLUMNS = {
     "threads_oversubscribed": Col("threads exceed cores"),
 }
 
+#: the memory analysis on the Telemetry tab: each rank's level, peak and trend over the steady steps
+MEMORY_COLUMNS = {
+    "rank": Col("rank", fmt="%d"),
+    "kind": Col("memory", help="host: the process's RSS; device: the CUDA allocator's peak per step"),
+    "last_bytes": Col("last (MiB)", 2**-20, "%.0f"),
+    "peak_bytes": Col("peak (MiB)", 2**-20, "%.0f", "device: peak reserved"),
+    "slope_bytes_per_step": Col(
+        "trend (MiB/step)", 2**-20, "%.2f", "least-squares slope over the steady steps"
+    ),
+    "r2": Col("R²", fmt="%.2f"),
+    "limit_bytes": Col("limit (MiB)", 2**-20, "%.0f", "the host's or the device's memory"),
+    "exhaust_step": Col("runs out at step", fmt="%d", help="at this trend; empty when flat or falling"),
+}
+
 
 def _nodes(run: dict) -> str:
     return counted(run["nodes"], "node") if run.get("nodes") else "an unrecorded number of nodes"
@@ -286,7 +300,13 @@ def _telemetry(ctx: Context, run_id: str) -> None:
         show_table(threads, THREAD_COLUMNS)
     else:
         st.caption("not recorded: this run was written by a perfscope that did not record threads yet")
-    definition_note("gpu_timeline", "host_timeline", "placement", "threads")
+    st.subheader("Memory per rank")
+    memory = ctx.table("memory", one)
+    if memory.num_rows:
+        show_table(memory, MEMORY_COLUMNS)
+    else:
+        st.caption("not recorded: no memory samples in this run (a perfscope that did not record them yet)")
+    definition_note("gpu_timeline", "host_timeline", "placement", "threads", "memory")
 
 
 def _timeline(ctx: Context, run_id: str) -> None:

@@ -152,6 +152,18 @@ def memory_imbalance(ctx: Context) -> list[Finding]:
     return out
 
 
+def _precision_words(ctx: Context, run_id: str) -> str:
+    """The run's recorded parameter dtypes and autocast, when the activations could be halved."""
+    s = ctx.by_run("run_settings").get(run_id) or {}
+    dtypes, autocast = s.get("param_dtypes"), s.get("autocast")
+    if autocast != "" or not dtypes or not str(dtypes).startswith("float32"):
+        return ""  # autocast on, not recorded, or parameters already in 16 bits
+    return (
+        f"The model ran with {dtypes} parameters and no autocast: torch.autocast('cuda', "
+        "dtype=torch.bfloat16) around the forward keeps most activations in half the bytes. "
+    )
+
+
 @rule("memory-headroom", None, "A device runs close to its memory limit")
 def memory_headroom(ctx: Context) -> list[Finding]:
     out = []
@@ -186,7 +198,8 @@ def memory_headroom(ctx: Context) -> list[Finding]:
                 ),
                 run_ids=[run_id],
                 analyses=("memory",),
-                recommendation="Leave room: activation checkpointing, a smaller micro-batch with gradient "
+                recommendation=_precision_words(ctx, run_id)
+                + "Leave room: activation checkpointing, a smaller micro-batch with gradient "
                 "accumulation, bf16 activations (autocast), sharded optimizer state (ZeRO/FSDP); "
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.",
                 confidence=0.8,

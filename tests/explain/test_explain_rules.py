@@ -474,3 +474,16 @@ def test_memory_imbalance_and_creep_on_recorded_rows(tmp_path, healthy):
     assert not _rule(found, "memory-headroom")  # 32.25 of 80 GiB
     for name in ("memory-imbalance", "memory-creep", "memory-headroom"):
         assert not _rule(healthy, name)
+
+
+def test_memory_headroom_names_the_recorded_precision(tmp_path):
+    make_run(
+        tmp_path,
+        "full",
+        world_size=2,
+        cuda_peak_fn=lambda r, s: 75 * 2**30,  # + 256 MiB reserved: 94% of 80 GiB
+        runs_extra={"param_dtypes": "float32", "autocast": ""},
+    )
+    (f,) = _rule(_findings(tmp_path), "memory-headroom")
+    assert f.numbers["share_of_device"] == pytest.approx((75 * 2**30 + 2**28) / (80 * 2**30))
+    assert f.recommendation.startswith("The model ran with float32 parameters and no autocast")

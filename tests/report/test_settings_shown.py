@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from storegen import make_run
-from test_dashboard_app import clean, open_page
+from storegen import Host, make_run
+from test_dashboard_app import clean, column, open_page
 
 from perfscope.analysis import Selection
 from perfscope.report import collect
@@ -55,3 +55,12 @@ def test_the_run_page_shows_the_settings(settings_store: Path) -> None:
     assert tables, "no Settings table on the Run page"
     shown = dict(zip(tables[0]["setting"], tables[0]["value"], strict=True))
     assert shown["DDP"] == DDP_WORDS and shown["autocast"] == "cuda:bfloat16"
+
+
+def test_the_telemetry_tab_shows_memory_per_rank(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    # rank 1's RSS grows by 4 MiB per step
+    make_run(root, "mem-n2", world_size=2, host=Host(), rss_fn=lambda r, s: 2**31 + (4 << 20) * s * r)
+    at = clean(open_page(root, "run", run="mem-n2", run_tab="Telemetry"))
+    trend = dict(zip(column(at, "rank", "trend (MiB/step)"), column(at, "trend (MiB/step)"), strict=True))
+    assert trend[1] == pytest.approx(4.0) and trend[0] == pytest.approx(0.0)
