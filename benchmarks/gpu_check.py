@@ -15,7 +15,11 @@ stdout (and in FILE):
 4. nvml: the job's NVML samples are plausible: power > 0, utilisation within 0-100 (and above 0 at
    least once while the GPU trains), memory used at least `torch.cuda.memory_reserved()` of the job
    and at most the GPU's memory.
-5. nvtx-nsys: the job run under Nsight Systems; the export (SQLite) holds perfscope's NVTX ranges
+5. device-memory: the job's device_memory rows (the CUDA allocator's peaks per step): one per step
+   after the first, peak allocated at least the model's parameters and gradients, at most the peak
+   reserved, at most the device's memory (which equals torch's total_memory); no memory-creep
+   finding on the flat job; and the runs row records the job's DDP bucket_cap_mb=25.
+6. nvtx-nsys: the job run under Nsight Systems; the export (SQLite) holds perfscope's NVTX ranges
    (domain `perfscope`, its steps and phases); skipped, and said, when `nsys` is not installed.
 
 Without a CUDA GPU it says "no CUDA GPU: every check skipped", prints the JSON and exits 0. It exits 1
@@ -403,6 +407,48 @@ def nvml(work: Path, job: dict[str, Any]) -> dict[str, Any]:
     return check(name, FAIL if failures else PASS, "; ".join(failures) or detail, **figures)
 
 
+def device_memory(work: Path, job: dict[str, Any]) -> dict[str, Any]:
+    name = "device-memory"
+    store = work / "store"
+    rows = query(store, "SELECT * FROM device_memory ORDER BY step")
+    runs = query(store, "SELECT ddp_bucket_cap_mb, ddp_find_unused_parameters, param_dtypes FROM runs")
+    weights = 2 * JOB_CONSTANTS["LAYERS"] * JOB_CONSTANTS["WIDTH"] ** 2 * 4  # fp32 parameters + gradients
+    total = job["memory_total"]
+    figures: dict[str, Any] = {
+        "rows": len(rows),
+        "peak_allocated_max_bytes": max((r["peak_allocated_bytes"] for r in rows), default=None),
+        "peak_reserved_max_bytes": max((r["peak_reserved_bytes"] for r in rows), default=None),
+        "device_total_bytes": sorted({r["device_total_bytes"] for r in rows}),
+        "runs": runs,
+    }
+    failures = []
+    if len(rows) < STEPS - 1:
+        failures.append(f"{len(rows)} rows for {STEPS} steps")
+    if any(r["peak_allocated_bytes"] < weights for r in rows):
+        failures.append(
+            f"a step's peak allocated below the model's parameters and gradients ({weights} bytes)"
+        )
+    if any(r["peak_allocated_bytes"] > r["peak_reserved_bytes"] for r in rows):
+        failures.append("a step's peak allocated above its peak reserved")
+    if figures["device_total_bytes"] != [total]:
+        failures.append(f"device total {figures['device_total_bytes']} is not torch's total_memory {total}")
+    if not runs or runs[0]["ddp_bucket_cap_mb"] != 25.0 or runs[0]["ddp_find_unused_parameters"] is not False:
+        failures.append(f"the runs row does not hold the job's DDP settings: {runs}")
+    import perfscope
+    from perfscope.explain import explain
+
+    with perfscope.open_store(store) as s:
+        creep = [g.title for f in explain(s) for g in f.flatten() if g.rule == "memory-creep"]
+    if creep:
+        failures.append(f"a memory-creep finding on a job that allocates the same every step: {creep}")
+    allocated, reserved = (figures[k] or 0 for k in ("peak_allocated_max_bytes", "peak_reserved_max_bytes"))
+    detail = (
+        f"{len(rows)} steps, peak allocated up to {allocated / 2**20:.0f} MiB, "
+        f"reserved up to {reserved / 2**20:.0f} MiB of {total / 2**20:.0f} MiB"
+    )
+    return check(name, FAIL if failures else PASS, "; ".join(failures) or detail, **figures)
+
+
 def nvtx_names(export: Path) -> tuple[set[str], set[str]]:
     """(the domain names, the range names of domain perfscope) in an Nsight Systems SQLite export."""
     con = sqlite3.connect(f"file:{export}?mode=ro", uri=True)
@@ -502,7 +548,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-CHECKS = ("pytest-gpu", "kineto-vs-perfscope", "cuda-events-vs-host", "nvml", "nvtx-nsys")
+CHECKS = ("pytest-gpu", "kineto-vs-perfscope", "cuda-events-vs-host", "nvml", "device-memory", "nvtx-nsys")
 
 
 def all_skipped(reason: str) -> list[dict[str, Any]]:
@@ -531,11 +577,15 @@ def run_checks(work: Path, budget: Budget) -> list[dict[str, Any]]:
     except (TimeoutError, subprocess.TimeoutExpired) as exc:
         why = f"the training job ran out of time: {exc}"
     if job is None:
-        results += [check(n, FAIL, why) for n in ("kineto-vs-perfscope", "cuda-events-vs-host", "nvml")]
+        results += [
+            check(n, FAIL, why)
+            for n in ("kineto-vs-perfscope", "cuda-events-vs-host", "nvml", "device-memory")
+        ]
     else:
         guarded("kineto-vs-perfscope", lambda: kineto_vs_perfscope(work, budget))
         guarded("cuda-events-vs-host", lambda: events_vs_host(work, job))
         guarded("nvml", lambda: nvml(work, job))
+        guarded("device-memory", lambda: device_memory(work, job))
     env["MASTER_PORT"] = str(free_port())
     guarded("nvtx-nsys", lambda: nvtx_nsys(work, budget, env))
     return results

@@ -4,12 +4,13 @@ user's own hook (fp16 compression, PowerSGD ...), since DDP accepts only one hoo
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .dist_recorder import group_members, quiet
 from .faults import Faults
 from .phases import Timeline
+from .settings import is_ddp, model_settings
 
 #: Hooks from torch.distributed.algorithms.ddp_comm_hooks that put 2-byte elements on the wire:
 #: the collective's payload is half the bucket's fp32 buffer.
@@ -26,6 +27,8 @@ class ModelFacts:
     device_type: str
     device_index: int | None
     is_ddp: bool
+    #: the runs columns of collectors/settings.py (param_dtypes, compiled, ddp_*); empty when unread
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def model_facts(model: Any) -> ModelFacts:
@@ -34,6 +37,10 @@ def model_facts(model: Any) -> ModelFacts:
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper: name the model inside
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else None
+    try:
+        settings = model_settings(model)
+    except Exception:  # an odd model: its settings stay NULL, its facts are still counted
+        settings = {}
     return ModelFacts(
         name=type(inner).__name__,
         param_count=sum(p.numel() for p in params),
@@ -41,15 +48,8 @@ def model_facts(model: Any) -> ModelFacts:
         device_type=device.type if device is not None else "cpu",
         device_index=device.index if device is not None and device.type == "cuda" else None,
         is_ddp=is_ddp(model),
+        settings=settings,
     )
-
-
-def is_ddp(model: Any) -> bool:
-    import sys
-
-    nn_parallel = sys.modules.get("torch.nn.parallel")
-    ddp_class = getattr(nn_parallel, "DistributedDataParallel", None)
-    return ddp_class is not None and isinstance(model, ddp_class)
 
 
 class HookState:

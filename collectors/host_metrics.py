@@ -19,6 +19,7 @@ CHILDREN_RESCAN_S = 2.0
 MEMORY_EVERY_S = 1.0
 _LINUX = sys.platform.startswith("linux")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if _LINUX else 100
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if _LINUX else 4096
 #: /proc/<pid>/task/<tid>/children exists (Linux with CONFIG_PROC_CHILDREN, the distributions' default)
 _PROC_CHILDREN = _LINUX and os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
@@ -44,6 +45,18 @@ class _ProcessCpu:
     def __init__(self, proc: psutil.Process) -> None:
         self.proc = proc
         self._stat = _ProcFile(f"/proc/{proc.pid}/stat") if _LINUX else None
+        self._statm: _ProcFile | None = None  # opened on the first rss()
+
+    def rss(self) -> int:
+        """Resident set size in bytes, from /proc/<pid>/statm held open (a few us), else psutil."""
+        if not _LINUX:
+            return int(self.proc.memory_info().rss)
+        if self._statm is None:
+            self._statm = _ProcFile(f"/proc/{self.proc.pid}/statm")
+        data = self._statm.read()
+        if not data:
+            raise psutil.NoSuchProcess(self.proc.pid)
+        return int(data.split()[1]) * _PAGE_BYTES
 
     def seconds(self) -> float:
         if self._stat is None:
@@ -59,6 +72,8 @@ class _ProcessCpu:
     def close(self) -> None:
         if self._stat is not None:
             self._stat.close()
+        if self._statm is not None:
+            self._statm.close()
 
 
 class _SystemCpu:
@@ -105,7 +120,8 @@ class HostSampler:
     """`proc_cpu_pct` sums the CPU of the training processes and their children (DataLoader workers
     do training work), in % of one core. `rss_bytes` sums the resident memory of the training
     processes only: forked workers share most pages with their parent and would count them twice.
-    Memory is read once a second (MEMORY_EVERY_S), CPU at every sample."""
+    Memory is read once a second (MEMORY_EVERY_S), CPU at every sample; `proc_rss` (each training
+    process's own RSS, the proc_memory table) at every sample, from /proc/<pid>/statm held open."""
 
     def __init__(self, pids: Callable[[], Iterable[int]]) -> None:
         self._pids = pids
@@ -116,6 +132,8 @@ class HostSampler:
         self._next_memory = 0.0
         self._rss = 0
         self._sys_mem = 0
+        self._available: int | None = None
+        self._total: int | None = None
         self._prev_cpu: dict[int, float] = {}
         self._prev_t: float | None = None
         self._prev_sys: tuple[float, float] | None = None
@@ -170,6 +188,11 @@ class HostSampler:
                     rss += proc.proc.memory_info().rss
             vm = psutil.virtual_memory()
             self._rss, self._sys_mem = rss, int(vm.total - vm.available)
+            self._available, self._total = int(vm.available), int(vm.total)
+        proc_rss: list[tuple[int, int]] = []
+        for pid, proc in self._ranks.items():
+            with contextlib.suppress(psutil.Error, OSError, ValueError, IndexError):
+                proc_rss.append((pid, proc.rss()))
         sys_now = self._system.busy_total()
         prev_t, prev_cpu, prev_sys = self._prev_t, self._prev_cpu, self._prev_sys
         self._prev_t, self._prev_cpu, self._prev_sys = now, cpu, sys_now
@@ -185,6 +208,9 @@ class HostSampler:
             "sys_mem_used_bytes": self._sys_mem,
             "load1": os.getloadavg()[0],
             "cpu_count": self.cpu_count,
+            "proc_rss": proc_rss,
+            "host_available_bytes": self._available,
+            "host_total_bytes": self._total,
         }
 
     def close(self) -> None:

@@ -103,6 +103,9 @@ class Poller:
                 h = self.host.sample()
                 if h is not None:
                     self.sink.append("host_samples", head + tuple(h[c] for c in _HOST_COLUMNS))
+                    memory = (h["host_available_bytes"], h["host_total_bytes"])
+                    for pid, rss in h["proc_rss"]:
+                        self.sink.append("proc_memory", (*head, pid, rss, *memory))
             except Exception as exc:
                 self.faults.report(
                     "host_sampling_off", f"perfscope: host sampling failed ({exc!r}) and is off."

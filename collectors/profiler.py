@@ -15,6 +15,8 @@ from perfscope.store.writer import StoreWriter
 
 from . import ddp, horovod, identity, manual
 from .clocks import HostClock, HostMarks, perf_ns
+from .device_memory import DeviceMemory
+from .device_memory import for_torch as device_memory_for_torch
 from .dist_recorder import DistRecorder
 from .faults import Faults
 from .flops import StepFlopCounter
@@ -27,6 +29,7 @@ from .phases import IDLE, Timeline, infer_samples
 from .poller import HostClaim, Poller
 from .rendezvous import Placement, place
 from .run_metadata import cuda_device_name, loader_facts, ranks_row, runs_row, split_keywords, tags_json
+from .settings import autocast_now
 from .step_rows import CANONICAL, END, NAME
 
 DATA = CANONICAL["data"]
@@ -207,6 +210,8 @@ class Profiler:
         self._watched: set[int] = set()  # the models watch() instrumented, by id
         self._loader: tuple[Any, ...] | None = None  # the loop's DataLoader settings (loader_facts)
         self._ddp_finder: Any = None  # the module hook that watches a DDP model the script did not
+        self._memory: DeviceMemory | None = None  # the CUDA allocator's peaks per step, on CUDA only
+        self._autocast: str | None = None  # autocast in the first module forward (settings.autocast_now)
         self._flops = StepFlopCounter()
         self._poller: Poller | None = None
         self._claim: HostClaim | None = None
@@ -320,6 +325,8 @@ class Profiler:
         def seen(module: Any, args: Any) -> None:
             calls[0] += 1
             try:
+                if calls[0] == 1:  # the first module forward: inside the model's, under its autocast
+                    self._autocast = autocast_now()
                 if ddp.is_ddp(module) and id(module) not in self._watched:
                     self.watch(module)
                     self._stop_finding_ddp()
@@ -384,6 +391,7 @@ class Profiler:
             self._timeline.stop_live()
         for hook in self._hooks:
             hook.active = False
+        self._memory = None
         if self._writer is None:
             return
         steps = [
@@ -505,6 +513,8 @@ class Profiler:
                 if live is not None:
                     try:  # _end_step's common case, one call less on every step
                         live.end_step(samples)
+                        if self._memory is not None:
+                            self._memory.step(live.index - 1)
                         if self._flops.running:
                             self._stop_flops()
                     except Exception as exc:
@@ -532,6 +542,8 @@ class Profiler:
             self._block_ended = False  # the common case, kept short: see the end of this method
             try:
                 tl.end_step(samples)
+                if self._memory is not None:
+                    self._memory.step(tl.index - 1)
             except Exception as exc:
                 self._internal_error(exc)
             return self._block
@@ -659,6 +671,8 @@ class Profiler:
     def _end_step(self, samples: int | None) -> None:
         try:
             self._timeline.end_step(samples)
+            if self._memory is not None:
+                self._memory.step(self._timeline.index - 1)
             if self._flops.running:
                 self._stop_flops()  # FLOPs are counted over one step
         except Exception as exc:
@@ -704,6 +718,7 @@ class Profiler:
         """A bug of ours in the hot path: stop recording rather than risk the job."""
         self._recording = False
         self._live = None
+        self._memory = None
         if self._timeline is not None:
             self._timeline.stop_live()
         for hook in self._hooks:
@@ -749,6 +764,10 @@ class Profiler:
         if self._start_rows_written or self._writer is None or self.placement is None:
             return
         self._start_rows_written = True
+        if self._recording and self._memory is None:  # by the loop's start the model is on its device
+            self._memory = device_memory_for_torch(
+                self._device()[0], self.rank, self._writer.append, self.clock.now, self.faults
+            )
         if self._recording:
             self._record_dist()
             if self._dist is not None:  # DTensor's collectives, imported by now
@@ -801,6 +820,7 @@ class Profiler:
             device_model=self._device()[1],
             driver_version=self._gpus.driver_version,
             tags=self._tags,
+            autocast=self._autocast,
         )
         self._writer.append("runs", row)
 

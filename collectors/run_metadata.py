@@ -14,13 +14,18 @@ import pyarrow as pa
 
 from perfscope.store.schema import RUNS
 
+from .settings import MODEL_COLUMNS, env_settings
+
 if TYPE_CHECKING:
     from .ddp import ModelFacts
     from .rendezvous import Placement
 
 #: columns measured at the start or end, never given by keyword
 _MEASURED_ONLY = frozenset({"started_ns", "ended_ns"})
-SETTABLE = frozenset(RUNS.column_names) - _MEASURED_ONLY
+#: the job's settings (collectors/settings.py): read from the model and environment; a keyword of
+#: the same name is a tag
+READ_SETTINGS = frozenset({*MODEL_COLUMNS, "autocast", "env"})
+SETTABLE = frozenset(RUNS.column_names) - _MEASURED_ONLY - READ_SETTINGS
 _SCALING_MODES = ("strong", "weak", "")
 
 
@@ -131,8 +136,10 @@ def runs_row(
     device_model: str,
     driver_version: str,
     tags: str,
+    autocast: str | None = None,
 ) -> tuple[Any, ...]:
-    """What was measured, overridden by what was given by keyword (`columns`)."""
+    """What was measured, overridden by what was given by keyword (`columns`). `autocast`: as seen in
+    the model's first forward (settings.autocast_now), None when not seen."""
     batch = columns.get("batch_size_per_rank")
     fields: dict[str, Any] = {
         "source": "measured",
@@ -153,6 +160,9 @@ def runs_row(
         "tags": tags,
         "ended_ns": ended_ns,
         **software(),
+        **(facts.settings if facts is not None else {}),
+        "autocast": autocast,
+        "env": env_settings(),
     }
     fields.update({k: v for k, v in columns.items() if v is not None or k not in fields})
     return tuple(fields.get(c) for c in RUNS.column_names)

@@ -21,6 +21,7 @@ from perfscope.charts.timeline import (
     step_series_chart,
 )
 from perfscope.report.model import format_value
+from perfscope.report.settings import setting_pairs
 from perfscope.report.text import literal as md
 from perfscope.words import counted, joined, known
 
@@ -74,6 +75,20 @@ THREAD_COLUMNS = {
     "threads_oversubscribed": Col("threads exceed cores"),
 }
 
+#: the memory analysis on the Telemetry tab: each rank's level, peak and trend over the steady steps
+MEMORY_COLUMNS = {
+    "rank": Col("rank", fmt="%d"),
+    "kind": Col("memory", help="host: the process's RSS; device: the CUDA allocator's peak per step"),
+    "last_bytes": Col("last (MiB)", 2**-20, "%.0f"),
+    "peak_bytes": Col("peak (MiB)", 2**-20, "%.0f", "device: peak reserved"),
+    "slope_bytes_per_step": Col(
+        "trend (MiB/step)", 2**-20, "%.2f", "least-squares slope over the steady steps"
+    ),
+    "r2": Col("R²", fmt="%.2f"),
+    "limit_bytes": Col("limit (MiB)", 2**-20, "%.0f", "the host's or the device's memory"),
+    "exhaust_step": Col("runs out at step", fmt="%d", help="at this trend; empty when flat or falling"),
+}
+
 
 def _nodes(run: dict) -> str:
     return counted(run["nodes"], "node") if run.get("nodes") else "an unrecorded number of nodes"
@@ -95,6 +110,7 @@ def render(ctx: Context) -> None:
     )
     run = by_id[run_id]
     _headline(run)
+    _settings(ctx, run_id)
     tabbed(
         links.RUN_TAB,
         {
@@ -160,6 +176,20 @@ def _headline(run: dict[str, Any]) -> None:
             )
         )
     )
+
+
+def _settings(ctx: Context, run_id: str) -> None:
+    """The job's recorded settings (run_settings) as a compact two-column table, folded."""
+    found = rows(ctx.table("run_settings", ctx.refine(run_ids=(run_id,))))
+    pairs = setting_pairs(found[0]) if found else []
+    if not pairs:
+        return
+    with st.expander("Settings", expanded=False):
+        show_table(
+            pa.table({"setting": [k for k, _ in pairs], "value": [v for _, v in pairs]}),
+            {"setting": Col("setting"), "value": Col("value")},
+        )
+        definition_note("run_settings", popover=True)
 
 
 def _batch_words(run: dict[str, Any]) -> str:
@@ -270,7 +300,13 @@ def _telemetry(ctx: Context, run_id: str) -> None:
         show_table(threads, THREAD_COLUMNS)
     else:
         st.caption("not recorded: this run was written by a perfscope that did not record threads yet")
-    definition_note("gpu_timeline", "host_timeline", "placement", "threads")
+    st.subheader("Memory per rank")
+    memory = ctx.table("memory", one)
+    if memory.num_rows:
+        show_table(memory, MEMORY_COLUMNS)
+    else:
+        st.caption("not recorded: no memory samples in this run (a perfscope that did not record them yet)")
+    definition_note("gpu_timeline", "host_timeline", "placement", "threads", "memory")
 
 
 def _timeline(ctx: Context, run_id: str) -> None:

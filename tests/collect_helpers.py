@@ -137,7 +137,9 @@ def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) 
     """Train a small model with DDP on gloo under perfscope.profile; options: steps, die_rank,
     die_at, comm_hook ('fp16'), register_before_watch (register that hook on DDP, not through
     watch), manual_sync (average gradients by hand instead of DDP), threads (torch intra-op threads,
-    default 1), env (environment variables to set; None unsets one)."""
+    default 1), env (environment variables to set; None unsets one), ddp (keywords of DDP, default
+    bucket_cap_mb=0.05), autocast (run the forward under torch.autocast('cpu', bfloat16)), watch
+    (False: no prof.watch, the profiler's DDP finder finds the model)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -154,7 +156,8 @@ def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) 
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
     model = make_model()
     manual = options.get("manual_sync", False)
-    net = model if manual else nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)
+    ddp_kwargs = {"bucket_cap_mb": 0.05, **options.get("ddp", {})}
+    net = model if manual else nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     hook = None
     if options.get("comm_hook") == "fp16":
@@ -170,15 +173,18 @@ def ddp_worker(rank: int, world_size: int, store: str, options: dict[str, Any]) 
         with perfscope.profile(
             store, experiment="ddp-test", batch_size=8, poll_hz=20, gpu_telemetry=False, scaling_mode="weak"
         ) as prof:
-            prof.watch(net, comm_hook=hook)
+            if options.get("watch", True):
+                prof.watch(net, comm_hook=hook)
             out["run_id"] = prof.run_id
+            cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.get("autocast", False))
             for i, (x, y) in enumerate(prof.steps(make_loader(rank, world_size, 8))):
                 if i >= steps:
                     break
                 with prof.phase("forward"):
                     if rank == options.get("die_rank") and i == options.get("die_at"):
                         os._exit(3)  # a rank killed mid-run: no cleanup of any kind
-                    loss = nn.functional.cross_entropy(net(x), y)
+                    with cast:
+                        loss = nn.functional.cross_entropy(net(x).float(), y)
                 with prof.phase("backward"):
                     loss.backward()
                 if manual:

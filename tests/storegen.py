@@ -95,6 +95,13 @@ class RunSpec:
     tags: Mapping[str, object] = field(default_factory=dict)
     torch_threads: int | None = None  # per rank, as recorded in `ranks` (NULL: not recorded)
     affinity_cores: int | None = None  # logical CPUs each rank may use (NULL: not recorded)
+    #: (rank, step) -> the rank's RSS: with `host`, a proc_memory sample at each step's start (default 1 GiB)
+    rss_fn: Callable[[int, int], float] | None = None
+    #: (rank, step) -> the CUDA allocator's peak allocated bytes of the step: device_memory rows
+    #: (none when None)
+    cuda_peak_fn: Callable[[int, int], float] | None = None
+    device_total_bytes: int = 80 * 2**30
+    runs_extra: Mapping[str, object] = field(default_factory=dict)  # more runs columns (the job's settings)
 
 
 def _nodes(spec: RunSpec) -> int:
@@ -126,6 +133,7 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
     w = StoreWriter(root, run_id, writer_id=f"gen-{run_id}")
     end_ns = spec.start_ns
     steps_rows, comm_rows = [], []
+    mem_rows: list[tuple[str, tuple[object, ...]]] = []
     t = spec.start_ns
     for step in range(spec.steps):
         per_rank = {}
@@ -171,6 +179,17 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
                 if not spec.comm_total_from_comm:
                     comm_total = None
             phase_ns = {f"{p}_ns": None if durs[p] is None else int(durs[p] or 0) for p in PHASE_ORDER}
+            if spec.host is not None:
+                rss = spec.rss_fn(r, step) if spec.rss_fn is not None else 2**30
+                node = r // spec.gpus_per_node
+                mem_rows.append(("proc_memory", row("proc_memory", ts_ns=t + 1, hostname=f"node{node}",
+                    node_rank=node, pid=1000 + r, rss_bytes=int(rss),
+                    host_available_bytes=2**36, host_total_bytes=2**37)))  # fmt: skip
+            if spec.cuda_peak_fn is not None:
+                peak = int(spec.cuda_peak_fn(r, step))
+                mem_rows.append(("device_memory", row("device_memory", rank=r, step=step, ts_ns=t + step_ns,
+                    peak_allocated_bytes=peak, peak_reserved_bytes=peak + 2**28,
+                    device_total_bytes=spec.device_total_bytes)))  # fmt: skip
             steps_rows.append(
                 row(
                     "steps",
@@ -190,6 +209,8 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
     w.extend("steps", steps_rows)
     if comm_rows:
         w.extend("comm", comm_rows)
+    for table, mem in mem_rows:
+        w.append(table, mem)
     for r in sorted(present):
         node = r // spec.gpus_per_node
         w.append(
@@ -297,6 +318,7 @@ def make_run(root: str | os.PathLike[str], run_id: str, spec: RunSpec | None = N
                 torch_version="2.13",
                 tags=json.dumps(dict(spec.tags)),
                 ended_ns=end_ns,
+                **spec.runs_extra,
             ),
         )
     w.close()

@@ -37,6 +37,7 @@ from . import (  # noqa: F401  isort: skip
     rank_timeline,
     what_if,
     what_if_timeline,
+    memory,
 )
 
 __all__ = [

@@ -70,6 +70,15 @@ DEFINITIONS: dict[str, str] = {
     "0.2 of a core per rank, timing findings are uncertain. A host whose system CPU is ≥ 90% had no "
     "idle core.",
     "raw": "Recorded values, aggregated only to fit a chart (no derived definition).",
+    "memory": "Memory over the run: a rank's resident memory (its process's RSS, sampled by the poller) "
+    "and its CUDA allocator peak per step, over the steady steps; creep = a least-squares slope "
+    "against the step with R² ≥ 0.8 that adds ≥ 16 MiB over the window, with the step at "
+    "which it would use up the device's or the host's memory left at the end; imbalance = the most "
+    "a rank peaks ≥ 1.25× the ranks' median and ≥ 256 MiB above it; headroom = a device peak "
+    "reserved ≥ 90% of its memory.",
+    "settings": "The job's settings as recorded: the DataLoader given to prof.steps, the host's CPUs and "
+    "threads, the model's parameter dtypes and autocast, torch.compile, DDP's bucketing knobs and the "
+    "NCCL/OpenMP/MKL variables; NULL where a run did not record one (never a default assumed).",
     "comm-patterns": "Communication beyond DDP: every torch.distributed call is a comm row with its "
     "total (issue to completion) and exposed time (what the caller waited); exposed time in a phase "
     "is charged to communication, not to that phase's compute. Point-to-point transfers never enter "

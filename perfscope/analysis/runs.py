@@ -100,6 +100,50 @@ def rank_breakdown(store: Store, sel: Selection) -> pa.Table:
     )
 
 
+#: the runs columns of the job's settings (collectors/settings.py), in the order they are shown
+RUN_SETTINGS = (
+    "param_dtypes",
+    "autocast",
+    "compiled",
+    "ddp_bucket_cap_mb",
+    "ddp_gradient_as_bucket_view",
+    "ddp_find_unused_parameters",
+    "ddp_static_graph",
+    "env",
+)
+#: the ranks columns of the job's settings, taken from rank 0's row (the most CPUs for cpu_count)
+RANK_SETTINGS = (
+    "loader_workers",
+    "loader_prefetch_factor",
+    "loader_pin_memory",
+    "loader_persistent_workers",
+    "loader_batch_size",
+    "torch_threads",
+    "omp_num_threads",
+    "mkl_num_threads",
+)
+
+
+@analysis("run_settings", "The job's settings per run", "settings")
+def run_settings(store: Store, sel: Selection) -> pa.Table:
+    """Per run: the host's logical CPUs (the largest host), rank 0's DataLoader and thread settings,
+    and the model, autocast, torch.compile, DDP and environment settings of the runs row."""
+    runs = runs_table(store, sel)
+    ranked = ", ".join(f"arg_min({c}, rank) AS {c}" for c in RANK_SETTINGS)
+    run_cols = ", ".join(f"any_value({c}) AS {c}" for c in RUN_SETTINGS)
+    return store.query(
+        f"""
+        SELECT r.run_id, r.source, r.world_size, k.cpu_count, {", ".join(RANK_SETTINGS)},
+               {", ".join(RUN_SETTINGS)}
+        FROM {runs} r
+        LEFT JOIN (SELECT run_id, max(cpu_count) AS cpu_count, {ranked} FROM ranks GROUP BY run_id) k
+            USING (run_id)
+        LEFT JOIN (SELECT run_id, {run_cols} FROM runs GROUP BY run_id) m USING (run_id)
+        ORDER BY r.run_id
+        """
+    )
+
+
 @analysis("step_series", "Step time per rank over the run", "raw")
 def step_series(store: Store, sel: Selection) -> pa.Table:
     """Every rank's step and phase times by step; long runs are bucketed into medians of k steps."""

@@ -12,7 +12,15 @@ import warnings
 from ..analysis import Selection
 from ..errors import PerfscopeWarning, is_interrupt
 from ..store.reader import Store
-from . import rules_comm, rules_compute, rules_patterns, rules_quality, rules_topology, rules_what_if  # noqa: F401  (registers rules)
+from . import (  # noqa: F401  (registers rules)
+    rules_comm,
+    rules_compute,
+    rules_memory,
+    rules_patterns,
+    rules_quality,
+    rules_topology,
+    rules_what_if,
+)
 from .biggest_loss import uncovered_losses
 from .context import Context
 from .finding import CATEGORIES, SEVERITIES, Evidence, Finding, rank_findings

@@ -39,6 +39,32 @@ _EXPECTED_LINK = {
 }
 
 
+def ddp_knobs(ctx: Context, run_id: str) -> str:
+    """DDP's recorded settings of a run in words, with what find_unused_parameters=True costs
+    (DESIGN.md: advice names the setting and its recorded value). Empty when none was recorded."""
+    s = ctx.by_run("run_settings").get(run_id) or {}
+    said = [
+        f"{name}={s[key]:g}" if isinstance(s[key], float) else f"{name}={s[key]}"
+        for key, name in (
+            ("ddp_bucket_cap_mb", "bucket_cap_mb"),
+            ("ddp_gradient_as_bucket_view", "gradient_as_bucket_view"),
+            ("ddp_find_unused_parameters", "find_unused_parameters"),
+            ("ddp_static_graph", "static_graph"),
+        )
+        if s.get(key) is not None
+    ]
+    if not said:
+        return ""
+    text = f"DDP ran with {', '.join(said)}. "
+    if s.get("ddp_find_unused_parameters") is True and s.get("ddp_static_graph") is not True:
+        text += (
+            "find_unused_parameters=True walks the autograd graph after every forward and holds back "
+            "the buckets of parameters without a gradient: set it to False when every parameter gets "
+            "one (or static_graph=True when the set never changes). "
+        )
+    return text
+
+
 @rule("communication-bound", 1, "Communication-bound: exposed gradient sync eats the efficiency")
 def communication_bound(ctx: Context) -> list[Finding]:
     out = []
@@ -82,7 +108,8 @@ def communication_bound(ctx: Context) -> list[Finding]:
                 text=text,
                 run_ids=[r["run_id"] for r in rows],
                 analyses=("scaling", "lost_time", "sync"),
-                recommendation=(
+                recommendation=ddp_knobs(ctx, top["run_id"])
+                + (
                     "Hide or shrink the allreduce: let DDP overlap it with backward (smaller bucket_cap_mb "
                     "so the first bucket starts early, static_graph=True), send bf16/fp16 gradients (a "
                     "compression comm hook), synchronise less often (gradient accumulation with no_sync()), "
@@ -190,7 +217,7 @@ def communication_share(ctx: Context) -> list[Finding]:
                 text=text,
                 run_ids=[run_id],
                 analyses=("comm_by_role", "comm_ops", "sync"),
-                recommendation=advice + nxt,
+                recommendation=(ddp_knobs(ctx, run_id) if collective else "") + advice + nxt,
                 confidence=0.7 if run_id in runs else 0.6,
                 explained_loss=share,
                 numbers={
@@ -540,7 +567,8 @@ def overlap_failure(ctx: Context) -> list[Finding]:
                 ),
                 run_ids=[x[0]["run_id"] for x in bad],
                 analyses=("sync", "run_summary"),
-                recommendation=(
+                recommendation=ddp_knobs(ctx, r["run_id"])
+                + (
                     "Let communication start during backward: with DDP, keep gradients in buckets that fill "
                     "early (lower bucket_cap_mb), avoid find_unused_parameters=True and work between "
                     "backward() and the optimizer that forces a wait; with a hand-written "

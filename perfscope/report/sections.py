@@ -15,12 +15,14 @@ from .judgement import findings, quality
 from .model import Finding, Section, device_unit
 from .ranks import batch, stragglers
 from .scaling import lost_time, overview, prediction, setup, speedup
+from .settings import settings
 from .what_if import what_if
 
 #: The sections in reading order; a builder returning None leaves its section out (no such data).
 SECTIONS: tuple[Callable[[Context], Section | None], ...] = (
     overview,
     setup,
+    settings,
     speedup,
     lost_time,
     sync,
@@ -38,6 +40,7 @@ SECTIONS: tuple[Callable[[Context], Section | None], ...] = (
 #: Every analysis the sections read (the report runs exactly these; --tables exports them).
 ANALYSES_USED: tuple[str, ...] = (
     "run_summary",
+    "run_settings",
     "scaling",
     "placement",
     "threads",

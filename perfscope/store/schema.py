@@ -166,6 +166,48 @@ RUNS = Table(
         _c("pp_size", i32, "", "pipeline stages; NULL when the layout is unknown", since=3),
         _c("tp_size", i32, "", "tensor-parallel degree; NULL when the layout is unknown", since=3),
         _c("cp_size", i32, "", "context-parallel degree; NULL when the layout is unknown", since=3),
+        _c(
+            "param_dtypes",
+            s,
+            "",
+            "dtypes of the watched model's parameters, comma-separated, the one holding most parameters "
+            "first ('float32', 'bfloat16,float32'); NULL when no model was seen, and in stores written "
+            "before it was recorded (so for every setting below)",
+            since=3,
+        ),
+        _c(
+            "autocast",
+            s,
+            "",
+            "autocast regions active in the model's first forward, as device:dtype ('cuda:bfloat16'); "
+            "'' when none was; NULL when not seen",
+            since=3,
+        ),
+        _c(
+            "compiled",
+            b,
+            "",
+            "the model was wrapped by torch.compile (OptimizedModule); NULL as above",
+            since=3,
+        ),
+        _c(
+            "ddp_bucket_cap_mb",
+            f64,
+            "MiB",
+            "DistributedDataParallel's bucket_cap_mb (its bucket_bytes_cap / 2^20); NULL without DDP",
+            since=3,
+        ),
+        _c("ddp_gradient_as_bucket_view", b, "", "DDP's gradient_as_bucket_view; NULL without DDP", since=3),
+        _c("ddp_find_unused_parameters", b, "", "DDP's find_unused_parameters; NULL without DDP", since=3),
+        _c("ddp_static_graph", b, "", "DDP's static_graph; NULL without DDP", since=3),
+        _c(
+            "env",
+            s,
+            "JSON",
+            "rank 0's NCCL_* variables and OMP_NUM_THREADS / MKL_NUM_THREADS as set, a JSON object of "
+            "at most 32 names, values cut at 64 characters; NULL when none is set",
+            since=3,
+        ),
     ),
 )
 
@@ -466,6 +508,51 @@ HOST_SAMPLES = Table(
     ),
 )
 
+PROC_MEMORY = Table(
+    "proc_memory",
+    "Resident memory of each training process, at the poller's rate (one poller per host); the rank is "
+    "the `ranks` row of the same hostname and pid. Empty in stores written before it was recorded.",
+    (
+        _c("ts_ns", i64, "ns since epoch", "sample time, on rank 0's clock"),
+        _c("hostname", s, "", "host name"),
+        _c("node_rank", i32, "", "index of the host"),
+        _c("pid", i64, "", "process id of the rank (ranks.pid)"),
+        _c(
+            "rss_bytes",
+            i64,
+            "bytes",
+            "resident set size of the process (its DataLoader workers not included)",
+        ),
+        _c(
+            "host_available_bytes",
+            i64,
+            "bytes",
+            "memory the host could still give processes (psutil's available), read once a second",
+        ),
+        _c("host_total_bytes", i64, "bytes", "the host's physical memory"),
+    ),
+)
+
+DEVICE_MEMORY = Table(
+    "device_memory",
+    "The CUDA caching allocator's peaks of each rank and step (torch.cuda.max_memory_allocated and "
+    "max_memory_reserved, then reset_peak_memory_stats, at the end of every step); only ranks that "
+    "use CUDA write it.",
+    (
+        RANK,
+        STEP,
+        _c("ts_ns", i64, "ns since epoch", "end of the step, on rank 0's clock"),
+        _c("peak_allocated_bytes", i64, "bytes", "most memory held by tensors at once during the step"),
+        _c("peak_reserved_bytes", i64, "bytes", "most memory the caching allocator reserved during the step"),
+        _c(
+            "device_total_bytes",
+            i64,
+            "bytes",
+            "the device's memory (torch.cuda.mem_get_info's total), read once; NULL when unknown",
+        ),
+    ),
+)
+
 METRICS = Table(
     "metrics",
     "User metrics logged with prof.log(...), one row per name and step.",
@@ -517,7 +604,20 @@ REFERENCE_BW = Table(
 
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (RUNS, RANKS, STEPS, SPANS, COMM, GPU_SAMPLES, HOST_SAMPLES, METRICS, EVENTS, REFERENCE_BW)
+    for t in (
+        RUNS,
+        RANKS,
+        STEPS,
+        SPANS,
+        COMM,
+        GPU_SAMPLES,
+        HOST_SAMPLES,
+        PROC_MEMORY,
+        DEVICE_MEMORY,
+        METRICS,
+        EVENTS,
+        REFERENCE_BW,
+    )
 }
 
 

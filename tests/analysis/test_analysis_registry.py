@@ -35,6 +35,7 @@ def rich_store(tmp_path_factory):
             phases={**DEFAULT_PHASES, "sync_exposed": MS * n},
             comm=Comm([2**21, 2**21], lambda nb, n=n: 1e9 * (2 * (n - 1) * 5e-6 + nb / 5e9)),
             metrics={"loss": lambda s: 1.0 / (s + 1)},
+            cuda_peak_fn=lambda r, s: 2**34,
         )
     make_run(root, "b64", world_size=1, batch_size_per_rank=64, metrics={"loss": lambda s: 1.0 / (s + 2)})
     make_run(root, "mpi2", world_size=2, backend="mpi")

@@ -20,6 +20,7 @@ import pytest
 import perfscope
 import perfscope.store.live
 from perfscope import PerfscopeWarning, open_store
+from perfscope.collectors.run_metadata import READ_SETTINGS as SETTINGS_READ
 from perfscope.store.schema import RUNS
 
 torch = pytest.importorskip("torch")
@@ -108,6 +109,8 @@ def test_every_runs_column_can_be_given_by_keyword(tmp_path: Path) -> None:
         "started_ns",
         "ended_ns",
         "origin",
+        # the job's settings: read from the model and the environment, never given (test_collect_settings)
+        *SETTINGS_READ,
     }
     assert settable <= set(given), "every runs column is exercised by this test"
 

@@ -39,7 +39,14 @@ def test_without_a_gpu_every_check_is_skipped_and_said(tmp_path: Path) -> None:
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     assert summary["verdict"] == "skipped" and summary["gpu"] is None
     names = [c["name"] for c in summary["checks"]]
-    assert names == ["pytest-gpu", "kineto-vs-perfscope", "cuda-events-vs-host", "nvml", "nvtx-nsys"]
+    assert names == [
+        "pytest-gpu",
+        "kineto-vs-perfscope",
+        "cuda-events-vs-host",
+        "nvml",
+        "device-memory",
+        "nvtx-nsys",
+    ]
     assert all(c["verdict"] == "skipped" and "no CUDA GPU" in c["detail"] for c in summary["checks"])
     # a plain verdict per check on the terminal
     assert sum(line.startswith("SKIPPED ") for line in out.stderr.splitlines()) == len(names)

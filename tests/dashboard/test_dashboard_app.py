@@ -116,6 +116,7 @@ def test_every_column_a_page_shows_is_in_its_analysis(seed: Path) -> None:
         "rank_breakdown": run.RANK_COLUMNS,
         "stragglers": run.STRAGGLER_COLUMNS,
         "placement": run.PLACEMENT_COLUMNS,
+        "memory": run.MEMORY_COLUMNS,
         "batch_sweep": batch.SWEEP_COLUMNS,
         "time_to_metric": batch.TARGET_COLUMNS,
     }

@@ -197,6 +197,42 @@ def test_overlap_failure(tmp_path, healthy):
     assert not _rule(healthy, "overlap-failure")
 
 
+def test_overlap_failure_names_the_recorded_ddp_settings(tmp_path):
+    ddp = {
+        "ddp_bucket_cap_mb": 25.0,
+        "ddp_gradient_as_bucket_view": False,
+        "ddp_find_unused_parameters": True,
+        "ddp_static_graph": False,
+    }
+    make_run(tmp_path, "n1", world_size=1)
+    make_run(
+        tmp_path,
+        "n4",
+        world_size=4,
+        phases={**DEFAULT_PHASES, "sync_exposed": 8 * MS},
+        comm=Comm([1 << 22, 1 << 22], lambda nb: 4e6),
+        runs_extra=ddp,
+    )
+    (f,) = _rule(_findings(tmp_path), "overlap-failure")
+    assert f.recommendation.startswith(
+        "DDP ran with bucket_cap_mb=25, gradient_as_bucket_view=False, find_unused_parameters=True, "
+        "static_graph=False. find_unused_parameters=True walks the autograd graph"
+    )
+    # static_graph=True: the settings are named, the cost of find_unused_parameters is not claimed
+    other = tmp_path / "static"
+    make_run(other, "n1", world_size=1)
+    make_run(
+        other,
+        "n4",
+        world_size=4,
+        phases={**DEFAULT_PHASES, "sync_exposed": 8 * MS},
+        comm=Comm([1 << 22, 1 << 22], lambda nb: 4e6),
+        runs_extra={**ddp, "ddp_static_graph": True},
+    )
+    (g,) = _rule(_findings(other), "overlap-failure")
+    assert "static_graph=True. " in g.recommendation and "walks the autograd graph" not in g.recommendation
+
+
 def test_backend_comparison_inside_and_across_nodes(tmp_path, healthy):
     for n in (1, 2, 4, 8, 16):
         across = n > 4
@@ -415,3 +451,39 @@ def test_one_run_waiting_on_communication_says_so_and_what_to_record_next(tmp_pa
     assert f.numbers["comm_share"] == pytest.approx(90 * MS / step, rel=0.01)
     assert f.numbers["measure_world_sizes"] == "1,4,16" and "N=1, N=4 and N=16" in f.recommendation
     assert not _rule(healthy, "communication-share")
+
+
+def test_memory_imbalance_and_creep_on_recorded_rows(tmp_path, healthy):
+    gib = 2**30
+    make_run(
+        tmp_path,
+        "mem",
+        world_size=4,
+        host=Host(),
+        # rank 3 holds 12 GiB more on its device; rank 1's RSS grows 4 MiB per step
+        cuda_peak_fn=lambda r, s: 20 * gib + 12 * gib * (r == 3),
+        rss_fn=lambda r, s: 2 * gib + (4 << 20) * s * (r == 1),
+    )
+    found = _findings(tmp_path)
+    (imb,) = _rule(found, "memory-imbalance")
+    assert imb.numbers["rank"] == 3 and imb.numbers["kind"] == "device"
+    assert imb.numbers["peak_bytes"] == 32 * gib + 2**28
+    (creep,) = _rule(found, "memory-creep")
+    assert (creep.numbers["kind"], creep.numbers["rank"]) == ("host", 1)
+    assert creep.numbers["slope_bytes_per_step"] == pytest.approx(4 << 20)
+    assert not _rule(found, "memory-headroom")  # 32.25 of 80 GiB
+    for name in ("memory-imbalance", "memory-creep", "memory-headroom"):
+        assert not _rule(healthy, name)
+
+
+def test_memory_headroom_names_the_recorded_precision(tmp_path):
+    make_run(
+        tmp_path,
+        "full",
+        world_size=2,
+        cuda_peak_fn=lambda r, s: 75 * 2**30,  # + 256 MiB reserved: 94% of 80 GiB
+        runs_extra={"param_dtypes": "float32", "autocast": ""},
+    )
+    (f,) = _rule(_findings(tmp_path), "memory-headroom")
+    assert f.numbers["share_of_device"] == pytest.approx((75 * 2**30 + 2**28) / (80 * 2**30))
+    assert f.recommendation.startswith("The model ran with float32 parameters and no autocast")
