@@ -31,6 +31,7 @@ SLOW_MODULES = frozenset(
         "test_collect_layout",
         "test_collect_profile",
         "test_collect_samples",
+        "test_collect_tensor_parallel",
         "test_comm_patterns",
         "test_dashboard_browser",
         "test_explain_measured",
