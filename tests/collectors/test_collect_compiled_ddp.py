@@ -58,19 +58,19 @@ def ddp_job(rank: int, world_size: int, store: str, compiled: bool) -> dict[str,
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 32)
     losses = []
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as torch_prof:
-        with perfscope.profile(store, poll_hz=0, gpu_telemetry=False, batch_size=8) as prof:
-            prof.watch(model)
-            for _ in range(STEPS):
-                with prof.phase("forward"):
-                    loss = model(x).pow(2).mean()
-                with prof.phase("backward"):
-                    loss.backward()
-                with prof.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                losses.append(float(loss.detach()))
-                prof.step()
+    torch_prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+    with torch_prof, perfscope.profile(store, poll_hz=0, gpu_telemetry=False, batch_size=8) as prof:
+        prof.watch(model)
+        for _ in range(STEPS):
+            with prof.phase("forward"):
+                loss = model(x).pow(2).mean()
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            losses.append(float(loss.detach()))
+            prof.step()
     # the reducer's all-reduces as torch.profiler saw them: its calls, and gloo's runs of them with
     # their bucket's shape
     events = torch_prof.events()
