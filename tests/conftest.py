@@ -24,6 +24,7 @@ os.environ.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
 SLOW_MODULES = frozenset(
     {
         "test_clock_alignment",
+        "test_collect_accelerate",
         "test_collect_compiled_ddp",
         "test_collect_ddp",
         "test_collect_demo",
