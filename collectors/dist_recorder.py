@@ -271,7 +271,8 @@ class DistRecorder:
             return
         rec = self
         pending: dict[int, Collective] = {}  # storage of an issued result -> its collective
-        issuing: list[Collective | None] = [None]  # the collective being issued (the training thread's)
+        # the collective being issued, per thread (autograd's device threads issue backward's)
+        issuing = threading.local()
         groups: dict[Any, Any] = {}  # the group argument -> (it, its ProcessGroup)
         tl = self.timeline
 
@@ -307,7 +308,7 @@ class DistRecorder:
                     rec._failed(exc)
                     return orig(*args, **kwargs)
                 t0 = perf_ns()
-                issuing[0] = c
+                issuing.c = c
                 try:
                     with quiet():
                         result = orig(*args, **kwargs)
@@ -315,7 +316,7 @@ class DistRecorder:
                     tl.end_collective(c)
                     raise
                 finally:
-                    issuing[0] = None
+                    issuing.c = None
                 called = perf_ns() - t0
                 c.exposed = called if c.exposed is None else c.exposed + called
                 if c.end is None and not rec._waiting(c):  # waited inside the call (a gather's cat)
@@ -326,7 +327,7 @@ class DistRecorder:
 
         @functools.wraps(orig_wrap)
         def maybe_wrap(tensor: Any) -> Any:
-            c = None if dynamo() else issuing[0]
+            c = None if dynamo() else getattr(issuing, "c", None)
             if c is not None:
                 try:
                     if len(pending) >= FUNCTIONAL_PENDING_MAX:
@@ -353,7 +354,9 @@ class DistRecorder:
                 t1 = perf_ns()
                 if not rec._waiting(c):  # its last result (coalesced calls have several)
                     tl.end_collective(c)
-                if issuing[0] is not c:  # a wait inside the issuing call is in that call's time
+                if (
+                    getattr(issuing, "c", None) is not c
+                ):  # a wait inside the issuing call is in that call's time
                     c.exposed = (c.exposed or 0) + t1 - t0
 
         self._pending = pending
