@@ -13,11 +13,15 @@ is synchronous; the call plus `Work.wait()` when it is asynchronous).
 Not counted: calls made while another recorder owns the communication (`quiet()`: DDP's comm hook,
 `prof.collective`, perfscope's own rendezvous), and calls nested inside a recorded one
 (`all_gather_object` calling `all_gather`, `batch_isend_irecv` calling `isend`).
-Not seen: collectives that bypass the Python API (DDP's C++ reducer, functional collectives of
-DTensor/torch.compile, a ProcessGroup's methods called directly). Of these, the functional
-collectives called eagerly through `torch.distributed._functional_collectives` (DTensor's
-redistributions, tensor parallelism) are noticed: the first is one warning (`events` kind
-'functional_collectives_unseen'); calls inside a torch.compile graph are not.
+Functional collectives called eagerly through `torch.distributed._functional_collectives`
+(DTensor's redistributions: tensor and sequence parallelism) are recorded too, on the group they
+name: issued asynchronously, their exposed time is the issue call plus the `wait_tensor` that
+first reads the result (an AsyncCollectiveTensor's), their total runs from the issue to the end of
+that wait (see `watch_functional`).
+Not seen: collectives that bypass the Python API (DDP's C++ reducer, a ProcessGroup's methods
+called directly) and functional collectives inside a torch.compile graph (the compiled code calls
+the `_c10d_functional` ops itself): a compiled DTensor module is noticed when torch traces it, one
+warning (`events` kind 'functional_collectives_compiled').
 A `P2POp` built inside the profile
 holds the recording `isend`; passed to `batch_isend_irecv` after the profile closed, it would read as
 a receive (pipelining builds its ops anew every step).
@@ -69,13 +73,31 @@ P2P: dict[str, tuple[str, str, bool]] = {
     "irecv": ("src", "group_src", True),
 }
 
-#: the eager entry points of torch.distributed._functional_collectives (DTensor calls them)
-FUNCTIONAL = (
-    "all_reduce", "all_reduce_coalesced", "all_gather_tensor", "all_gather_tensor_autograd",
-    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_autograd",
-    "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd", "permute_tensor",
-    "broadcast",
-)  # fmt: skip
+#: the eager entry points of torch.distributed._functional_collectives (DTensor calls them) ->
+#: (op name in `comm`, payload kind of their first argument, `self`): 'tensor', 'list', 'tensor_x_group'
+#: (an all-gather's input: the output is the group's size times as large); sizes as for COLLECTIVES
+FUNCTIONAL: dict[str, tuple[str, str]] = {
+    "all_reduce": ("allreduce", "tensor"),
+    "all_reduce_coalesced": ("allreduce", "list"),
+    "all_gather_single": ("all_gather_into_tensor", "tensor_x_group"),
+    "all_gather_single_autograd": ("all_gather_into_tensor", "tensor_x_group"),
+    "all_gather_tensor": ("all_gather_into_tensor", "tensor_x_group"),
+    "all_gather_tensor_autograd": ("all_gather_into_tensor", "tensor_x_group"),
+    "all_gather_into_tensor_coalesced": ("all_gather_into_tensor", "list_x_group"),
+    "reduce_scatter_single": ("reduce_scatter_tensor", "tensor"),
+    "reduce_scatter_single_autograd": ("reduce_scatter_tensor", "tensor"),
+    "reduce_scatter_tensor": ("reduce_scatter_tensor", "tensor"),
+    "reduce_scatter_tensor_autograd": ("reduce_scatter_tensor", "tensor"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor", "list"),
+    "all_to_all_single": ("all_to_all_single", "tensor"),
+    "all_to_all_single_autograd": ("all_to_all_single", "tensor"),
+    "permute_tensor": ("permute_tensor", "tensor"),
+    "broadcast": ("broadcast", "tensor"),
+}
+#: the argument naming the group, by position after `self` (all_reduce(self, reduceOp, group, tag))
+FUNCTIONAL_GROUP_ARG = "group"
+#: collectives issued but not yet waited on, at most (a result never waited on is dropped)
+FUNCTIONAL_PENDING_MAX = 256
 FUNCTIONAL_MODULE = "torch.distributed._functional_collectives"
 
 _local = threading.local()
@@ -117,11 +139,23 @@ class _Args:
 def _nbytes(value: Any, kind: str, group_size: int) -> int:
     if kind == "list_x_group":  # inputs of an all-gather: the output is group_size times as large
         return group_size * _nbytes(value, "list", group_size)
+    if kind == "tensor_x_group":
+        return group_size * _nbytes(value, "tensor", group_size)
     if kind == "tensor":
         return int(value.numel() * value.element_size()) if value is not None else 0
     if kind == "list":
         return sum(int(t.numel() * t.element_size()) for t in value or ())
     return 0
+
+
+def _group_key(group: Any) -> Any:
+    """A functional collective's group argument as a dict key: a (DeviceMesh, dim) pair, a group's
+    name, a list of ranks, a ProcessGroup or a 1-D DeviceMesh (by identity: the entry holds it)."""
+    if isinstance(group, tuple):
+        return (id(group[0]), group[1])
+    if isinstance(group, list):
+        return tuple(group)
+    return group if isinstance(group, str) else id(group)
 
 
 def group_members(dist: Any, group: Any) -> tuple[int, str | None]:
@@ -155,7 +189,7 @@ class DistRecorder:
         self._pairs: dict[int, str] = {}  # peer -> comm.group_ranks of a transfer with it
         self._originals: dict[Any, Any] = {}  # wrapper -> original, for batch_isend_irecv
         self._functional_watched = False
-        self.functional_seen = False
+        self._pending: dict[int, Collective] = {}  # functional collectives issued, not yet waited on
 
     @classmethod
     def for_process(cls, timeline: Timeline, faults: Faults) -> DistRecorder | None:
@@ -202,8 +236,16 @@ class DistRecorder:
         self.active = True
 
     def watch_functional(self) -> None:
-        """Notice the first functional collective (not recorded: one warning), once the job imported
-        them (DTensor does); called at start and again when the training loop starts."""
+        """Record the functional collectives (DTensor's redistributions, tensor and sequence
+        parallelism) once the job imported them (DTensor does); called at start and again when the
+        training loop starts.
+
+        An eager call issues the collective and returns an AsyncCollectiveTensor (or waits at once);
+        the job waits on it (`wait_tensor`) when it first reads the result. The row's total runs
+        from the issue to the end of that wait (torch gives no other completion signal), its exposed
+        time is the issue call plus the wait. The wait is matched to its collective by the result's
+        storage. Calls traced by torch.compile run inside the compiled graph, unseen from Python:
+        the first such trace is one warning ('functional_collectives_compiled')."""
         import sys
 
         funcol = sys.modules.get(FUNCTIONAL_MODULE)
@@ -213,34 +255,124 @@ class DistRecorder:
         try:
             import torch
 
-            compiling = torch.compiler.is_compiling
-        except Exception:
+            dynamo = torch.compiler.is_dynamo_compiling  # a constant in Dynamo's trace: the branch is gone
+            compiling = torch.compiler.is_compiling  # True in AOTAutograd's trace too, run for real
+            tracing = getattr(funcol, "_are_we_tracing", compiling)
+            resolve = funcol._resolve_group
+            by_name = self.dist.distributed_c10d._resolve_process_group
+            orig_wrap = funcol._maybe_wrap_tensor
+            orig_wait = funcol.wait_tensor
+        except Exception as exc:
+            self.faults.report(
+                "functional_collectives_unseen",
+                f"perfscope: the functional collectives of {FUNCTIONAL_MODULE} (DTensor, tensor parallelism) "
+                f"are not recorded in this torch ({type(exc).__name__}: {exc}).",
+            )
             return
         rec = self
+        pending: dict[int, Collective] = {}  # storage of an issued result -> its collective
+        # the collective being issued, per thread (autograd's device threads issue backward's)
+        issuing = threading.local()
+        groups: dict[Any, Any] = {}  # the group argument -> (it, its ProcessGroup)
+        tl = self.timeline
 
-        def noticed(name: str) -> None:
-            rec.functional_seen = True
+        def group_of(group: Any, tag: str) -> Any:
+            known = groups.get(_group_key(group))
+            if known is None:
+                pg = resolve(group, tag)
+                known = groups[_group_key(group)] = (group, by_name(pg) if isinstance(pg, str) else pg)
+            return known[1]
+
+        def compiled() -> None:
             rec.faults.report(
-                "functional_collectives_unseen",
-                f"perfscope: this job runs functional collectives ({name} of {FUNCTIONAL_MODULE}: DTensor, "
-                "tensor parallelism), which bypass torch.distributed's calls; they are not in `comm`.",
+                "functional_collectives_compiled",
+                f"perfscope: this job traces functional collectives ({FUNCTIONAL_MODULE}) into a "
+                "torch.compile graph; the compiled graph runs them unseen from Python, not in `comm`.",
             )
 
-        def wrap(name: str, orig: Any) -> Callable[..., Any]:
+        def wrap(name: str, orig: Any, op: str, kind: str) -> Callable[..., Any]:
+            arg = _Args(orig).get
+
             @functools.wraps(orig)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                # inside a torch.compile trace is_compiling() is a constant: the branch is gone
-                if not compiling() and rec.active and not rec.functional_seen:
-                    noticed(name)
-                return orig(*args, **kwargs)
+                if dynamo() or not rec.active or _depth():
+                    return orig(*args, **kwargs)
+                try:
+                    if compiling() or tracing():  # AOTAutograd's trace of a compiled DTensor module
+                        compiled()
+                        return orig(*args, **kwargs)
+                    pg = group_of(arg(args, kwargs, FUNCTIONAL_GROUP_ARG), arg(args, kwargs, "tag") or "")
+                    nbytes = _nbytes(arg(args, kwargs, "self"), kind, rec._group_size(pg))
+                    c = rec._begin(op, nbytes, pg, None, True)
+                except Exception as exc:
+                    rec._failed(exc)
+                    return orig(*args, **kwargs)
+                t0 = perf_ns()
+                issuing.c = c
+                try:
+                    with quiet():
+                        result = orig(*args, **kwargs)
+                except BaseException:
+                    tl.end_collective(c)
+                    raise
+                finally:
+                    issuing.c = None
+                called = perf_ns() - t0
+                c.exposed = called if c.exposed is None else c.exposed + called
+                if c.end is None and not rec._waiting(c):  # waited inside the call (a gather's cat)
+                    tl.end_collective(c)
+                return result
 
             return wrapper
 
-        for name in FUNCTIONAL:
+        @functools.wraps(orig_wrap)
+        def maybe_wrap(tensor: Any) -> Any:
+            c = None if dynamo() else getattr(issuing, "c", None)
+            if c is not None:
+                try:
+                    if len(pending) >= FUNCTIONAL_PENDING_MAX:
+                        pending.pop(next(iter(pending)))  # never waited on: no row
+                    pending[tensor.untyped_storage().data_ptr()] = c
+                except Exception:
+                    pass
+            return orig_wrap(tensor)
+
+        @functools.wraps(orig_wait)
+        def wait_tensor(tensor: Any) -> Any:
+            if dynamo() or not pending:
+                return orig_wait(tensor)
+            try:
+                c = pending.pop(tensor.untyped_storage().data_ptr(), None)
+            except Exception:
+                c = None
+            if c is None:
+                return orig_wait(tensor)
+            t0 = perf_ns()
+            try:
+                return orig_wait(tensor)
+            finally:
+                t1 = perf_ns()
+                if not rec._waiting(c):  # its last result (coalesced calls have several)
+                    tl.end_collective(c)
+                if (
+                    getattr(issuing, "c", None) is not c
+                ):  # a wait inside the issuing call is in that call's time
+                    c.exposed = (c.exposed or 0) + t1 - t0
+
+        self._pending = pending
+        # module globals: the collectives and AsyncCollectiveTensor look them up at each call
+        for name, fn in (("_maybe_wrap_tensor", maybe_wrap), ("wait_tensor", wait_tensor)):
+            self._saved.append((funcol, name, getattr(funcol, name)))
+            setattr(funcol, name, fn)
+        for name, (op, kind) in FUNCTIONAL.items():
             orig = getattr(funcol, name, None)
             if callable(orig):
                 self._saved.append((funcol, name, orig))
-                setattr(funcol, name, wrap(name, orig))
+                setattr(funcol, name, wrap(name, orig, op, kind))
+
+    def _waiting(self, c: Collective) -> bool:
+        """Whether a result of `c` is still to be waited on (coalesced calls have several)."""
+        return any(p is c for p in self._pending.values())
 
     def _patch(self, name: str, wrapper: Callable[..., Any], *, both: bool) -> None:
         for module in self._modules if both else self._modules[:1]:

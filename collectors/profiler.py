@@ -281,6 +281,7 @@ class Profiler:
         self.run_id = placement.run_id
         self.rank = placement.rank
         self.faults.rank = placement.rank
+        self.faults.claim_in(local, placement.run_id, placement.world_size)
         self.clock = HostClock(placement.clock_offset_ns)
         self.faults.wall_ns = self.clock.now
         self.started_ns = self.clock.now()

@@ -273,6 +273,18 @@ def _communication(ctx: Context, run_id: str) -> None:
     one = ctx.refine(run_ids=(run_id,))
     ops = ctx.table("comm_ops", one)
     roles = ctx.table("comm_by_role", one)
+    sync = one_row(ctx.table("sync", one), "run_id", run_id)
+    if sync is not None and sync.get("tp_comm_count"):
+        # the tensor-parallel collectives (the layout's tp groups) beside the gradient sync, never in it
+        cols = st.columns(4)
+        cols[0].metric("Gradient sync exposed", ms(sync["sync_exposed_ns"]), help="per step, dp groups")
+        cols[1].metric("Gradient sync total", ms(sync["comm_total_ns"]), help="per step, issue to completion")
+        cols[2].metric("Tensor-parallel exposed", ms(sync["tp_comm_exposed_ns"]), help="per step, tp groups")
+        cols[3].metric(
+            "Tensor-parallel total",
+            ms(sync["tp_comm_total_ns"]),
+            help=f"per step, {num(sync['tp_comm_count'], '.1f')} collectives on the tensor-parallel groups",
+        )
     charts(comm_ops_chart(ops, run_id=run_id), comm_roles_chart(roles, run_id=run_id))
     show_table(ops, COMM_COLUMNS)
     definition_note("comm_ops", "comm_by_role", "pipeline_stages", "parameter_server")

@@ -24,6 +24,8 @@ os.environ.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
 SLOW_MODULES = frozenset(
     {
         "test_clock_alignment",
+        "test_collect_accelerate",
+        "test_collect_compiled_ddp",
         "test_collect_ddp",
         "test_collect_demo",
         "test_collect_dist_recorder",
@@ -31,6 +33,7 @@ SLOW_MODULES = frozenset(
         "test_collect_layout",
         "test_collect_profile",
         "test_collect_samples",
+        "test_collect_tensor_parallel",
         "test_comm_patterns",
         "test_dashboard_browser",
         "test_explain_measured",

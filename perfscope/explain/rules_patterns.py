@@ -54,14 +54,20 @@ def alone(ctx: Context, run_id: str) -> bool:
 
 def waits_on(row: Row, world_size: int | None = None) -> str:
     """The op a rank waited on longest, and with whom: 'recv from rank 1', 'allreduce across all 2
-    ranks' (comm_by_role's wait_op, wait_peer and wait_group_size)."""
+    ranks', 'allreduce on a group of 2 of 4 ranks' (comm_by_role's wait_op, wait_peer and
+    wait_group_size; the run's world size from `world_size`, else the row's)."""
     op = row.get("wait_op")
     if not op:
         return "communication"
     if row.get("wait_peer") is not None:
         return f"{op} {'to' if op.lstrip('i') == 'send' else 'from'} rank {row['wait_peer']}"
-    n = row.get("wait_group_size") or world_size
-    return f"{op} across all {n} ranks" if n else op
+    world = world_size or row.get("world_size")
+    n = row.get("wait_group_size") or world
+    if not n:
+        return op
+    if world and n < world:  # a sub-group (a tensor-parallel pair, one stage's data-parallel ranks)
+        return f"{op} on a group of {n} of {world} ranks"
+    return f"{op} across all {n} ranks"
 
 
 def micro_batches_for(stages: int, target: float = TARGET_BUBBLE) -> int:

@@ -75,6 +75,12 @@ def sync(ctx: Context) -> Section:
         )
     )
     curve = [r for rs in curve_groups(values).values() for r in rs if r["world_size"] > 1]
+    # tensor-parallel collectives (on the layout's tp groups) are not gradient sync: their own columns
+    tp = (
+        [("tp_comm_exposed_ns", "exposed TP comm"), ("tp_comm_total_ns", "total TP comm"),
+         ("tp_comm_count", "TP collectives/step")]
+        if any(r.get("tp_comm_count") for r in curve) else []
+    )  # fmt: skip
     s.blocks.append(
         table_block(
             "sync",
@@ -90,6 +96,7 @@ def sync(ctx: Context) -> Section:
                 ("bytes_per_step", "bytes/step"),
                 ("busbw_gb_per_s", "busbw"),
                 ("bw_source", "from"),
+                *tp,
             ),
             curve,
         )
@@ -152,6 +159,32 @@ def communication(ctx: Context) -> Section | None:
     caption = f"run {run_id}, {why}"
     s.blocks.append(ctx.chart("comm_ops", caption, run_id=run_id))
     s.blocks.append(ctx.chart("comm_roles", caption, run_id=run_id))
+    tp = [r for r in ctx.rows("sync") if r.get("tp_comm_count")]
+    if tp:
+        s.blocks.append(
+            [
+                "Tensor-parallel communication (collectives on the recorded layout's tensor-parallel groups, "
+                "part of the layers' forward and backward) is its own figure, never gradient sync: the "
+                "gradient sync columns count the data-parallel collectives alone."
+            ]
+        )
+        s.blocks.append(
+            table_block(
+                "sync",
+                "Tensor-parallel communication beside gradient sync, per step",
+                table_columns(
+                    ("run_id", "run"),
+                    ("world_size", "N"),
+                    ("sync_exposed_ns", "exposed sync"),
+                    ("comm_total_ns", "total comm"),
+                    ("comm_count", "collectives/step"),
+                    ("tp_comm_exposed_ns", "exposed TP comm"),
+                    ("tp_comm_total_ns", "total TP comm"),
+                    ("tp_comm_count", "TP collectives/step"),
+                ),
+                tp,
+            )
+        )
     return s
 
 
