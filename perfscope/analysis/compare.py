@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import PerfscopeError, shown
 from ..store.reader import Store
@@ -102,11 +103,26 @@ class Comparison:
     by_op_type: list[dict[str, Any]]
     setup_changes: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    #: each run's steady steps as the interval resampled them (ns): "base", "candidate"
+    series: dict[str, np.ndarray] = field(default_factory=dict)
 
     def slower_beyond(self, pct: float) -> bool:
         """Whether the candidate is slower by more than `pct` percent with confidence: the interval's
         lower end above 1 + pct/100."""
         return self.ci is not None and self.ci[0] > 1.0 + pct / 100.0
+
+    def steps_table(self) -> pa.Table:
+        """Both runs' steady steps for the distribution chart: side, step_ms."""
+        sides = [(k, v) for k, v in self.series.items()]
+        return pa.table(
+            {
+                "side": [k for k, v in sides for _ in range(len(v))],
+                "step_ms": np.concatenate([v / 1e6 for _, v in sides]) if sides else np.empty(0),
+            }
+        )
+
+    def phase_table(self) -> pa.Table:
+        return pa.Table.from_pylist(self.by_phase)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -530,6 +546,7 @@ def compare(base: Side, cand: Side, *, threshold: float = DEFAULT_THRESHOLD, see
         ),
         setup_changes=_setup_changes(base, cand),
         notes=notes,
+        series={"base": xb, "candidate": xc},
     )
 
 
