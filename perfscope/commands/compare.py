@@ -118,7 +118,7 @@ def _ms(ns: float | None, *, sign: bool = False) -> str:
     return f"{ns / 1e6:+.2f} ms" if sign else f"{ns / 1e6:.2f} ms"
 
 
-def _where(c: Comparison) -> list[str]:
+def where_lines(c: Comparison) -> list[str]:
     """The difference in words: the phases that moved most, and the rank whose own work changed."""
     lines = []
     moved = sorted((p for p in c.by_phase if p["delta_ns"]), key=lambda p: -abs(p["delta_ns"]))[:3]
@@ -179,7 +179,7 @@ def text(c: Comparison, *, colour: bool = False, width: int | None = None) -> st
     )
     if c.throughput_ratio is not None:
         out.append(f"throughput: {_ratio(c.throughput_ratio)}, 95% interval {_interval(c.throughput_ci)}")
-    out.extend(wrap(line, width, hang="  ") for line in _where(c))
+    out.extend(wrap(line, width, hang="  ") for line in where_lines(c))
     out.extend(wrap(f"note: {n}", width, hang="  ") for n in c.notes)
     out.append("")
     out.append(heading("by phase (steady step, mean over ranks)", colour=colour))

@@ -129,3 +129,20 @@ def test_hostile_input_is_one_line_and_exit_2(tmp_path: Path, two_runs: Path) ->
     res = _cli("compare", two_runs, two_runs, "--base-run", ids[0], "--candidate-run", ids[1], "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["verdict"] in ("slower", "faster", "no-change")
+
+
+def test_report_compare_opens_with_the_comparison_and_its_two_charts(tmp_path: Path) -> None:
+    base = synthetic(2, 2, steps=14)
+    a = _op_table(tmp_path, base, "base")
+    slow = synthetic(2, 2, steps=14, slow={(1, 1): 1.5})  # dp rank 1 at stage 1 half as slow again
+    b = _op_table(tmp_path, slow, "cand")
+    out = tmp_path / "r.html"
+    res = _cli("report", b, "--compare", a, "-o", out)
+    assert res.returncode == 0, res.stderr
+    html = out.read_text()
+    first = html.index("Compared with a base run")
+    assert first < html.index('data-chart="compare_steps"') < html.index('data-chart="compare_waterfall"')
+    assert first < html.index("Speedup")  # the comparison is the report's first section
+    want = json.loads(_cli("compare", a, b, "--json").stdout)["verdict"]
+    assert f"Verdict: {want}." in html
+    assert "perfscope report: error:" in _cli("report", b, "--compare", tmp_path / "none", "-o", out).stderr
