@@ -146,3 +146,41 @@ def test_report_compare_opens_with_the_comparison_and_its_two_charts(tmp_path: P
     want = json.loads(_cli("compare", a, b, "--json").stdout)["verdict"]
     assert f"Verdict: {want}." in html
     assert "perfscope report: error:" in _cli("report", b, "--compare", tmp_path / "none", "-o", out).stderr
+
+
+KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto-w2-allreduce-rank0.json.gz"
+
+
+def test_an_op_added_between_two_imported_kineto_traces_is_listed(tmp_path: Path) -> None:
+    """The bundled Kineto trace, and the same trace with one more operator in every ProfilerStep, imported
+    with --ops: the op is listed as added, with its calls and time per step; the trace's own ops are
+    unchanged."""
+    import gzip
+
+    doc = json.loads(gzip.decompress(KINETO.read_bytes()))
+    events = doc["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert len(steps) == 3
+    added = [
+        {**{k: s[k] for k in ("pid", "tid")}, "ph": "X", "cat": "cpu_op", "name": "aten::added_op",
+         "ts": s["ts"] + 1, "dur": 250.0, "args": {}}
+        for s in steps
+    ]  # fmt: skip
+    cand = tmp_path / "cand.json.gz"
+    with gzip.open(cand, "wt") as f:
+        json.dump({**doc, "traceEvents": events + added}, f)
+    stores = []
+    for name, path in (("base", KINETO), ("cand", cand)):
+        store = tmp_path / f"store-{name}"
+        res = _cli("import", "kineto", path, "--store", store, "--ops")
+        assert res.returncode == 0, res.stderr
+        stores.append(store)
+    res = _cli("compare", *stores, "--json")
+    assert res.returncode == 0, res.stderr
+    ops = {r["op_type"]: r for r in json.loads(res.stdout)["by_op_type"]}
+    assert ops["aten::added_op"]["change"] == "added"
+    assert ops["aten::added_op"]["candidate_calls_per_step"] == pytest.approx(1.0)
+    assert ops["aten::added_op"]["candidate_mean_ns"] == pytest.approx(250e3, rel=1e-3)
+    assert ops["aten::added_op"]["delta_ns_per_step"] == pytest.approx(250e3, rel=1e-3)
+    assert all(r["change"] == "unchanged" for n, r in ops.items() if n != "aten::added_op")
+    assert ops["aten::mul"]["base_calls_per_step"] > 0
