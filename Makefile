@@ -107,6 +107,7 @@ bench: setup
 	$(PY) benchmarks/dist_recorder.py
 	$(PY) benchmarks/import.py
 	$(PY) benchmarks/import_formats.py
+	$(PY) benchmarks/compare.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -8,15 +8,20 @@ import pandas as pd
 import pyarrow as pa
 import streamlit as st
 
+from perfscope.analysis.compare import Side, compare
 from perfscope.charts.compare import (
     NOTABLE_CHANGE,
     VERDICT_COLOURS,
     Quantity,
     difference_table,
     phase_compare_chart,
+    phase_waterfall_chart,
     scaling_compare_chart,
+    step_distribution_chart,
 )
 from perfscope.charts.rows import group_label_map, rows
+from perfscope.commands.compare import where_lines
+from perfscope.errors import PerfscopeError
 from perfscope.report.text import literal as md
 from perfscope.words import known
 
@@ -124,9 +129,38 @@ def _runs(ctx: Context, summary: pa.Table) -> None:
         st.markdown("**A and B differ in** " + "; ".join(md(d) for d in differs))
     if "simulated" in (ra.get("source"), rb.get("source")):
         st.caption("At least one of the two runs is simulated (perfscope simulate), not measured.")
+    if a != b:
+        _verdict(ctx, a, b)
     _difference(difference_table(ra, rb, RUN_QUANTITIES))
     chart(phase_compare_chart(ctx.table("phase_breakdown"), a, b))
     definition_note("run_summary", "phase_breakdown", "pop", "utilisation")
+
+
+def _verdict(ctx: Context, a: str, b: str) -> None:
+    """`perfscope compare`'s verdict on B against A: the interval, the culprit, set-up changes and the
+    two charts (the same analysis as the command and the report's section)."""
+    try:
+        c = compare(Side(ctx.store, a, "A"), Side(ctx.store, b, "B"))
+    except PerfscopeError as exc:
+        st.warning(md(exc.message), icon=":material/warning:")
+        return
+    ci = "no interval" if c.ci is None else f"95% interval {c.ci[0]:.3f}–{c.ci[1]:.3f}"
+    ratio = "n/a" if c.step_ratio is None else f"×{c.step_ratio:.3f}"
+    st.markdown(f"**Verdict for B against A: {c.verdict}**: step time {ratio}, {ci}")
+    for line in where_lines(c):
+        st.markdown(md(line))
+    if c.setup_changes:
+        st.dataframe(pd.DataFrame(c.setup_changes), hide_index=True)
+    st.caption(
+        f"Interval: moving-block bootstrap of each run's steady steps (blocks of {c.block_len} steps, "
+        f"as steps are autocorrelated), seeded; no change when it holds 1 or lies within ±{c.threshold:.0%}. "
+        "`perfscope compare` prints the same, with tables by rank, collective and op type."
+    )
+    left, right = st.columns(2)
+    with left:
+        chart(step_distribution_chart(c.steps_table()))
+    with right:
+        chart(phase_waterfall_chart(c.phase_table()))
 
 
 def _groups(ctx: Context) -> None:

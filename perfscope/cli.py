@@ -33,6 +33,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "report": ("report", "write the scaling study as one self-contained HTML file (or Markdown with PNGs)"),
     "import": ("import_", "import existing traces (torch.profiler, ...) into a store as a measured run"),
     "export": ("export", "export a run for another tool: Perfetto / chrome://tracing JSON"),
+    "compare": (
+        "compare",
+        "did a change make training slower? a candidate run against a base, with a CI gate",
+    ),
 }
 
 

@@ -261,3 +261,67 @@ def scaling_compare_chart(
     )
     chart = alt.vconcat(curves, bars).resolve_scale(color="independent")
     return finish(chart, title, lines)
+
+
+def step_distribution_chart(steps: pa.Table | None) -> ChartLike:
+    """`perfscope compare`'s two step-time distributions: a histogram of each run's steady steps (each
+    step's share of the wall clock, ms), base and candidate overlaid. `steps`: side, step_ms."""
+    title = "Steady step times, base and candidate"
+    vals = [r for r in rows(steps, ("side", "step_ms")) if r["step_ms"] is not None]
+    if not {r["side"] for r in vals} >= {"base", "candidate"}:
+        return no_data(title, "both runs need steady steps")
+    colours = alt.Scale(domain=["base", "candidate"], range=[SIDE_COLOURS["A"], SIDE_COLOURS["B"]])
+    chart = (
+        alt.Chart(data(vals))
+        .mark_bar(opacity=0.55, binSpacing=0)
+        .encode(
+            alt.X("step_ms:Q", bin=alt.Bin(maxbins=40), title="step time (ms, share of the wall clock)"),
+            alt.Y("count():Q", title="steps", stack=None),
+            alt.Color("side:N", title="run", scale=colours),
+            tooltip=[alt.Tooltip("side:N", title="run"), alt.Tooltip("count():Q", title="steps")],
+        )
+        .properties(width=WIDTH, height=HEIGHT)
+    )
+    return finish(
+        chart, title, "each steady step's share of the window's wall clock; its mean is the step time"
+    )
+
+
+def phase_waterfall_chart(by_phase: pa.Table | None) -> ChartLike:
+    """`perfscope compare`'s difference by phase as a waterfall: the base's step time, each phase's
+    change per step (the additive breakdown: they add up), and the candidate's step time.
+    `by_phase`: phase, label, base_ns, candidate_ns, delta_ns, in the breakdown's order."""
+    title = "Where the step time went: base to candidate by phase"
+    vals = rows(by_phase, ("label", "base_ns", "candidate_ns", "delta_ns"))
+    if not vals:
+        return no_data(title, "no steady steps in one of the runs")
+    base = sum(float(r["base_ns"] or 0.0) for r in vals) / 1e6
+    bars: list[Row] = [{"what": "base step", "start": 0.0, "end": base, "kind": "total", "ms": base}]
+    at = base
+    for r in vals:
+        d = float(r["delta_ns"] or 0.0) / 1e6
+        kind = "slower" if d > 0 else "faster"
+        bars.append({"what": str(r["label"]), "start": at, "end": at + d, "kind": kind, "ms": d})
+        at += d
+    bars.append({"what": "candidate step", "start": 0.0, "end": at, "kind": "total", "ms": at})
+    order = [b["what"] for b in bars]
+    chart = (
+        alt.Chart(data(bars))
+        .mark_bar()
+        .encode(
+            alt.X("what:N", sort=order, title=None, axis=alt.Axis(labelAngle=-30, labelLimit=160)),
+            alt.Y("start:Q", title="step time (ms)"),
+            alt.Y2("end:Q"),
+            alt.Color(
+                "kind:N",
+                title=None,
+                scale=alt.Scale(
+                    domain=["total", "slower", "faster"],
+                    range=["#999999", VERDICT_COLOURS["worse"], VERDICT_COLOURS["better"]],
+                ),
+            ),
+            tooltip=[alt.Tooltip("what:N"), alt.Tooltip("ms:Q", title="ms per step", format="+.3f")],
+        )
+        .properties(width=WIDTH, height=HEIGHT)
+    )
+    return finish(chart, title, "steady step, mean over ranks; the phases add up to the difference")

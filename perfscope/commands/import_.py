@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="samples per step on one rank (traces do not say; throughput and speedup need it)",
     )
+    p.add_argument(
+        "--ops",
+        action="store_true",
+        help="kineto: also store every operator (cpu_op) as a span of its step, so `perfscope compare` "
+        "lists the op types added, removed, more frequent or slower (memory grows with the operators)",
+    )
     p.add_argument("--meta", metavar="META.yaml", help="op-table: the job's layout (dp_size, pp_size ...)")
     for size in ("dp", "pp", "tp", "cp", "vpp"):
         p.add_argument(f"--{size}", type=int, metavar="N", help=f"op-table: {size} size (instead of --meta)")
@@ -50,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise PerfscopeError("--batch-size must be a positive number of samples")
     if not args.experiment.strip():
         raise PerfscopeError("--experiment must not be empty")
+    if args.ops and args.format != "kineto":
+        raise PerfscopeError(f"--ops is for kineto traces, not {args.format}")
     refuse_s3(args.store, "perfscope import")
     opts = ImportOptions(
         store=Path(args.store),
@@ -58,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         rank=args.rank,
         world_size=args.world_size,
         batch_size=args.batch_size,
+        ops=args.ops,
     )
     with stopped_by_signals():
         if args.format == "op-table":

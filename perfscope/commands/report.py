@@ -4,12 +4,15 @@ with every analysis table it used exportable as CSV or Parquet."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 from ..analysis import Selection
+from ..analysis.compare import Comparison
 from ..errors import PerfscopeError
 from ..store.open import open_store
+from ..store.reader import Store
 from ..words import counted
 
 
@@ -52,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="format of --tables files (default csv)",
     )
     p.add_argument(
+        "--compare",
+        metavar="BASE",
+        help="open with a section comparing the report's run with a base run in the store BASE (as "
+        "`perfscope compare BASE STORE` does: verdict, interval, by phase, rank, collective, op type)",
+    )
+    p.add_argument("--compare-run", metavar="ID", help="the base run in BASE (needed when it holds several)")
+    p.add_argument(
         "--to",
         choices=["mlflow", "wandb", "tensorboard"],
         help="send per-step phase times, the scaling summary and the findings to a tracker instead "
@@ -78,7 +88,11 @@ def run(args: argparse.Namespace) -> int:
         fmt = infer_format(Path("report.html"), args.format)
         output = default_output(fmt)
     sel = Selection(experiments=tuple(args.experiment), run_ids=tuple(args.runs), source=args.source)
-    with open_store(args.store) as store:
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(open_store(args.store))
+        comparison = None
+        if args.compare:
+            comparison = _comparison(stack, store, args)
         written = write_report(
             store,
             sel,
@@ -88,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             tables_dir=args.tables,
             table_format=args.table_format,
             stream=sys.stderr,
+            compare=comparison,
         )
     extra = f" and {counted(len(written.files) - 1, 'more file')}" if len(written.files) > 1 else ""
     print(
@@ -96,3 +111,17 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _comparison(stack: contextlib.ExitStack, store: Store, args: argparse.Namespace) -> Comparison:
+    """--compare: the report's run (the one run of the selection) against BASE's run."""
+    from ..analysis.compare import compare, pick_run
+
+    base_store = stack.enter_context(open_store(args.compare, warn=False))
+    base = pick_run(base_store, args.compare_run, "--compare BASE", "--compare-run")
+    if len(args.runs) > 1:
+        raise PerfscopeError("--compare compares one run: give at most one --run")
+    cand = pick_run(store, args.runs[0] if args.runs else None, "the report's store", "--run")
+    if base_store.root == store.root and base.run_id == cand.run_id:
+        raise PerfscopeError(f"--compare: the base run is the report's own run ({cand.run_id}); pick another")
+    return compare(base, cand)

@@ -80,6 +80,8 @@ class ImportOptions:
     world_size: int | None = None
     #: samples per step on one rank, when the user says (traces rarely do); throughput needs it
     batch_size: int | None = None
+    #: kineto: also every operator as a span of its step (perfscope compare's op types)
+    ops: bool = False
 
 
 @dataclass

@@ -77,6 +77,12 @@ _LAUNCH_CATS = frozenset(
     {"cuda_runtime", "cuda_driver", "runtime", "driver", "xpu_runtime", "mtia_runtime", "privateuse1_runtime"}
 )
 _CPU_CATS = frozenset({"cpu_op", "operator", "user_annotation", "python_function", "python"})
+#: operators, with `--ops`: each becomes a span (depth 2, parent "ops") of the step it starts in,
+#: named by the op, so `perfscope compare` can say which op types were added, removed, more frequent or slower
+_OP_CATS = frozenset({"cpu_op", "operator"})
+_OP_NAME_CHARS = 200
+#: the parent of those spans
+OPS_PARENT = "ops"
 #: µs since the Unix epoch from 2001 to 2100: Kineto before `baseTimeNanoseconds` (PyTorch < 2.0)
 #: wrote wall-clock µs, later versions µs from an origin that `baseTimeNanoseconds` names
 _EPOCH_US = (1.0e15, 4.1e15)
@@ -273,6 +279,13 @@ class RankTrace:
     cpu_start: array = field(default_factory=lambda: array("d"))
     cpu_end: array = field(default_factory=lambda: array("d"))
     _open: dict[int, list[float]] = field(default_factory=dict)
+    # operators (cpu_op), kept only when asked (`perfscope import kineto --ops`): name index, start,
+    # end; names by index (perfscope compare's op types)
+    keep_ops: bool = False
+    op_names: dict[str, int] = field(default_factory=dict)
+    op_id: array = field(default_factory=lambda: array("i"))
+    op_start: array = field(default_factory=lambda: array("d"))
+    op_end: array = field(default_factory=lambda: array("d"))
 
     def thread(self, tid: Any) -> int:
         """The index of a thread id (any JSON value: one that is not a number or a string counts by its
@@ -280,6 +293,15 @@ class RankTrace:
         if isinstance(tid, bool) or not isinstance(tid, (int, float, str, type(None))):
             tid = str(tid)[:64]
         return self.threads.setdefault(tid, len(self.threads))
+
+    def op(self, name: str, start: float, end: float) -> None:
+        names = self.op_names
+        i = names.get(name)
+        if i is None:
+            i = names[name] = len(names)
+        self.op_id.append(i)
+        self.op_start.append(start)
+        self.op_end.append(end)
 
     def step(self, index: int, start: float, end: float, tid: Any) -> None:
         self.st_index.append(index)
@@ -402,7 +424,7 @@ def _metadata(trace: RankTrace, head: bytes, tail: bytes) -> None:
         trace.device_model = str(props[0].get("name") or "")[:200]
 
 
-def read_trace(path: Path) -> RankTrace:
+def read_trace(path: Path, ops: bool = False) -> RankTrace:
     """Stream one Kineto file into a RankTrace.
 
     The common case, a JSON object whose `traceEvents` array holds objects, is cut at its events'
@@ -410,11 +432,12 @@ def read_trace(path: Path) -> RankTrace:
     the few fields the import reads (other keys are skipped, not built): memory stays that of a piece.
     Anything else (a truncated or malformed file, an event of an unusual shape, a file no gzip reader
     can finish) is read again from its first byte by the streaming parser (ijson), which says where
-    it breaks. Both see every byte through the same JsonGuard first."""
-    trace = _read_fast(path)
+    it breaks. Both see every byte through the same JsonGuard first. With `ops`, every operator is kept
+    (name, start, end: memory then grows with the operators) for perfscope compare's op types."""
+    trace = _read_fast(path, ops)
     if trace is not None:
         return trace
-    trace = RankTrace(path)
+    trace = RankTrace(path, keep_ops=ops)
     raw = _open_or_refuse(path)
     reader = _Tail(raw, str(path))
     with raw:
@@ -438,9 +461,9 @@ class _NotCommon(Exception):
     """The file is not of the shape the fast reader takes: read it with the streaming parser."""
 
 
-def _read_fast(path: Path) -> RankTrace | None:
+def _read_fast(path: Path, ops: bool = False) -> RankTrace | None:
     """The file read piece by piece with msgspec, None where it is not of the common shape."""
-    trace = RankTrace(path)
+    trace = RankTrace(path, keep_ops=ops)
     raw = _open_or_refuse(path)
     reader = _Tail(raw, str(path))
     guard = reader.guard
@@ -631,6 +654,8 @@ def _take(t: RankTrace, ph: Any, ts: Any, dur: Any, cat: Any, name: Any, tid: An
         t.cc_start.append(ts)
         t.cc_end.append(end)
         return
+    if t.keep_ops and cat in _OP_CATS:
+        t.op(name[:_OP_NAME_CHARS], ts, end)
     if name.startswith(_DATA_PREFIXES):
         t.data.extend((ts, end))
     elif name.startswith(_OPT_PREFIXES):
@@ -668,6 +693,7 @@ class StepResult:
     sync_exposed_us: float
     comm: list[tuple[_Comm, float]]  # (collective, exposed µs)
     spans: list[tuple[str, float, float]] = field(default_factory=list)  # CPU ranges: name, start, end
+    ops: list[tuple[str, float, float]] = field(default_factory=list)  # operators: name, start, end
 
 
 def analyse(t: RankTrace) -> list[StepResult]:
@@ -716,6 +742,12 @@ def analyse(t: RankTrace) -> list[StepResult]:
     k_of = _by_step(k_step, len(steps)) if gpu else []
     b_lo = np.searchsorted(bwd, s_start, side="left")
     b_hi = np.searchsorted(bwd, s_end, side="left")
+    # operators: each in the step it starts in
+    op_s = np.frombuffer(t.op_start, dtype=np.float64) if t.op_start else np.empty(0)
+    op_e = np.frombuffer(t.op_end, dtype=np.float64) if t.op_end else np.empty(0)
+    op_i = np.frombuffer(t.op_id, dtype=np.int32) if t.op_id else np.empty(0, dtype=np.int32)
+    op_of = _by_step(_step_of(op_s, s_start, s_end), len(steps)) if len(op_s) else []
+    op_name = list(t.op_names)  # by index: a dict keeps its insertion order
 
     out = []
     for i, s in enumerate(steps):
@@ -765,6 +797,12 @@ def analyse(t: RankTrace) -> list[StepResult]:
                 optimizer_us, compute_us, sync_us, rows, sorted(spans, key=lambda x: x[1]),
             )
         )  # fmt: skip
+        if op_of:
+            mine = op_of[i]
+            out[-1].ops = [
+                (op_name[k], a, b)
+                for k, a, b in zip(op_i[mine].tolist(), op_s[mine].tolist(), op_e[mine].tolist(), strict=True)
+            ]
     return out
 
 
@@ -851,9 +889,9 @@ class RankFile:
         return _to_ns(ts_us, self.base_ns)
 
 
-def read_file(path: Path) -> RankFile:
+def read_file(path: Path, ops: bool = False) -> RankFile:
     """One file read and analysed (what a worker process runs)."""
-    t = read_trace(path)
+    t = read_trace(path, ops)
     starts = np.frombuffer(t.st_start, dtype=np.float64) if t.st_start else np.empty(0)
     ends = np.frombuffer(t.st_end, dtype=np.float64) if t.st_end else np.empty(0)
     return RankFile(
@@ -899,20 +937,20 @@ def _main_can_be_reimported() -> bool:
     return re.search(rb"""__name__\s*==\s*['"]__main__['"]""", source) is not None
 
 
-def read_files(paths: Sequence[Path]) -> Iterator[RankFile]:
+def read_files(paths: Sequence[Path], ops: bool = False) -> Iterator[RankFile]:
     """Each file read and analysed, in the order given: in a pool of processes (one per core, at most
     one per file) when there are several, each returning only its per-step results, so memory stays
     that of a few files however many there are. A PerfscopeError in a worker is the same one line."""
     workers = _workers(len(paths))
     if workers == 1 or not _main_can_be_reimported():
-        yield from (read_file(p) for p in paths)
+        yield from (read_file(p, ops) for p in paths)
         return
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload([__name__])
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(read_file, p) for p in paths]
+        futures = [pool.submit(read_file, p, ops) for p in paths]
         try:
             for p, f in zip(paths, futures, strict=True):
                 try:
@@ -1003,7 +1041,7 @@ def _anchor_clocks(traces: list[RankFile]) -> str:
 def import_files(paths: Sequence[Path], opts: ImportOptions) -> ImportResult:
     traces = []
     warnings = []
-    for t in read_files(paths):
+    for t in read_files(paths, opts.ops):
         p = t.path
         if t.truncated:
             if not t.events:
@@ -1078,3 +1116,5 @@ def _write_step(run: RunImport, rank: int, t: RankFile, r: StepResult, clock: st
     run.span(rank, r.index, "step", t.to_ns(r.start_us), _ns(r.step_us), clock="host")
     for name, a, b in r.spans:
         run.span(rank, r.index, name, t.to_ns(a), _ns(b - a), clock="host", parent="step", depth=1)
+    for name, a, b in r.ops:
+        run.span(rank, r.index, name, t.to_ns(a), _ns(b - a), clock="host", parent=OPS_PARENT, depth=2)

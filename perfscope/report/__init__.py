@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from .. import __version__
 from ..analysis import ANALYSES, DEFINITIONS, Selection, run_analysis
+from ..analysis.compare import Comparison
 from ..errors import PerfscopeError
 from ..explain import explain
 from ..output import check_output_file, csv_text, output_folder, write_output
@@ -101,9 +102,15 @@ def describe_selection(sel: Selection) -> str:
 
 
 def collect(
-    store: Store, sel: Selection | None = None, *, title: str | None = None, step: StepFn = _no_progress
+    store: Store,
+    sel: Selection | None = None,
+    *,
+    title: str | None = None,
+    step: StepFn = _no_progress,
+    compare: Comparison | None = None,
 ) -> Collected:
-    """Run every analysis the report uses and the explainer; build the report's sections."""
+    """Run every analysis the report uses and the explainer; build the report's sections (with
+    `compare`, first the section that compares the selected run with a base run)."""
     sel = sel or Selection()
     tables: dict[str, pa.Table] = {}
     for name in ANALYSES_USED:
@@ -140,6 +147,13 @@ def collect(
     for f in findings:
         f.group_label = ctx.label(f.group_id) if f.group_id else ""
     sections = build_sections(ctx)
+    titles = {n: ANALYSES[n].title for n in ANALYSES_USED}
+    if compare is not None:
+        from .compare import ANALYSIS, TITLE, compare_section
+
+        step("compare")
+        sections.insert(0, compare_section(compare))
+        titles[ANALYSIS] = TITLE
     runs = tables["run_summary"]
     sources = runs.column("source").to_pylist()
     experiments = sorted({e for e in runs.column("experiment").to_pylist() if e})
@@ -165,7 +179,7 @@ def collect(
         sections=sections,
         findings=findings,
         definitions={k: DEFINITIONS[k] for k in keys if k in DEFINITIONS and k != "raw"},
-        analysis_titles={n: ANALYSES[n].title for n in ANALYSES_USED},
+        analysis_titles=titles,
         analysis_definitions={n: ANALYSES[n].definition for n in ANALYSES_USED},
     )
     return Collected(report, tables, [f.to_dict() for f in found])
@@ -274,6 +288,7 @@ def write_report(
     tables_dir: str | os.PathLike[str] | None = None,
     table_format: str = "csv",
     stream: TextIO | None = None,
+    compare: Comparison | None = None,
 ) -> Written:
     """Write the report to `output` (Markdown: PNGs in `<stem>_files/` beside it) and, with
     `tables_dir`, every analysis table it used. A progress bar goes to `stream` when it is a terminal."""
@@ -286,7 +301,7 @@ def write_report(
         raise PerfscopeError(f"unknown table format {table_format!r}; use csv or parquet")
     progress = Progress(len(ANALYSES_USED) + 2, stream)
     try:
-        collected = collect(store, sel, title=title, step=progress.step)
+        collected = collect(store, sel, title=title, step=progress.step, compare=compare)
         report = collected.report
         progress.add(len(report.charts()) + (len(collected.tables) + 1 if tables_dir else 0))
         files: list[Path] = [out]
