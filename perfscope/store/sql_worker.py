@@ -9,6 +9,7 @@ stream to standard output, and on failure one line `perfscope-error {json}` to s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import sys
@@ -78,7 +79,26 @@ def _run(request: Request) -> None:
     out.flush()
 
 
+def _die_with_parent() -> None:
+    """On Linux, end with the process that started this one (a CLI killed by SIGKILL, a server that
+    crashed): its watchdog went with it, and a query that never yields would run on unbounded."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import os
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent was gone before the call
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def main() -> int:
+    _die_with_parent()
     request = pickle.load(sys.stdin.buffer)  # written by the parent process, never by a user
     try:
         _run(request)

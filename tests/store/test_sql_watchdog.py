@@ -96,3 +96,31 @@ def test_sessions_over_their_time_free_their_query_slots(
         for session in sessions:
             session.close()
     assert len(errors) == 2 and all("time limit of 3 s" in e for e in errors), errors
+
+
+def test_a_worker_ends_with_the_process_that_started_it(store: Path) -> None:
+    """A CLI killed by SIGKILL takes its watchdog with it: the query's process ends too, rather than
+    run a lambda on for minutes (Linux: PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the worker ends with its parent on Linux")
+    import psutil
+
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "perfscope", "sql", str(store), LAMBDA, "--timeout", "600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[psutil.Process] = []
+        while not workers and time.monotonic() < deadline:
+            workers = psutil.Process(cli.pid).children()
+            time.sleep(0.1)
+        assert workers, "no worker started"
+    finally:
+        cli.kill()
+        cli.wait()
+    _gone, alive = psutil.wait_procs(workers, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive
