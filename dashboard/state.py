@@ -118,7 +118,7 @@ def session_sql(store: Store, purpose: str = "page") -> UserSql:
         return held
     if isinstance(held, UserSql):
         held.close()  # the store was reopened: a connection to the old listing is of no use
-    fresh = UserSql(store)
+    fresh = UserSql(store, warm=True)  # a session runs many queries: take workers started ahead
     st.session_state[key] = fresh
     return fresh
 

@@ -1,4 +1,4 @@
-"""The process one user query runs in (user_sql.UserSql starts it): `python -m perfscope.store.sql_worker`.
+"""The process one user query runs in (user_sql.UserSql starts it, calling `main`).
 
 DuckDB's interrupt does not stop work that never yields (a list lambda: `list_reduce` of 10^8 items
 ran 340 s past a 5 s limit), and its memory limit does not cover every function (`repeat('x', 2e9)`
@@ -37,6 +37,8 @@ class Request:
     threads: int | None
     text: str
     batch_rows: int
+    #: duckdb_check.needed_setting() of the parent (the same DuckDB): the worker does not probe again
+    disabled_optimizers: str | None
 
 
 def pieces(batch: pa.RecordBatch, limit: int = MAX_BATCH_BYTES) -> Iterator[pa.RecordBatch]:
@@ -64,7 +66,14 @@ def _say(kind: str, message: str, exit_code: int = 1) -> None:
 def _run(request: Request) -> None:
     from .user_sql import _connect  # the same locked connection as ever, in this process
 
-    con = _connect(request.listing, request.spill, request.memory_limit, request.threads)
+    con = _connect(
+        request.listing,
+        request.spill,
+        request.memory_limit,
+        request.threads,
+        checked=True,
+        disabled_optimizers=request.disabled_optimizers,
+    )
     rel = con.sql(request.text)
     reader = (
         rel.to_arrow_reader(request.batch_rows)
@@ -97,9 +106,25 @@ def _die_with_parent() -> None:
 _PR_SET_PDEATHSIG = 1
 
 
+def _warm_up() -> None:
+    """A worker started ahead of its query (user_sql._Spares) makes one connection with views while it
+    waits: the first in a process took 0.5-1 s, the next 40 ms."""
+    import tempfile
+
+    from .user_sql import _connect
+
+    with contextlib.suppress(duckdb.Error, OSError, PerfscopeError):
+        _connect(Listing(), tempfile.gettempdir(), "100MB", 1, checked=True).close()
+
+
 def main() -> int:
     _die_with_parent()
-    request = pickle.load(sys.stdin.buffer)  # written by the parent process, never by a user
+    if "--warm" in sys.argv[1:]:
+        _warm_up()
+    try:
+        request = pickle.load(sys.stdin.buffer)  # written by the parent process, never by a user
+    except EOFError:
+        return 0  # a worker started ahead, never used: its process ended
     try:
         _run(request)
     except BrokenPipeError:

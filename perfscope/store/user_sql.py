@@ -34,6 +34,7 @@ import psutil
 import pyarrow as pa
 
 from ..duckdb_check import configure as configure_duckdb
+from ..duckdb_check import needed_setting
 from ..errors import PerfscopeError
 from ..sizes import parse_size
 from .listing import Listing, create_views, spill_dir
@@ -163,9 +164,17 @@ def _quoted(items: list[str]) -> str:
 
 
 def _connect(
-    listing: Listing, spill: str, memory_limit: str, threads: int | None
+    listing: Listing,
+    spill: str,
+    memory_limit: str,
+    threads: int | None,
+    *,
+    checked: bool = False,
+    disabled_optimizers: str | None = None,
 ) -> duckdb.DuckDBPyConnection:
-    """A connection holding the listing's views, able to open only the listed segments, then locked."""
+    """A connection holding the listing's views, able to open only the listed segments, then locked.
+    `checked`: DuckDB was checked already, and `disabled_optimizers` is what it needs (a worker is
+    handed its parent's finding: probing again cost each worker most of a second)."""
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET enable_progress_bar=false")
@@ -179,7 +188,11 @@ def _connect(
         con.execute(f"SET allowed_directories={_quoted([spill])}")
         con.execute("SET enable_external_access=false")
         create_views(con, listing)
-        configure_duckdb(con)
+        if checked:
+            if disabled_optimizers is not None:
+                con.execute(f"SET disabled_optimizers={_quoted([disabled_optimizers])[1:-1]}")
+        else:
+            configure_duckdb(con)
         con.execute("SET lock_configuration=true")
     except duckdb.Error as exc:
         con.close()
@@ -205,8 +218,17 @@ class UserSql:
     in a worker process of its own (sql_worker.py) that a watchdog kills past the time limit or past
     the memory bound (worker_memory_bound), whether or not DuckDB would stop it."""
 
-    def __init__(self, store: Store, *, memory_limit: str = DEFAULT_MEMORY_LIMIT, threads: int | None = None):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        memory_limit: str = DEFAULT_MEMORY_LIMIT,
+        threads: int | None = None,
+        warm: bool = False,
+    ):
+        """`warm`: take workers started ahead of the query (_Spares), for a session that runs many."""
         self.store = store
+        self._warm = warm
         self._memory_limit = memory_limit
         self._threads = threads
         limit = parse_size(memory_limit)
@@ -304,7 +326,73 @@ def worker_memory_bound(memory_limit: int) -> int:
     return memory_limit + WORKER_BASE_BYTES + 2 * MAX_BATCH_BYTES
 
 
-_WORKER = [sys.executable, "-m", "perfscope.store.sql_worker"]
+#: the worker's command (not `-m`: perfscope.store imports the module before runpy would run it)
+_WORKER = [sys.executable, "-c", "import sys; from perfscope.store.sql_worker import main; sys.exit(main())"]
+
+Worker = tuple["subprocess.Popen[bytes]", IO[bytes]]
+
+
+def _new_worker(warm: bool = False) -> Worker:
+    """A worker process, importing its libraries (`warm`: and making a first connection), then waiting
+    for its request; its standard error goes to an unnamed file (closed with it, Rows._end_worker)."""
+    errors = tempfile.TemporaryFile(dir=spill_dir())  # noqa: SIM115
+    proc = subprocess.Popen(
+        [*_WORKER, *(["--warm"] if warm else [])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        close_fds=True,
+    )
+    return proc, errors
+
+
+class _Spares:
+    """Workers started ahead of the queries of long-lived sessions (the dashboard's): starting one
+    (Python, DuckDB, Arrow) took 1-2 s on a loaded machine, before every query. At most
+    RUNNING_QUERIES wait at once, idle (about 200 MB each), whatever the number of sessions; each
+    serves one query. They
+    are started by one thread that lives as long as the process: a worker ends with the thread that
+    started it (sql_worker._die_with_parent)."""
+
+    def __init__(self) -> None:
+        self._ready: list[Worker] = []
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def take(self) -> Worker | None:
+        """A started worker, or None (one is then started for the next query)."""
+        got = None
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._keep, name="perfscope-sql-spares", daemon=True)
+                self._thread.start()
+            while self._ready and got is None:
+                proc, errors = self._ready.pop()
+                if proc.poll() is None:
+                    got = (proc, errors)
+                else:
+                    errors.close()
+        self._wanted.set()
+        return got
+
+    def _keep(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            while True:
+                with self._lock:
+                    if len(self._ready) >= RUNNING_QUERIES:
+                        break
+                try:
+                    worker = _new_worker(warm=True)
+                except OSError:
+                    break  # out of processes: queries start their own
+                with self._lock:
+                    self._ready.append(worker)
+
+
+_spares = _Spares()
 
 
 class Rows:
@@ -355,12 +443,10 @@ class Rows:
             threads=self._session._threads,
             text=text,
             batch_rows=BATCH_ROWS,
+            disabled_optimizers=needed_setting(),  # found once here, not again in every worker
         )
-        # closed by _end_worker, with the worker
-        self._errors = tempfile.TemporaryFile(dir=self._session._spill)  # noqa: SIM115
-        self._proc = subprocess.Popen(
-            _WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors, close_fds=True
-        )
+        warm = _spares.take() if self._session._warm else None
+        self._proc, self._errors = warm or _new_worker()
         self._done.clear()
         self._watchdog = threading.Thread(target=self._watch, args=(self._proc,), daemon=True)
         self._watchdog.start()
