@@ -124,3 +124,17 @@ def test_a_worker_ends_with_the_process_that_started_it(store: Path) -> None:
     for p in alive:
         p.kill()
     assert not alive
+
+
+def test_a_row_larger_than_a_batch_may_hold_is_refused_in_one_line(store: Path) -> None:
+    """Whatever the query, what reaches the server's Python comes in pieces of at most
+    MAX_BATCH_BYTES: a single row past it is refused, not held."""
+    from perfscope.store.sql_worker import MAX_BATCH_BYTES
+
+    with open_store(store) as s, UserSql(s) as session:
+        with pytest.raises(PerfscopeError, match="a row of the result holds") as err:
+            session.fetch(f"SELECT repeat('x', {MAX_BATCH_BYTES + 2**20}) AS s")
+        assert "\n" not in err.value.message and err.value.exit_code == 1
+        # wide rows that fit come whole, split into pieces under the bound
+        got = session.fetch("SELECT repeat('x', 1000000) AS s FROM range(100)")
+        assert got.complete and got.table.num_rows == 100
