@@ -3,7 +3,8 @@
 #: `perfscope dashboard STORE` hands the store to the app in this variable (script arguments would
 #: collide with pytest's when the app runs inside AppTest).
 ENV_STORE = "PERFSCOPE_DASHBOARD_STORE"
-#: the access token a browser must bring (`?token=` once, then a cookie); unset: no token (--no-token)
+#: the access token a browser must bring, as the first segment of every path (guard.py); unset: no
+#: token (--no-token)
 ENV_TOKEN = "PERFSCOPE_DASHBOARD_TOKEN"
 #: the Host header values the server answers, comma-separated; unset or "*": any (a wildcard bind)
 ENV_HOSTS = "PERFSCOPE_DASHBOARD_HOSTS"

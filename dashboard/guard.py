@@ -1,9 +1,13 @@
 """The dashboard's front door: an ASGI middleware before Streamlit that answers only requests for the
-bound address (a DNS-rebinding page names another Host) from browsers that brought the access token.
+bound address (a DNS-rebinding page names another Host) that bring the access token.
 
-The token comes once in the URL the CLI prints (`/?token=...`, as Jupyter does); the answer is a
-redirect to the same page without it that sets an HttpOnly, SameSite=Strict cookie, which the page's
-later requests and its websocket carry. Everything else gets 403 and one line saying why.
+The token is the first segment of every path: Streamlit serves the app under it
+(`--server.baseUrlPath`, handed over in the environment, never on a command line `ps` shows), and
+the CLI prints `http://127.0.0.1:PORT/TOKEN/`. There is no cookie: browsers scope cookies by host,
+not port, so a token cookie for 127.0.0.1:8501 was sent to any server on 127.0.0.1, another local
+user's included, who could replay it (issue 33). A path is sent to its own origin only, and the
+answers carry `Referrer-Policy: no-referrer`, so no page takes the URL elsewhere. `/?token=TOKEN`
+(the form printed before) redirects to `/TOKEN/`. Everything else gets 403 and one line saying why.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
-from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -26,11 +29,6 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 TOKEN_PARAM = "token"
 #: answered without a token: a liveness probe that says nothing about the store
 OPEN_PATHS = frozenset({"/_stcore/health"})
-
-
-def cookie_name(port: int | None) -> str:
-    """One cookie per port: two dashboards on one host do not overwrite each other's token."""
-    return f"perfscope_token_{port or 0}"
 
 
 def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
@@ -74,10 +72,16 @@ class AccessGuard:
         if scope["type"] == "websocket" and not self._same_origin(headers.get("origin"), host):
             await self._refuse(scope, send, "perfscope dashboard: the page's origin is not this server")
             return
-        if self.token is None or scope.get("path") in OPEN_PATHS:
+        if self.token is None:
             await self.app(scope, receive, send)
             return
-        port = (scope.get("server") or (None, None))[1]
+        path = scope.get("path", "/")
+        if path in OPEN_PATHS:  # Streamlit answers it under the token's path only
+            await self.app(self._under_token(scope), receive, send)
+            return
+        if self._valid(path.split("/")[1] if path.startswith("/") else ""):
+            await self.app(scope, receive, self._no_referrer(send))
+            return
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = [v for k, v in query if k == TOKEN_PARAM]
         if given and scope["type"] == "http":
@@ -85,16 +89,13 @@ class AccessGuard:
                 await self._refuse(scope, send, "perfscope dashboard: wrong token")
                 return
             rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
-            where = scope.get("path", "/") + (f"?{rest}" if rest else "")
-            await self._redirect(send, where, port)
-            return
-        if self._valid(self._cookie(headers.get("cookie", ""), port)):
-            await self.app(scope, receive, send)
+            where = f"/{self.token}{path}" + (f"?{rest}" if rest else "")
+            await self._redirect(send, where)
             return
         await self._refuse(
             scope,
             send,
-            "perfscope dashboard: open the URL with ?token=... that `perfscope dashboard` printed at start",
+            "perfscope dashboard: open the URL `perfscope dashboard` printed at start (http://HOST:PORT/TOKEN/)",
         )
 
     def _valid(self, given: str | None) -> bool:
@@ -102,14 +103,24 @@ class AccessGuard:
             return False
         return hmac.compare_digest(given.encode(), self.token.encode())
 
+    def _under_token(self, scope: Scope) -> Scope:
+        inner = dict(scope)
+        inner["path"] = f"/{self.token}{scope['path']}"
+        inner["raw_path"] = inner["path"].encode("latin-1")
+        return inner
+
     @staticmethod
-    def _cookie(header: str, port: int | None) -> str | None:
-        try:
-            jar = SimpleCookie(header)
-        except CookieError:
-            return None
-        morsel = jar.get(cookie_name(port))
-        return morsel.value if morsel is not None else None
+    def _no_referrer(send: Send) -> Send:
+        """`send` adding Referrer-Policy: no-referrer to every HTTP answer: the page's URL, which holds
+        the token, is never sent to another site in a Referer header."""
+
+        async def sending(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"referrer-policy"]
+                message = {**message, "headers": [*headers, (b"referrer-policy", b"no-referrer")]}
+            await send(message)
+
+        return sending
 
     @staticmethod
     def _same_origin(origin: str | None, host: str) -> bool:
@@ -118,16 +129,16 @@ class AccessGuard:
             return True
         return urlsplit(origin).netloc.lower() == host.lower()
 
-    async def _redirect(self, send: Send, where: str, port: int | None) -> None:
-        cookie = f"{cookie_name(port)}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+    @staticmethod
+    async def _redirect(send: Send, where: str) -> None:
         await send(
             {
                 "type": "http.response.start",
                 "status": 302,
                 "headers": [
                     (b"location", where.encode("latin-1")),
-                    (b"set-cookie", cookie.encode("latin-1")),
                     (b"cache-control", b"no-store"),
+                    (b"referrer-policy", b"no-referrer"),
                     (b"content-length", b"0"),
                 ],
             }

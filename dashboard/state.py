@@ -7,6 +7,8 @@ import dataclasses
 import hashlib
 import logging
 import os
+import pwd
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,7 @@ import streamlit as st
 
 from perfscope.analysis import ANALYSES, Selection, run_analysis
 from perfscope.charts.rows import group_labels, rows
-from perfscope.errors import PerfscopeError
+from perfscope.errors import PerfscopeError, one_line
 from perfscope.report.text import literal as md
 from perfscope.store.open import open_store
 from perfscope.store.reader import Store
@@ -53,8 +55,41 @@ def _open(path: str) -> Store:
     return open_store(path, warn=False)
 
 
+def closed_by_owner(path: Path, euid: int | None = None) -> str:
+    """Why the server should not show the store at `path`, or '': its owner did not open it to others.
+    A dashboard run by a privileged account can read every user's files; it serves a store only when
+    its folder is the server user's own or readable by group or others, and every folder above it the
+    server user's own or open (x) to group or others. `euid` is the server's user (tests set it)."""
+    me = os.geteuid() if euid is None else euid
+    for i, folder in enumerate([path, *path.parents]):
+        try:
+            info = folder.stat()
+        except OSError:
+            return ""  # the store's opening says what is wrong
+        wanted = 0o044 if i == 0 else 0o011  # the store's folder read; the folders above it passed
+        if info.st_uid != me and not info.st_mode & wanted:
+            what = "the store's folder" if i == 0 else f"the folder above it, {one_line(str(folder))},"
+            return (
+                f"{one_line(str(path))} is not served: {what} belongs to {_user(info.st_uid)} and is closed "
+                f"to others (mode {stat.S_IMODE(info.st_mode):o}); its owner can open it (chmod go+rX) or "
+                "run a dashboard of their own"
+            )
+    return ""
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def open_or_message(path: Path) -> tuple[Store | None, str]:
-    """The open store, or None and what is wrong in words (missing, empty, foreign, unreadable)."""
+    """The open store, or None and what is wrong in words (missing, empty, foreign, unreadable, or
+    closed by its owner to others: closed_by_owner)."""
+    closed = closed_by_owner(path)
+    if closed:
+        return None, closed
     try:
         return _open(str(path)), ""
     except PerfscopeError as exc:
@@ -83,7 +118,7 @@ def session_sql(store: Store, purpose: str = "page") -> UserSql:
         return held
     if isinstance(held, UserSql):
         held.close()  # the store was reopened: a connection to the old listing is of no use
-    fresh = UserSql(store)
+    fresh = UserSql(store, warm=True)  # a session runs many queries: take workers started ahead
     st.session_state[key] = fresh
     return fresh
 

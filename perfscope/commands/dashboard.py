@@ -13,11 +13,13 @@ from types import FrameType
 
 from perfscope import dashboard
 from perfscope.dashboard import ENV_HOSTS, ENV_ROOT, ENV_STORE, ENV_TOKEN
-from perfscope.dashboard.guard import TOKEN_PARAM, allowed_hosts
+from perfscope.dashboard.guard import allowed_hosts
 
 from ..errors import PerfscopeError
 
 LOCALHOST = "127.0.0.1"
+#: Streamlit's --server.baseUrlPath, set from the environment
+ENV_BASE_PATH = "STREAMLIT_SERVER_BASE_URL_PATH"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     url = f"http://{_display_host(args.host)}:{args.port}"
-    shown = f"{url}/?{TOKEN_PARAM}={token}" if token else url
+    # the token is the path Streamlit serves under: a URL is sent to its own port only, where a cookie
+    # went to every server on the host (another local user's too)
+    shown = f"{url}/{token}/" if token else url
     print(f"perfscope dashboard: {shown}  (store {store}; Ctrl-C stops it)", flush=True)
     hosts = allowed_hosts(args.host, args.port)
     env = dict(
@@ -143,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     env.pop(ENV_TOKEN, None)
-    if token:
+    env.pop(ENV_BASE_PATH, None)
+    if token:  # in the environment, which only this user can read; a command line `ps` shows to all
         env[ENV_TOKEN] = token
+        env[ENV_BASE_PATH] = token
     child = subprocess.Popen(command(store, args.host, args.port), env=env)
 
     def forward(signum: int, frame: FrameType | None) -> None:

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import PerfscopeError
-from ..output import check_output_file, csv_text, open_output, printable_columns
+from ..output import check_output_file, csv_pieces, csv_text, open_output, printable_columns
 from ..store.open import open_store
 from ..store.schema import TABLES
-from ..store.user_sql import DEFAULT_MEMORY_LIMIT, Rows, UserSql
+from ..store.user_sql import DEFAULT_MEMORY_LIMIT, Rows, UserSql, worker_memory_bound
 from ..terminal import format_table, terminal_width, use_colour
 from ..words import counted
 
@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MEMORY_LIMIT,
         metavar="SIZE",
         help=f"memory the query may use, e.g. 500MB or 8GB; beyond it large sorts and joins spill "
-        f"to disk (default {DEFAULT_MEMORY_LIMIT})",
+        f"to disk, and a query whose process passes it by {worker_memory_bound(0) // 2**20} MB is stopped "
+        f"(default {DEFAULT_MEMORY_LIMIT})",
     )
 
 
@@ -118,11 +119,11 @@ def _parquet(rows: Rows, f: BinaryIO) -> int:
 
 def _csv(rows: Rows, emit: Emit) -> int:
     n = 0
+    emit(csv_text(rows.schema.empty_table()))  # the header
     for batch in rows:
-        emit(csv_text(pa.Table.from_batches([batch]), header=n == 0))
-        n += batch.num_rows or 0
-    if n == 0:  # the header alone
-        emit(csv_text(rows.schema.empty_table()))
+        for count, text in csv_pieces(batch, header=False):  # a few rows at a time, however wide
+            emit(text)
+            n += count
     return n
 
 

@@ -4,27 +4,41 @@ DuckDB's own parse admits one plain query (SELECT, WITH ... SELECT, EXPLAIN with
 on a private connection that holds only the store's views and may open only the store's segment files
 (no COPY target, no ATTACH, no SET), under a memory limit and an optional time limit, and its result is
 read in batches, so a 400 M-row answer streams to a file instead of filling memory.
+Each query runs in a worker process (sql_worker.py) under a watchdog that kills it past the time
+limit or past its memory bound (worker_memory_bound): DuckDB's interrupt does not stop a list lambda,
+and its memory limit does not cover `repeat`, so neither is trusted alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import os
+import pickle
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import duckdb
+import psutil
 import pyarrow as pa
 
 from ..duckdb_check import configure as configure_duckdb
+from ..duckdb_check import needed_setting
 from ..errors import PerfscopeError
+from ..sizes import parse_size
 from .listing import Listing, create_views, spill_dir
+from .sql_worker import ERROR_MARK, MAX_BATCH_BYTES, Request
 
 if TYPE_CHECKING:
     from .reader import Store  # the store this session reads (reader.py builds on this module)
@@ -53,6 +67,12 @@ MAX_QUERY_CHARS = 100_000
 MAX_QUERY_TOKENS = 20_000
 MAX_QUERY_SELECTS = 250
 MAX_QUERY_DEPTH = 100
+#: the resident memory of a query's worker process beyond DuckDB's limit: the interpreter, DuckDB,
+#: Arrow and the store's views (measured: 150-200 MB), with room to spare; the watchdog looks every
+#: WATCH_INTERVAL_S, and a worker that failed is given GRACE_S to end before it is killed
+WORKER_BASE_BYTES = 384 * 2**20
+WATCH_INTERVAL_S = 0.02
+GRACE_S = 5.0
 #: a query meeting files that vanish (a compaction) or turn out corrupt is tried this often
 _ATTEMPTS = 4
 
@@ -144,9 +164,17 @@ def _quoted(items: list[str]) -> str:
 
 
 def _connect(
-    listing: Listing, spill: str, memory_limit: str, threads: int | None
+    listing: Listing,
+    spill: str,
+    memory_limit: str,
+    threads: int | None,
+    *,
+    checked: bool = False,
+    disabled_optimizers: str | None = None,
 ) -> duckdb.DuckDBPyConnection:
-    """A connection holding the listing's views, able to open only the listed segments, then locked."""
+    """A connection holding the listing's views, able to open only the listed segments, then locked.
+    `checked`: DuckDB was checked already, and `disabled_optimizers` is what it needs (a worker is
+    handed its parent's finding: probing again cost each worker most of a second)."""
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET enable_progress_bar=false")
@@ -160,7 +188,11 @@ def _connect(
         con.execute(f"SET allowed_directories={_quoted([spill])}")
         con.execute("SET enable_external_access=false")
         create_views(con, listing)
-        configure_duckdb(con)
+        if checked:
+            if disabled_optimizers is not None:
+                con.execute(f"SET disabled_optimizers={_quoted([disabled_optimizers])[1:-1]}")
+        else:
+            configure_duckdb(con)
         con.execute("SET lock_configuration=true")
     except duckdb.Error as exc:
         con.close()
@@ -181,41 +213,47 @@ class Fetched:
 
 
 class UserSql:
-    """One private connection for a user's queries over a store: one per CLI call or dashboard session,
-    so nothing one session does reaches another, and a slow query blocks no one else's."""
+    """One private session for a user's queries over a store: one per CLI call or dashboard session,
+    so nothing one session does reaches another, and a slow query blocks no one else's. Each query runs
+    in a worker process of its own (sql_worker.py) that a watchdog kills past the time limit or past
+    the memory bound (worker_memory_bound), whether or not DuckDB would stop it."""
 
-    def __init__(self, store: Store, *, memory_limit: str = DEFAULT_MEMORY_LIMIT, threads: int | None = None):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        memory_limit: str = DEFAULT_MEMORY_LIMIT,
+        threads: int | None = None,
+        warm: bool = False,
+    ):
+        """`warm`: take workers started ahead of the query (_Spares), for a session that runs many."""
         self.store = store
+        self._warm = warm
         self._memory_limit = memory_limit
         self._threads = threads
-        self._con: duckdb.DuckDBPyConnection | None = None
-        self._listing: Listing | None = None
+        limit = parse_size(memory_limit)
+        if limit is None:
+            raise PerfscopeError(f"invalid memory limit {memory_limit!r}: give a size such as 500MB or 8GB")
+        #: the resident memory the worker may reach before it is killed
+        self.rss_bound = worker_memory_bound(limit)
         self._lock = threading.Lock()
-        self._timed_out = False
+        self._running: Rows | None = None
         self._spill = tempfile.mkdtemp(prefix="sql-", dir=spill_dir())
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._spill, True)
-
-    def _connection(self) -> duckdb.DuckDBPyConnection:
-        """The connection, rebuilt when the store re-listed its segments (the allowed files changed)."""
-        if self._con is None or self._listing is not self.store.listing:
-            if self._con is not None:
-                self._con.close()
-            self._listing = self.store.listing
-            self._con = _connect(self._listing, self._spill, self._memory_limit, self._threads)
-        return self._con
 
     def batches(self, sql: str, *, timeout_s: float | None = None) -> Rows:
         """The result of `sql`, read batch by batch; close it (or use it as a context manager)."""
         text = check_query(sql)
         if timeout_s is not None and not timeout_s > 0:
             raise PerfscopeError("the time limit must be a positive number of seconds")
-        # One query at a time on this connection, released by Rows.close. A query still running (a
-        # dashboard user ran another meanwhile) is stopped: the newer one is what they want. Again
-        # and again, as an interrupt that arrives before it starts executing is lost.
+        # One query at a time per session, released by Rows.close. A query still running (a dashboard
+        # user ran another meanwhile) is stopped: the newer one is what they want.
         while not self._lock.acquire(timeout=0.1):
-            self._interrupt_running()
+            running = self._running
+            if running is not None:
+                running._stop("replaced")
         # every session's query takes one of the process's slots: a dashboard's total memory is
-        # bounded by RUNNING_QUERIES x (DuckDB's limit + FETCH_MAX_BYTES), however many tabs are open
+        # bounded by RUNNING_QUERIES x (the worker's bound + FETCH_MAX_BYTES), however many tabs are open
         if not _slots.acquire(timeout=SLOT_WAIT_S):
             self._lock.release()
             raise PerfscopeError(
@@ -223,27 +261,14 @@ class UserSql:
                 f"once (each may hold {self._memory_limit} in DuckDB); try again when one ends",
                 exit_code=1,
             )
-        self._timed_out = False
-        timer = threading.Timer(timeout_s, self._interrupt) if timeout_s is not None else None
-        rows = Rows(self, timer, timeout_s)
+        rows = Rows(self, timeout_s)
+        self._running = rows
         try:
-            if timer is not None:
-                timer.daemon = True
-                timer.start()
             rows._start(text)
         except BaseException:
             rows.close()
             raise
         return rows
-
-    def _interrupt(self) -> None:
-        self._timed_out = True
-        self._interrupt_running()
-
-    def _interrupt_running(self) -> None:
-        con = self._con
-        if con is not None:
-            con.interrupt()
 
     def fetch(
         self,
@@ -275,11 +300,17 @@ class UserSql:
             return Fetched(table, complete=False, bound=f"its rows passed {max_bytes // 2**20} MB")
         return Fetched(table, complete=True)
 
+    def _clear_spill(self) -> None:
+        """What a killed worker spilled stays behind it: removed before the next query."""
+        shutil.rmtree(self._spill, ignore_errors=True)
+        os.makedirs(self._spill, exist_ok=True)
+
     def close(self) -> None:
+        running = self._running
+        if running is not None:
+            running._stop("closed")
         with self._lock:
-            if self._con is not None:
-                self._con.close()
-                self._con = None
+            pass
         self._cleanup()
 
     def __enter__(self) -> UserSql:
@@ -289,62 +320,235 @@ class UserSql:
         self.close()
 
 
+def worker_memory_bound(memory_limit: int) -> int:
+    """The resident memory a query's worker may reach: DuckDB's limit, the interpreter and its
+    libraries, and one batch on its way out (sql_worker.MAX_BATCH_BYTES, twice: Arrow and the pipe)."""
+    return memory_limit + WORKER_BASE_BYTES + 2 * MAX_BATCH_BYTES
+
+
+#: the worker's command (not `-m`: perfscope.store imports the module before runpy would run it)
+_WORKER = [sys.executable, "-c", "import sys; from perfscope.store.sql_worker import main; sys.exit(main())"]
+
+Worker = tuple["subprocess.Popen[bytes]", IO[bytes]]
+
+
+def _new_worker(warm: bool = False) -> Worker:
+    """A worker process, importing its libraries (`warm`: and making a first connection), then waiting
+    for its request; its standard error goes to an unnamed file (closed with it, Rows._end_worker)."""
+    errors = tempfile.TemporaryFile(dir=spill_dir())  # noqa: SIM115
+    proc = subprocess.Popen(
+        [*_WORKER, *(["--warm"] if warm else [])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        close_fds=True,
+    )
+    return proc, errors
+
+
+class _Spares:
+    """Workers started ahead of the queries of long-lived sessions (the dashboard's): starting one
+    (Python, DuckDB, Arrow) took 1-2 s on a loaded machine, before every query. At most
+    RUNNING_QUERIES wait at once, idle (about 200 MB each), whatever the number of sessions; each
+    serves one query. They
+    are started by one thread that lives as long as the process: a worker ends with the thread that
+    started it (sql_worker._die_with_parent)."""
+
+    def __init__(self) -> None:
+        self._ready: list[Worker] = []
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def take(self) -> Worker | None:
+        """A started worker, or None (one is then started for the next query)."""
+        got = None
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._keep, name="perfscope-sql-spares", daemon=True)
+                self._thread.start()
+            while self._ready and got is None:
+                proc, errors = self._ready.pop()
+                if proc.poll() is None:
+                    got = (proc, errors)
+                else:
+                    errors.close()
+        self._wanted.set()
+        return got
+
+    def _keep(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            while True:
+                with self._lock:
+                    if len(self._ready) >= RUNNING_QUERIES:
+                        break
+                try:
+                    worker = _new_worker(warm=True)
+                except OSError:
+                    break  # out of processes: queries start their own
+                with self._lock:
+                    self._ready.append(worker)
+
+
+_spares = _Spares()
+
+
 class Rows:
     """A running user query: `schema`, then its record batches; errors come out as PerfscopeError."""
 
-    def __init__(self, session: UserSql, timer: threading.Timer | None, timeout_s: float | None):
+    def __init__(self, session: UserSql, timeout_s: float | None):
         self._session = session
-        self._timer = timer
         self._timeout_s = timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._errors: IO[bytes] | None = None
         self._reader: pa.RecordBatchReader | None = None
         self._first: pa.RecordBatch | None = None
         self._closed = False
+        self._done = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        #: why the watchdog or a newer query stopped the worker ('' while it was not)
+        self.stopped = ""
+        #: the worker's largest resident memory the watchdog saw
+        self.peak_rss = 0
         self.schema = pa.schema([])
 
     def _start(self, text: str) -> None:
         for attempt in range(_ATTEMPTS):
             try:
-                con = self._session._connection()
-                # a relation's reader: Arrow from a DB-API result (con.execute) copies every row, and
-                # DuckDB 2 prints a warning for it on the user's console
-                rel = con.sql(text)
-                self._reader = (
-                    rel.to_arrow_reader(BATCH_ROWS)
-                    if rel is not None
-                    else pa.RecordBatchReader.from_batches(pa.schema([]), [])  # a statement without rows
-                )
+                self._spawn(text)
+                assert self._proc is not None and self._proc.stdout is not None
+                self._reader = pa.ipc.open_stream(self._proc.stdout)
                 self.schema = self._reader.schema
                 self._first = self._next()
                 return
-            except PerfscopeError:
-                raise
-            except (duckdb.Error, OSError) as exc:
+            except (pa.ArrowException, OSError) as exc:
+                failure = self._failure(exc)
                 if (
-                    self._session._timed_out
+                    self.stopped
                     or attempt == _ATTEMPTS - 1
-                    or not self._session.store.recover(exc)
+                    or failure.kind == "PerfscopeError"
+                    or not self._session.store.recover(Exception(failure.message))
                 ):
-                    raise self._error(exc) from None
+                    raise self._error(failure) from None
+                self._end_worker()
+
+    def _spawn(self, text: str) -> None:
+        listing = self._session.store.listing
+        request = Request(
+            listing=dataclasses.replace(listing, derived={}),
+            spill=self._session._spill,
+            memory_limit=self._session._memory_limit,
+            threads=self._session._threads,
+            text=text,
+            batch_rows=BATCH_ROWS,
+            disabled_optimizers=needed_setting(),  # found once here, not again in every worker
+        )
+        warm = _spares.take() if self._session._warm else None
+        self._proc, self._errors = warm or _new_worker()
+        self._done.clear()
+        self._watchdog = threading.Thread(target=self._watch, args=(self._proc,), daemon=True)
+        self._watchdog.start()
+        assert self._proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it died at once: its error says why
+            self._proc.stdin.write(pickle.dumps(request))
+            self._proc.stdin.close()
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill the worker past the time limit or past its memory bound."""
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        try:
+            ps = psutil.Process(proc.pid)
+        except psutil.Error:
+            return
+        while not self._done.wait(WATCH_INTERVAL_S):
+            if deadline is not None and time.monotonic() > deadline:
+                self._stop("time")
+                return
+            try:
+                rss = ps.memory_info().rss
+            except psutil.Error:
+                return  # it ended
+            self.peak_rss = max(self.peak_rss, rss)
+            if rss > self._session.rss_bound:
+                self._stop("memory")
+                return
+
+    def _stop(self, why: str) -> None:
+        """Kill the worker (its reader then ends), saying why."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            if not self.stopped:
+                self.stopped = why
+            with contextlib.suppress(OSError):
+                proc.kill()
 
     def _next(self) -> pa.RecordBatch | None:
         assert self._reader is not None
         try:
             return self._reader.read_next_batch()
         except StopIteration:
+            self._end_of_stream()
             return None
 
-    def _error(self, exc: BaseException) -> PerfscopeError:
-        if self._session._timed_out:
+    def _end_of_stream(self) -> None:
+        """The stream ended: a result read whole, or a worker that failed or was killed (raises)."""
+        assert self._proc is not None
+        code = self._proc.wait()
+        if code != 0 or self.stopped:
+            raise self._error(self._failure(None))
+        return None
+
+    def _failure(self, exc: BaseException | None) -> _Failure:
+        """What the worker said went wrong, once it ended."""
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=GRACE_S)
+            if self._proc.poll() is None:
+                self._stop("failed")
+                self._proc.wait()
+        said = b""
+        if self._errors is not None:
+            self._errors.seek(0)
+            said = self._errors.read()[-65536:]
+        for line in reversed(said.decode("utf-8", "replace").splitlines()):
+            if line.startswith(ERROR_MARK):
+                with contextlib.suppress(ValueError, KeyError):
+                    got = json.loads(line[len(ERROR_MARK) :])
+                    return _Failure(str(got["kind"]), str(got["message"]), int(got["exit_code"]))
+        code = self._proc.returncode if self._proc is not None else None
+        detail = _first_line(exc) if exc is not None else f"its process ended with status {code}"
+        return _Failure("", f"the query's process failed: {detail}", 1)
+
+    def _error(self, failure: _Failure) -> PerfscopeError:
+        if self.stopped == "time":
             return PerfscopeError(
                 f"the query was stopped after its time limit of {self._timeout_s:g} s; narrow it "
                 "(WHERE, LIMIT, fewer columns) or allow more time",
                 exit_code=1,
             )
-        if isinstance(exc, duckdb.PermissionException):  # a file outside the store: refused, not failed
+        if self.stopped == "memory":
             return PerfscopeError(
-                f"only the store's tables may be read: {_first_line(exc)}", exit_code=REFUSED_EXIT
+                f"the query was stopped when it held {self.peak_rss / 2**20:,.0f} MB, past its bound of "
+                f"{self._session.rss_bound / 2**20:,.0f} MB (memory limit {self._session._memory_limit} "
+                "and the query's process); narrow it or allow more with --memory-limit",
+                exit_code=1,
             )
-        return PerfscopeError(f"query failed: {_first_line(exc)}", exit_code=1)
+        if self.stopped == "replaced":
+            return PerfscopeError(
+                "the query was stopped: a newer query of this session replaced it", exit_code=1
+            )
+        if self.stopped:
+            return PerfscopeError("the query was stopped", exit_code=1)
+        if failure.kind == "PerfscopeError":
+            return PerfscopeError(failure.message, exit_code=failure.exit_code)
+        if failure.kind == "PermissionException":  # a file outside the store: refused, not failed
+            return PerfscopeError(
+                f"only the store's tables may be read: {_first_line(Exception(failure.message))}",
+                exit_code=REFUSED_EXIT,
+            )
+        return PerfscopeError(f"query failed: {_first_line(Exception(failure.message))}", exit_code=1)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self._first is not None:
@@ -353,32 +557,42 @@ class Rows:
         while not self._closed:
             try:
                 batch = self._next()
-            except (duckdb.Error, OSError) as exc:
-                raise self._error(exc) from None
+            except (pa.ArrowException, OSError) as exc:
+                raise self._error(self._failure(exc)) from None
             if batch is None:
                 return
             yield batch
+
+    def _end_worker(self) -> None:
+        self._done.set()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+            self._proc.wait()
+            for f in (self._proc.stdout, self._proc.stdin):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+        if self._errors is not None:
+            self._errors.close()
+        if self._watchdog is not None:
+            self._watchdog.join()
+        killed = self._proc is not None and self._proc.returncode not in (0, 3)
+        self._proc = self._errors = self._reader = self._watchdog = None
+        if killed:
+            self._session._clear_spill()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._reader is not None:
-            self._reader.close()
-            self._release_result()
-        _slots.release()
-        self._session._lock.release()
-
-    def _release_result(self) -> None:
-        """DuckDB keeps a connection's last result, and the memory it took, until the next statement:
-        a dashboard session that read 100,000 wide rows held 600 MB while idle, and six sessions 4 GB
-        (benchmarks/dashboard_memory.py). A trivial statement frees it now."""
-        con = self._session._con
-        if con is not None:
-            with contextlib.suppress(duckdb.Error):
-                con.execute("SELECT 1").fetchall()
+        try:
+            self._end_worker()  # a worker still writing rows nobody reads is killed: its memory goes with it
+        finally:
+            self._session._running = None
+            _slots.release()
+            self._session._lock.release()
 
     def __enter__(self) -> Rows:
         return self
@@ -387,3 +601,10 @@ class Rows:
         self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+@dataclass
+class _Failure:
+    kind: str
+    message: str
+    exit_code: int

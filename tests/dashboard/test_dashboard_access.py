@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from storegen import make_run
-from test_dashboard_browser import dashboard_server, free_port
+from test_dashboard_browser import dashboard_server, free_port, settle
 
 from perfscope.commands.dashboard import command
-from perfscope.dashboard.guard import cookie_name
 
 
 def printed_token(log: Path) -> str:
-    found = re.search(r"perfscope dashboard: http://\S+/\?token=([\w-]+)", log.read_text())
+    found = re.search(r"perfscope dashboard: http://[^/\s]+/([\w-]+)/ ", log.read_text())
     assert found, log.read_text()
     return found.group(1)
 
@@ -38,11 +38,11 @@ def get(url: str, path: str, headers: dict[str, str] | None = None) -> tuple[int
         conn.close()
 
 
-def websocket_status(url: str, headers: dict[str, str]) -> int:
+def websocket_status(url: str, headers: dict[str, str], prefix: str = "") -> int:
     """The status line's code of a websocket handshake on Streamlit's stream (101: accepted)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     lines = [
-        "GET /_stcore/stream HTTP/1.1",
+        f"GET {prefix}/_stcore/stream HTTP/1.1",
         "Upgrade: websocket",
         "Connection: Upgrade",
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
@@ -65,40 +65,100 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
 
 def test_a_token_is_needed_by_default(served: tuple[str, str]) -> None:
     url, token = served
-    port = int(url.rsplit(":", 1)[1])
     host = url.removeprefix("http://")
     status, _, body = get(url, "/")
-    assert status == 403 and "token" in body and body.count("\n") == 1, body
+    assert status == 403 and "token" in body.lower() and body.count("\n") == 1, body
     assert get(url, "/?token=wrong")[0] == 403
+    assert get(url, f"/{token}x/")[0] == 403 and get(url, f"/x{token}/")[0] == 403
     assert get(url, "/_stcore/health")[0] == 200  # a liveness probe says nothing about the store
-    # the printed URL: a redirect to the page without the token, which a cookie now carries
+    # the printed URL is the page: the token is its path, and no cookie is set
+    status, headers, _ = get(url, f"/{token}/")
+    assert status == 200 and "set-cookie" not in headers and headers["referrer-policy"] == "no-referrer"
+    # the form printed before: a redirect to the token's path, without a cookie
     status, headers, _ = get(url, f"/run?token={token}&run=r1")
-    assert status == 302 and headers["location"] == "/run?run=r1"
-    cookie = headers["set-cookie"]
-    assert (
-        cookie.startswith(f"{cookie_name(port)}={token};")
-        and "HttpOnly" in cookie
-        and "SameSite=Strict" in cookie
-    )
-    jar = {"Cookie": f"{cookie_name(port)}={token}"}
-    assert get(url, "/", jar)[0] == 200
-    assert get(url, "/", {"Cookie": f"{cookie_name(port)}=wrong"})[0] == 403
+    assert status == 302 and headers["location"] == f"/{token}/run?run=r1" and "set-cookie" not in headers
     same_origin = {"Host": host, "Origin": url}
     assert websocket_status(url, same_origin) == 403  # no token: no session
-    assert websocket_status(url, {**same_origin, **jar}) == 101
+    assert websocket_status(url, same_origin, prefix="/wrong") == 403
+    assert websocket_status(url, same_origin, prefix=f"/{token}") == 101
 
 
 def test_another_host_header_is_refused_on_http_and_the_websocket(served: tuple[str, str]) -> None:
     """DNS rebinding: a page at evil.example that resolves to 127.0.0.1 names its own Host."""
     url, token = served
     port = int(url.rsplit(":", 1)[1])
-    jar = {"Cookie": f"{cookie_name(port)}={token}"}
     evil = f"evil.example:{port}"
-    status, _, body = get(url, "/", {"Host": evil, **jar})
+    status, _, body = get(url, f"/{token}/", {"Host": evil})
     assert status == 403 and "Host" in body, body
     assert get(url, f"/?token={token}", {"Host": evil})[0] == 403
-    assert websocket_status(url, {"Host": evil, "Origin": f"http://{evil}", **jar}) == 403
-    assert get(url, "/", {"Host": f"localhost:{port}", **jar})[0] == 200  # this machine's own names
+    assert websocket_status(url, {"Host": evil, "Origin": f"http://{evil}"}, prefix=f"/{token}") == 403
+    assert get(url, f"/{token}/", {"Host": f"localhost:{port}"})[0] == 200  # this machine's own names
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """Another local user's server on another port: it keeps the Cookie header browsers send it."""
+
+    cookies: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        type(self).cookies.append(self.headers.get("Cookie", ""))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html><body>hello</body></html>")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.browser
+def test_what_the_owners_browser_sends_another_port_opens_nothing(served: tuple[str, str]) -> None:
+    """Browsers scope cookies by host, not port: the owner's browser sent `perfscope_token_<port>` to
+    any server on 127.0.0.1, and another local user's listener replayed it for HTTP 200 (issue 33).
+    The owner opens the printed URL in Chromium and uses the page; then the browser visits a listener
+    on another port of 127.0.0.1; whatever it sent there, replayed to the dashboard by a client that
+    never saw the URL, is refused, on HTTP and on the websocket."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    from playwright.sync_api import sync_playwright
+
+    url, token = served
+    host = url.removeprefix("http://")
+    port = int(url.rsplit(":", 1)[1])
+    seen: list[str] = []
+    other = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", free_port()), type("C", (_Collector,), {"cookies": seen})
+    )
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"{url}/?token={token}")  # the old printed form: redirected
+                assert page.url == f"{url}/{token}/"
+                settle(page)
+                page.goto(f"http://127.0.0.1:{other.server_address[1]}/")
+                jar = page.context.cookies()
+            finally:
+                browser.close()
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert seen and all(token not in c for c in seen), seen  # the page and its favicon
+    assert all(token not in c["value"] for c in jar), jar
+    replay = {"Cookie": seen[0]} if seen[0] else {}
+    assert get(url, "/", replay)[0] == 403
+    assert get(url, "/sql", replay)[0] == 403
+    assert websocket_status(url, {"Host": host, "Origin": url, **replay}) == 403
+    # the old cookie itself, forged by the other user: refused
+    assert get(url, "/", {"Cookie": f"perfscope_token_{port}={token}"})[0] == 403
+
+
+def test_the_token_is_on_no_command_line(tmp_path: Path) -> None:
+    """Every local user can read a process's command line (`ps`); the token goes in the environment."""
+    cmd = command(tmp_path, "127.0.0.1", 8600)
+    assert not any("baseUrlPath" in a for a in cmd)
 
 
 def test_no_token_warns_and_serves(tmp_path: Path) -> None:
@@ -146,10 +206,11 @@ def test_a_wildcard_bind_looks_up_no_external_address(
             token = printed_token(tmp_path / "server.log")
             local = url.replace("0.0.0.0", "127.0.0.1")
             assert get(local, f"/?token={token}")[0] == 302
+            assert get(local, f"/{token}/")[0] == 200
             # a foreign Origin on the websocket: refused without asking anyone for this machine's address
             port = int(url.rsplit(":", 1)[1])
             foreign = {"Host": f"127.0.0.1:{port}", "Origin": "http://elsewhere.example"}
-            assert websocket_status(local, {**foreign, "Cookie": f"{cookie_name(port)}={token}"}) == 403
+            assert websocket_status(local, foreign, prefix=f"/{token}") == 403
             threading.Event().wait(2.5)  # Streamlit's lookup (1 s timeout, http then https) is over by now
     finally:
         trap.shutdown()

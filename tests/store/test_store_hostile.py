@@ -213,7 +213,7 @@ def test_a_new_query_stops_the_one_still_running_on_its_session(demo: Path, quie
             time.sleep(0.01)
         assert session.fetch("SELECT count(*) AS n FROM steps").table.to_pylist() == [{"n": _count(demo)}]
         t.join(60)
-    assert not t.is_alive() and len(failures) == 1 and "query failed" in failures[0]
+    assert not t.is_alive() and len(failures) == 1 and "a newer query of this session" in failures[0]
 
 
 def test_only_the_rows_asked_for_are_fetched(demo: Path, quiet: None) -> None:
