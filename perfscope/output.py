@@ -351,6 +351,9 @@ def _csv_lines(table: pa.Table) -> str:
     fields = []
     for column in table.columns:
         text = pc.cast(column.combine_chunks(), pa.string())
+        if not _is_number(column.type):  # spreadsheet_safe, on the whole column
+            formula = pc.match_substring_regex(text, "^[=+\\-@\t\r]")
+            text = pc.if_else(formula, pc.binary_join_element_wise("'", text, ""), text)
         special = pc.or_(pc.match_substring_regex(text, '[,"\r\n]'), pc.equal(pc.utf8_length(text), 0))
         quoted = pc.binary_join_element_wise('"', pc.replace_substring(text, '"', '""'), '"', "")
         fields.append(pc.fill_null(pc.if_else(special, quoted, text), ""))

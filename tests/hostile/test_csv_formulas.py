@@ -74,14 +74,14 @@ def test_report_tables_csv(store: Path, tmp_path: Path) -> None:
 
 
 def test_dashboard_download(store: Path) -> None:
-    from perfscope.dashboard.sql import _csv
+    from perfscope.dashboard.sql import csv_download
     from perfscope.store.open import open_store
     from perfscope.store.user_sql import UserSql
 
     with open_store(store) as opened:
         session = UserSql(opened)
         try:
-            data = _csv(session, "SELECT experiment, -7 AS n FROM runs LIMIT 1")
+            data = csv_download(session, "SELECT experiment, -7 AS n FROM runs LIMIT 1")
         finally:
             session.close()
     assert _cells(data.decode()) == [["experiment", "n"], ["'" + CALC, "-7"]]
