@@ -33,7 +33,7 @@ from ..errors import PerfscopeError, shown
 from ..store.reader import Store
 from .runs import rank_breakdown, run_summary
 from .selection import Selection, sql_literal
-from .steady import PHASES, run_stats_table, step_agg_table
+from .steady import PHASE_LABELS, PHASES, run_stats_table, step_agg_table
 from .sync import collectives
 
 #: the interval's confidence level and the bootstrap's resamples
@@ -47,15 +47,6 @@ SEED = 0
 MIN_STEPS = 5
 #: the phases of the additive breakdown, as `by_phase` names them
 BY_PHASE = (*PHASES, "imbalance")
-PHASE_LABELS = {
-    "data": "data (loader wait)",
-    "forward": "forward",
-    "backward": "backward",
-    "sync_exposed": "exposed sync",
-    "optimizer": "optimizer",
-    "other": "other",
-    "imbalance": "imbalance (wait for slowest rank)",
-}
 #: a rank's own work: its phases less the exposed communication it waited in
 OWN_PHASES = ("data", "forward", "backward", "optimizer", "other")
 #: spans that are phases or the step itself, not op types

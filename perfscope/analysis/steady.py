@@ -37,6 +37,16 @@ ELAPSED_SOURCES = {
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer", "other")
 #: The additive breakdown adds the time the slowest rank makes everyone wait.
 BREAKDOWN_PHASES = (*PHASES, "imbalance")
+#: each breakdown phase as people read it (charts, the report, `compare`)
+PHASE_LABELS: dict[str, str] = {
+    "data": "data (loader wait)",
+    "forward": "forward",
+    "backward": "backward",
+    "sync_exposed": "exposed sync",
+    "optimizer": "optimizer",
+    "other": "other",
+    "imbalance": "imbalance (wait for slowest rank)",
+}
 #: POP "useful" work: compute phases only.
 USEFUL_PHASES = ("forward", "backward", "optimizer")
 

@@ -791,7 +791,7 @@ def _step_sample(store: Store, run: str, kind: str, first: int) -> tuple[str, st
         k *= 2
     keep = f"step IN (SELECT step FROM {indexed} WHERE i % {k} = 0)"
     return keep, (
-        f"its {steps:,} steps hold {total:,} ops, over the {MAX_OPS:,} one replay reads: every {k}th step "
+        f"its {steps:,} steps hold {total:,} ops, over the {MAX_OPS:,} one replay reads: one step in {k} "
         f"was replayed ({int(kept['steps']):,} steps)"
     )
 

@@ -8,6 +8,8 @@ from typing import Any, Final, TypeAlias
 
 import altair as alt
 
+from ..analysis.steady import PHASE_LABELS
+
 #: Canonical step phases in stacking order, with the colour and words every chart uses for them.
 #: Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PHASES: tuple[str, ...] = (
@@ -27,15 +29,6 @@ PHASE_COLOURS: dict[str, str] = {
     "optimizer": "#009E73",
     "other": "#999999",
     "imbalance": "#CC79A7",
-}
-PHASE_LABELS: dict[str, str] = {
-    "data": "data (loader wait)",
-    "forward": "forward",
-    "backward": "backward",
-    "sync_exposed": "exposed sync",
-    "optimizer": "optimizer",
-    "other": "other",
-    "imbalance": "imbalance (wait for slowest rank)",
 }
 
 #: Where a point comes from. Measured points are filled circles on solid lines; simulated runs are

@@ -36,6 +36,7 @@ LAYERS = (
     "leftovers",
     "manifest",
     "listing",
+    "sql_worker",
     "user_sql",
     "reader",
     "rollups",

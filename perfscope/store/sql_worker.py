@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
+from ..duckdb_check import configure as configure_duckdb
 from ..errors import PerfscopeError
-from .listing import Listing
+from .listing import Listing, create_views
 
 #: the prefix of the line that says why a query failed
 ERROR_MARK = "perfscope-error "
@@ -57,6 +58,58 @@ def pieces(batch: pa.RecordBatch, limit: int = MAX_BATCH_BYTES) -> Iterator[pa.R
     yield from pieces(batch.slice(half), limit)
 
 
+#: disk a user query may spill to
+SPILL_LIMIT = "8GB"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _quoted(items: list[str]) -> str:
+    return "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in items) + "]"
+
+
+def _connect(
+    listing: Listing,
+    spill: str,
+    memory_limit: str,
+    threads: int | None,
+    *,
+    checked: bool = False,
+    disabled_optimizers: str | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """A connection holding the listing's views, able to open only the listed segments, then locked.
+    `checked`: DuckDB was checked already, and `disabled_optimizers` is what it needs (a worker is
+    handed its parent's finding: probing again cost each worker most of a second)."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET enable_progress_bar=false")
+        con.execute(f"SET temp_directory={_quoted([spill])[1:-1]}")
+        con.execute(f"SET max_temp_directory_size='{SPILL_LIMIT}'")
+        con.execute("SET memory_limit=?", [memory_limit])
+        if threads is not None:
+            con.execute(f"SET threads={int(threads)}")
+        files = [str(seg.path) for segs in listing.segments.values() for seg in segs]
+        con.execute(f"SET allowed_paths={_quoted(files)}")
+        con.execute(f"SET allowed_directories={_quoted([spill])}")
+        con.execute("SET enable_external_access=false")
+        create_views(con, listing)
+        if checked:
+            if disabled_optimizers is not None:
+                con.execute(f"SET disabled_optimizers={_quoted([disabled_optimizers])[1:-1]}")
+        else:
+            configure_duckdb(con)
+        con.execute("SET lock_configuration=true")
+    except duckdb.Error as exc:
+        con.close()
+        if "memory" in str(exc).lower():
+            raise PerfscopeError(f"invalid memory limit {memory_limit!r}: {_first_line(exc)}") from None
+        raise
+    return con
+
+
 def _say(kind: str, message: str, exit_code: int = 1) -> None:
     line = json.dumps({"kind": kind, "message": message, "exit_code": exit_code})
     sys.stderr.write(ERROR_MARK + line + "\n")
@@ -64,8 +117,6 @@ def _say(kind: str, message: str, exit_code: int = 1) -> None:
 
 
 def _run(request: Request) -> None:
-    from .user_sql import _connect  # the same locked connection as ever, in this process
-
     con = _connect(
         request.listing,
         request.spill,
@@ -110,8 +161,6 @@ def _warm_up() -> None:
     """A worker started ahead of its query (user_sql._Spares) makes one connection with views while it
     waits: the first in a process took 0.5-1 s, the next 40 ms."""
     import tempfile
-
-    from .user_sql import _connect
 
     with contextlib.suppress(duckdb.Error, OSError, PerfscopeError):
         _connect(Listing(), tempfile.gettempdir(), "100MB", 1, checked=True).close()

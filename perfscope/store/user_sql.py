@@ -33,20 +33,17 @@ import duckdb
 import psutil
 import pyarrow as pa
 
-from ..duckdb_check import configure as configure_duckdb
 from ..duckdb_check import needed_setting
 from ..errors import PerfscopeError
 from ..sizes import parse_size
-from .listing import Listing, create_views, spill_dir
-from .sql_worker import ERROR_MARK, MAX_BATCH_BYTES, Request
+from .listing import spill_dir
+from .sql_worker import ERROR_MARK, MAX_BATCH_BYTES, Request, _first_line
 
 if TYPE_CHECKING:
     from .reader import Store  # the store this session reads (reader.py builds on this module)
 
 #: DuckDB's memory for one user query; beyond it, sorts and joins spill to disk or the query fails
 DEFAULT_MEMORY_LIMIT = "2GB"
-#: disk a user query may spill to
-SPILL_LIMIT = "8GB"
 #: rows read from DuckDB at a time: DuckDB's own vector size, so a batch of rows as wide as DuckDB's
 #: memory limit allows stays small in Python (65,536 rows of 20,000 characters took `perfscope sql -o`
 #: to 6.7 GB); narrow rows lose nothing, DuckDB produces them 2,048 at a time anyway
@@ -79,11 +76,6 @@ _ATTEMPTS = 4
 _LEADING_COMMENTS = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.S)
 _EXPLAIN = re.compile(r"EXPLAIN\b\s*(?:\((?P<options>[^()]*)\))?(?P<rest>.*)\Z", re.I | re.S)
 _ANALYZE = re.compile(r"\bANALY[SZ]E\b", re.I)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _parse(sql: str) -> list[duckdb.Statement]:
@@ -157,49 +149,6 @@ def _check_explain(text: str) -> None:
     if len(inner) != 1 or inner[0].type.name != "SELECT":
         kind = inner[0].type.name if inner else "empty"
         raise PerfscopeError(f"only reading queries are allowed; EXPLAIN of a {kind} statement is refused")
-
-
-def _quoted(items: list[str]) -> str:
-    return "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in items) + "]"
-
-
-def _connect(
-    listing: Listing,
-    spill: str,
-    memory_limit: str,
-    threads: int | None,
-    *,
-    checked: bool = False,
-    disabled_optimizers: str | None = None,
-) -> duckdb.DuckDBPyConnection:
-    """A connection holding the listing's views, able to open only the listed segments, then locked.
-    `checked`: DuckDB was checked already, and `disabled_optimizers` is what it needs (a worker is
-    handed its parent's finding: probing again cost each worker most of a second)."""
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute("SET enable_progress_bar=false")
-        con.execute(f"SET temp_directory={_quoted([spill])[1:-1]}")
-        con.execute(f"SET max_temp_directory_size='{SPILL_LIMIT}'")
-        con.execute("SET memory_limit=?", [memory_limit])
-        if threads is not None:
-            con.execute(f"SET threads={int(threads)}")
-        files = [str(seg.path) for segs in listing.segments.values() for seg in segs]
-        con.execute(f"SET allowed_paths={_quoted(files)}")
-        con.execute(f"SET allowed_directories={_quoted([spill])}")
-        con.execute("SET enable_external_access=false")
-        create_views(con, listing)
-        if checked:
-            if disabled_optimizers is not None:
-                con.execute(f"SET disabled_optimizers={_quoted([disabled_optimizers])[1:-1]}")
-        else:
-            configure_duckdb(con)
-        con.execute("SET lock_configuration=true")
-    except duckdb.Error as exc:
-        con.close()
-        if "memory" in str(exc).lower():
-            raise PerfscopeError(f"invalid memory limit {memory_limit!r}: {_first_line(exc)}") from None
-        raise
-    return con
 
 
 @dataclass

@@ -109,7 +109,9 @@ def test_a_parsed_limit_is_the_process_limit(monkeypatch: pytest.MonkeyPatch, va
     monkeypatch.setenv("PERFSCOPE_MEMORY_LIMIT", value)
     guard = guard_for("analyze")
     assert guard is not None and guard.limit == limit
-    assert guard_for("run") is None and guard_for("dashboard") is None  # read there, no watchdog
+    assert guard_for("run") is None  # the training job's memory is its own
+    dashboard = guard_for("dashboard")  # the server's analyses count (issue 33)
+    assert dashboard is not None and dashboard.limit == limit
 
 
 def test_1mb_is_the_smallest_limit() -> None:

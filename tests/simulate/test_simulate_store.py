@@ -128,7 +128,14 @@ def test_every_run_is_marked_simulated_with_metadata(small_store: Path) -> None:
         # origin is NULL for everything but imported traces
         # the parallel layout's sizes are given only for 3D-parallel jobs (profile(parallel=...), op tables)
         layout = ("dp_size", "pp_size", "tp_size", "cp_size")
-        empty = [k for k, v in r.items() if v is None and k not in ("torch_version", "origin", *layout)]
+        # and what the collector reads from a real model and process (settings: issue 34)
+        settings = (
+            "param_dtypes", "autocast", "compiled", "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view",
+            "ddp_find_unused_parameters", "ddp_static_graph", "env",
+        )  # fmt: skip
+        empty = [
+            k for k, v in r.items() if v is None and k not in ("torch_version", "origin", *layout, *settings)
+        ]
         assert empty == [], f"{r['run_id']} leaves {empty} empty"
         assert r["global_batch_size"] == r["batch_size_per_rank"] * r["world_size"]
         assert r["grad_bytes"] == 4 * r["param_count"] == 4 * 153_441
