@@ -32,12 +32,15 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 #: The what-if replay, when it names a cause (a long stage, a slow worker, data imbalance), explains
 #: the run's waits too: the ranks that wait on the long stage (its pipeline bubble) are its symptom,
 #: not a cause of their own, and so is the straggler finding on the rank the replay names.
+#: A run with more ranks than its host has cores waits in its collectives for peers the scheduler has
+#: taken off a core: that wait is the oversubscription's, not the link's.
 RUN_ROOTS: dict[str, tuple[str, ...]] = {
     "what-if": ("communication-share", "straggler", "pipeline-bubble"),
     "pipeline-bubble": ("communication-share",),
     "parameter-server": ("communication-share",),
     "periodic-sync": ("communication-share",),
     "sharded-exposed": ("communication-share",),
+    "oversubscription": ("communication-share",),
 }
 
 

@@ -4,6 +4,7 @@ follows the evidence (explain/root_causes.py, explain/rulebook.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from storegen import DEFAULT_PHASES, MS, Comm, make_run, ring_transfer_ns
@@ -261,3 +262,16 @@ def test_a_what_if_cause_takes_the_runs_wait_only_when_it_explains_most_of_it(
     else:
         assert [f.rule for f in out] == ["communication-share", "what-if"]
         assert all(not f.symptoms for f in out)
+
+
+def test_on_an_oversubscribed_host_the_wait_on_peers_is_the_oversubscriptions() -> None:
+    # 4 ranks on 2 cores wait in their collectives for peers the scheduler took off a core: one cause,
+    # the placement, with the wait its symptom (a CI run of the tensor-parallel job read 34% of its
+    # step as a communication warning on a job without a cause)
+    over = replace(_one_run("oversubscription", 1.0), severity="alarm")
+    out = root_causes([_one_run("communication-share", 0.34), over])
+    assert [f.rule for f in out] == ["oversubscription"]
+    assert [s.rule for s in out[0].symptoms] == ["communication-share"]
+    # another run's wait stays its own
+    other = replace(_one_run("communication-share", 0.34), id="cs-r2", evidence=Evidence(("r2",), ("steps",)))
+    assert all(not f.symptoms for f in root_causes([other, over]))
