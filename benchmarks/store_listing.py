@@ -33,8 +33,16 @@ store and reuses it.
     git worktree add --detach /tmp/before REV
     .venv/bin/python benchmarks/store_listing.py --shape one-run --before-tree /tmp/before --repeat 2
 
-`--before-tree` measures `info` cold then warm by the perfscope of that checkout and by this tree in
-turn, `--repeat` rounds, on the same store (each cold open starts without a manifest).
+`--before-tree` measures `info` cold then warm, and `sql STORE "SELECT 1"` warm, by the perfscope of
+that checkout and by this tree in turn, `--repeat` rounds, on the same store (each cold open starts
+without a manifest).
+
+    .venv/bin/python benchmarks/store_listing.py --shape one-run-recorded --store-dir /tmp/rec
+
+`--shape one-run-recorded` is the same long run as perfscope's own recorder leaves it when the job
+ends without closing (killed, or still running): four processes, one per rank, each a StoreWriter that
+seals a steps segment of 10 steps at every flush (build_recorded). The one-run shapes also measure
+`sql STORE "SELECT 1"` warm (best of `--repeat`) and `sql STORE "SELECT count(*) FROM steps"`.
 """
 
 from __future__ import annotations
@@ -154,6 +162,50 @@ assert manifest.save()
 """
 
 
+RECORDED = r"""
+import os, sys
+from pathlib import Path
+from perfscope.store.schema import TABLES
+from perfscope.store.writer import StoreWriter
+
+root, segments, rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+names = [n for n in TABLES["steps"].column_names if n != "run_id"]
+writer = StoreWriter(root, "long", writer_id=f"r{rank}", live_max_bytes=1, roll_interval_s=3600)
+step_ns, t0 = 10**7, 1_700_000_000_000_000_000
+for i in range(segments):
+    for step in range(i * 10, i * 10 + 10):
+        row = {"rank": rank, "step": step, "start_ns": t0 + step * step_ns + rank * 1000,
+               "step_ns": step_ns - 5000, "forward_ns": step_ns // 3, "backward_ns": step_ns // 2,
+               "samples": 32}
+        writer.append("steps", tuple(row.get(n) for n in names))
+    writer.flush()  # a segment sealed at every flush (live_max_bytes=1)
+os._exit(0)  # the job ended without closing its writer: no merge at close
+"""
+
+
+def build_recorded(root: Path, segments: int, ranks: int = 4) -> None:
+    """One long run as perfscope's recorder leaves it before `compact`: `ranks` processes, each a
+    StoreWriter sealing `segments // ranks` steps segments of 10 steps, ended without close."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RECORDED, str(root), str(segments // ranks), str(r)], cwd="/")
+        for r in range(ranks)
+    ]
+    if any(p.wait() for p in procs):
+        raise SystemExit("building the recorded store failed")
+    runs_row = {"experiment": "long", "source": "measured", "world_size": ranks, "backend": "gloo"}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from perfscope.store.schema import TABLES
+
+    (root / "runs" / "run_id=long").mkdir(parents=True)
+    names = TABLES["runs"].column_names
+    runs = pa.Table.from_pylist(
+        [dict(zip(names, _row("runs", runs_row), strict=True))], schema=TABLES["runs"].arrow_schema
+    )
+    pq.write_table(runs, root / "runs" / "run_id=long" / "part-000000.parquet")
+
+
 def seed_manifest(root: Path, pythonpath: Path) -> None:
     """The manifest a first open by the tree at `pythonpath` saves, built reading each distinct
     (hard-linked) file's footer once."""
@@ -190,6 +242,9 @@ def old_tree(commit: str, dest: Path) -> Path:
     return dest
 
 
+COUNT = "SELECT count(*) FROM steps"
+
+
 def command(*args: str, tree: Path = REPO) -> dict[str, Any]:
     """`python -m perfscope ARGS` of the perfscope in `tree`, in a fresh process: wall time, CPU time,
     peak RSS and exit status."""
@@ -222,7 +277,10 @@ def one_run(args: argparse.Namespace) -> int:
         base = Path(args.store_dir) if args.store_dir else Path(tmp)
         store = base / f"{args.shape}-{args.segments}" / "store"
         if not (store / "runs").is_dir():
-            build_one_run(store, args.segments)
+            if args.shape == "one-run-recorded":
+                build_recorded(store, args.segments)
+            else:
+                build_one_run(store, args.segments)
             if args.shape == "one-run-inflight":
                 inflight(store)
         results: list[tuple[str, dict[str, Any]]] = []
@@ -233,6 +291,11 @@ def one_run(args: argparse.Namespace) -> int:
             results.append(("info, cold (no manifest)", command("info", str(store))))
             warm = [command("info", str(store)) for _ in range(args.repeat)]
             results.append((f"info, warm (best of {args.repeat})", min(warm, key=lambda r: r["wall_s"])))
+            warm = [command("sql", str(store), "SELECT 1") for _ in range(args.repeat)]
+            results.append(
+                (f'sql "SELECT 1", warm (best of {args.repeat})', min(warm, key=lambda r: r["wall_s"]))
+            )
+        results.append(('sql "SELECT count(*) FROM steps"', command("sql", str(store), COUNT)))
         results.append(("analyze --json", command("analyze", "--json", str(store))))
         if args.compact:
             copy = Path(tmp) / "compacted" / "store"
@@ -261,6 +324,12 @@ def before_and_after(store: Path, before: Path, repeat: int) -> list[tuple[str, 
             (store / ".perfscope-manifest").unlink(missing_ok=True)
             rows.append((f"{label}: info, cold (round {k + 1})", command("info", str(store), tree=tree)))
             rows.append((f"{label}: info, warm (round {k + 1})", command("info", str(store), tree=tree)))
+            rows.append(
+                (
+                    f'{label}: sql "SELECT 1", warm (round {k + 1})',
+                    command("sql", str(store), "SELECT 1", tree=tree),
+                )
+            )
     return rows
 
 
@@ -291,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only today's tree (the trees of fc72bec and 4f675ea read schema versions up to 2: "
         "today's writer writes 3, which they refuse)",
     )
-    p.add_argument("--shape", choices=["many-runs", "one-run", "one-run-inflight"], default="many-runs")
+    p.add_argument(
+        "--shape",
+        choices=["many-runs", "one-run", "one-run-inflight", "one-run-recorded"],
+        default="many-runs",
+    )
     p.add_argument("--store-dir", help="one-run shapes: build the store here, or reuse the one built there")
     p.add_argument(
         "--compact", action="store_true", help="one-run shapes: also compact a copy and analyze it"
