@@ -1038,8 +1038,7 @@ def _parquet_sql(table: str, version: int, segments: list[Segment]) -> str:
     # segments. A file that lacks a column its listing said it holds then fails the query.
     union = "" if all(every <= s.columns for s in segments) else "union_by_name=true, "
     src = (
-        f"read_parquet([{files}], hive_partitioning=true, {union}"
-        f"hive_types={{'{PARTITION_KEY}': 'VARCHAR'}})"
+        f"read_parquet([{files}], hive_partitioning=true, {union}hive_types={{'{PARTITION_KEY}': 'VARCHAR'}})"
     )
     present = frozenset().union(*(s.columns for s in segments))
     if any(c.name not in present for c in cols):
