@@ -102,8 +102,11 @@ def render(ctx: Context) -> None:
         return
     runs = rows(summary)
     by_id = {r["run_id"]: r for r in runs}
-    if st.session_state.get(links.RUN) not in by_id:
-        st.session_state.pop(links.RUN, None)  # a run outside the selection (or gone): start afresh
+    held = st.session_state.get(links.RUN)
+    if held is not None and held not in by_id:
+        # a run outside the selection, gone, or another store's: show the first, and set it, since
+        # the widget keeps showing the id it last had when its key is only dropped (issue 34)
+        st.session_state[links.RUN] = next(iter(by_id))
     # the options are the run ids themselves: a bound widget's URL value is the option's label
     run_id = st.selectbox(
         "Run", list(by_id), key=links.RUN, bind="query-params", help="runs in the sidebar's selection"

@@ -209,3 +209,67 @@ def test_live_mode_shows_a_run_written_while_the_page_is_open(tmp_path: Path) ->
             )
         finally:
             browser.close()
+
+
+# What a newcomer saw on the dashboard (issue 34): each in the browser, at a laptop's window.
+LAPTOP = {"width": 1280, "height": 800}
+
+
+@contextmanager
+def _page(viewport: dict[str, int] = LAPTOP) -> Iterator[Any]:
+    """One headless Chromium page, closed afterwards (one browser at a time)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page(viewport=viewport)
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A dashboard started on store A (run a1, 2 ranks) whose sidebar can open B (run b1, 4 ranks)
+    and C (runs of 1, 2 and 4 ranks), the three under its --root."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    pytest.importorskip("playwright.sync_api")
+    root = tmp_path_factory.mktemp("stores")
+    make_run(root / "A", "a1", world_size=2)
+    make_run(root / "B", "b1", world_size=4)
+    for run_id, n in (("c1", 1), ("c2", 2), ("c4", 4)):
+        make_run(root / "C", run_id, world_size=n)
+    with dashboard_server(root / "A", root / "server.log", extra=("--root", str(root))) as (url, _):
+        yield url
+
+
+def _open_store(page: Any, name: str, charts: int = 0) -> None:
+    """Type a store's name into the sidebar's "Open another store" and wait for the page."""
+    box = page.get_by_role("textbox", name="Open another store")
+    box.fill(name)
+    box.press("Enter")
+    settle(page, charts)
+
+
+def _metric(page: Any, label: str) -> str:
+    """The value of the metric whose label is `label` exactly."""
+    found = page.locator('[data-testid="stMetric"]').filter(
+        has=page.get_by_test_id("stMetricLabel").get_by_text(label, exact=True)
+    )
+    assert found.count() == 1, (label, page.locator('[data-testid="stMetricLabel"]').all_inner_texts())
+    return str(found.get_by_test_id("stMetricValue").inner_text()).strip()
+
+
+def test_run_selector_shows_the_new_stores_run_after_a_switch(stores: str) -> None:
+    with _page() as page:
+        page.goto(f"{stores}/run?run=a1")
+        settle(page, 1)
+        run = page.get_by_role("combobox", name="Run")
+        assert run.input_value() == "a1" and _metric(page, "World size") == "2"
+        _open_store(page, "B", 1)
+        # the selector names the run the page draws: the new store's, not the id it had before
+        assert run.input_value() == "b1"
+        assert _metric(page, "World size") == "4"  # b1's, not a1's
+        assert "a1" not in page.url
+        assert "a1" not in page.inner_text('[data-testid="stMain"]')
