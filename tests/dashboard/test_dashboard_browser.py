@@ -273,3 +273,14 @@ def test_run_selector_shows_the_new_stores_run_after_a_switch(stores: str) -> No
         assert _metric(page, "World size") == "4"  # b1's, not a1's
         assert "a1" not in page.url
         assert "a1" not in page.inner_text('[data-testid="stMain"]')
+
+
+def test_overview_lists_the_world_sizes(stores: str) -> None:
+    with _page() as page:
+        page.goto(stores)
+        settle(page)
+        # one size: said as the size, not as a count of sizes ("World sizes 2")
+        assert _metric(page, "World size") == "N = 2"
+        assert "World sizes" not in page.inner_text('[data-testid="stMain"]')
+        _open_store(page, "C")
+        assert _metric(page, "World sizes") == "1, 2, 4"
