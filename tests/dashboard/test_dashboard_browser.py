@@ -284,3 +284,33 @@ def test_overview_lists_the_world_sizes(stores: str) -> None:
         assert "World sizes" not in page.inner_text('[data-testid="stMain"]')
         _open_store(page, "C")
         assert _metric(page, "World sizes") == "1, 2, 4"
+
+
+#: where the legend and the 1/n label of "Last rank to enter the collective" are drawn, and their
+#: bounding boxes in the page: [left, top, right, bottom], or null when missing
+_LEGEND_AND_LABEL = """() => {
+    const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    for (const svg of document.querySelectorAll('.vega-embed svg')) {
+        const label = Array.from(svg.querySelectorAll('text'))
+            .find((t) => t.textContent.startsWith('even spread 1/n'));
+        if (label) {
+            const legend = svg.querySelector('.role-legend');
+            return [label.textContent, box(label), legend ? box(legend) : null];
+        }
+    }
+    return null;
+}"""
+
+
+def test_stragglers_legend_leaves_the_even_spread_label_clear(stores: str) -> None:
+    with _page() as page:
+        page.goto(f"{stores}/run?run=a1&run_tab=Stragglers")  # 2 ranks: 1/n = 50%, high in the plot
+        settle(page, 2)
+        found = page.evaluate(_LEGEND_AND_LABEL)
+        assert found is not None, "no 1/n label drawn"
+        text, label, legend = found
+        assert text == "even spread 1/n = 50%" and legend is not None, found
+        apart = (
+            label[2] <= legend[0] or legend[2] <= label[0] or label[3] <= legend[1] or legend[3] <= label[1]
+        )
+        assert apart, f"the legend {legend} covers the label {label}"
