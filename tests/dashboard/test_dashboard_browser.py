@@ -314,3 +314,55 @@ def test_stragglers_legend_leaves_the_even_spread_label_clear(stores: str) -> No
             label[2] <= legend[0] or legend[2] <= label[0] or label[3] <= legend[1] or legend[3] <= label[1]
         )
         assert apart, f"the legend {legend} covers the label {label}"
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A dashboard on one imported pipeline job (2 dp ranks × 3 stages) whose stage 1 is 1.8 times
+    as long: its what-if cause is stage-imbalance."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    pytest.importorskip("playwright.sync_api")
+    import pyarrow.parquet as pq
+    from test_what_if import _cli, synthetic
+
+    root = tmp_path_factory.mktemp("pipeline")
+    pq.write_table(synthetic(2, 3, slow={(0, 1): 1.8, (1, 1): 1.8}), root / "ops.parquet")
+    res = _cli("import", "op-table", root / "ops.parquet", "--dp", 2, "--pp", 3, "--store", root / "store")
+    assert res.returncode == 0, res.stderr
+    with dashboard_server(root / "store", root / "server.log") as (url, _):
+        yield url
+
+
+#: every element that holds `cause` in its own text: whether its text's box ends inside each
+#: ancestor that clips (a cell or a metric that cuts the words off with "…")
+_CUT_OFF = """(cause) => {
+    const out = [];
+    const main = document.querySelector('[data-testid="stMain"]');
+    const walker = document.createTreeWalker(main, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        if (!node.textContent.includes(cause)) continue;
+        const range = document.createRange();
+        range.selectNodeContents(node);
+        const text = range.getBoundingClientRect();
+        let cut = false;
+        for (let e = node.parentElement; e; e = e.parentElement) {
+            const style = getComputedStyle(e);
+            if (style.overflowX === 'visible' && style.textOverflow !== 'ellipsis') continue;
+            const r = e.getBoundingClientRect();
+            if (text.right > r.right + 1 || text.left < r.left - 1) cut = true;
+        }
+        out.push([node.textContent, cut]);
+    }
+    return out;
+}"""
+
+
+def test_what_if_cause_is_readable_in_full(pipeline: str) -> None:
+    with _page() as page:
+        page.goto(f"{pipeline}/run?run_tab=What-if")
+        settle(page, 5)
+        shown = page.evaluate(_CUT_OFF, "stage-imbalance")
+        assert shown, "the cause is not on the page"
+        assert not [text for text, cut in shown if cut], shown
+        assert "Cause: stage-imbalance." in page.inner_text('[data-testid="stMain"]')
