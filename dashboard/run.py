@@ -27,7 +27,20 @@ from perfscope.words import counted, joined, known
 
 from . import links, what_if
 from .state import Context
-from .widgets import Col, chart, charts, definition_note, ms, no_runs, num, one_row, pct, show_table, tabbed
+from .widgets import (
+    Col,
+    chart,
+    charts,
+    definition_note,
+    ms,
+    no_runs,
+    num,
+    one_row,
+    pct,
+    show_table,
+    tabbed,
+    wide_chart,
+)
 
 RANK_COLUMNS = {
     "rank": Col("rank", fmt="%d"),
@@ -129,7 +142,7 @@ def render(ctx: Context) -> None:
 
 
 def _steps(ctx: Context, run_id: str) -> None:
-    chart(step_series_chart(ctx.table("step_series", ctx.refine(run_ids=(run_id,)))))
+    wide_chart(step_series_chart(ctx.table("step_series", ctx.refine(run_ids=(run_id,)))))
     definition_note("run_summary", "step_series")
 
 
@@ -350,5 +363,5 @@ def _timeline(ctx: Context, run_id: str) -> None:
             f"Showing steps {shown[0]}–{shown[1]} of the {window[0]}–{window[1]} chosen: a window holds at "
             f"most {MAX_WINDOW_STEPS} steps and {MAX_INTERVALS:,} intervals."
         )
-    chart(rank_timeline_chart(table, run_id))
+    wide_chart(rank_timeline_chart(table, run_id))
     definition_note("rank_timeline")

@@ -22,7 +22,7 @@ from perfscope.report.text import literal as md
 from perfscope.report.what_if import CAUSE_WORDS
 
 from .state import Context
-from .widgets import Col, charts, definition_note, ms, num, show_table
+from .widgets import Col, charts, definition_note, ms, num, show_table, wide_chart
 
 WORKER_COLUMNS = {
     "dp_rank": Col("dp rank", fmt="%d"),
@@ -85,9 +85,9 @@ def render(ctx: Context, run_id: str) -> None:
             f"The costliest op type, {md(ops[0]['op_type'])}, costs {ms(cost_ns(row, ops[0]['slowdown']))}."
         )
     st.markdown(" ".join(words))
+    charts(what_if_steps(table, run_id))
+    wide_chart(what_if_timeline_chart(ctx.table("what_if_timeline", one), run_id))
     charts(
-        what_if_steps(table, run_id),
-        what_if_timeline_chart(ctx.table("what_if_timeline", one), run_id),
         what_if_heatmap(table, run_id),
         what_if_step_heatmap(table, run_id),
         what_if_attribution(table, run_id),

@@ -366,3 +366,27 @@ def test_what_if_cause_is_readable_in_full(pipeline: str) -> None:
         assert shown, "the cause is not on the page"
         assert not [text for text, cut in shown if cut], shown
         assert "Cause: stage-imbalance." in page.inner_text('[data-testid="stMain"]')
+
+
+#: each chart's overflow: [its width drawn, the width it has, its right edge, the page's right edge]
+_CHART_FIT = """() => {
+    const main = document.querySelector('[data-testid="stMainBlockContainer"]').getBoundingClientRect();
+    return Array.from(document.querySelectorAll('.vega-embed')).map((e) => {
+        const drawn = e.querySelector('svg, canvas').getBoundingClientRect();
+        const room = e.parentElement;
+        return [Math.max(e.scrollWidth, room.scrollWidth), room.clientWidth, drawn.right, main.right];
+    });
+}"""
+
+
+@pytest.mark.parametrize(("tab", "charts"), [("What-if", 5), ("Timeline", 1), ("Steps", 1)])
+def test_timeline_charts_fit_the_page(pipeline: str, tab: str, charts: int) -> None:
+    with _page() as page:
+        page.goto(f"{pipeline}/run?run_tab={tab}")
+        settle(page, charts)
+        fits = page.evaluate(_CHART_FIT)
+        assert len(fits) >= charts, fits
+        for i, (width, room, right, page_right) in enumerate(fits):
+            assert width <= room + 1 and right <= page_right + 1, (tab, i, fits)
+        main = page.get_by_test_id("stMain")
+        assert main.evaluate("e => e.scrollWidth <= e.clientWidth"), tab  # nothing scrolls sideways
