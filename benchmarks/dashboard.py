@@ -2,12 +2,13 @@
 
     .venv/bin/python benchmarks/dashboard.py                      # sample traces and 1e7 step rows
     .venv/bin/python benchmarks/dashboard.py --rows 1e6 --keep --dir /tmp/bench
+    .venv/bin/python benchmarks/dashboard.py --sample-only        # the sample traces alone
 
 For each store it starts `perfscope dashboard STORE` (a real server on 127.0.0.1) and measures, in
 Debian's headless Chromium: server start until it answers; server start until the Scaling page has
 drawn its charts (the first visit computes the analyses); then every page reached through the
 navigation, first visit (cold: analyses computed) and second visit (warm: Streamlit's caches); then
-the Run page of the run with the most ranks, loaded by URL, and its Stragglers and Telemetry tabs.
+the Run page of the run with the most ranks, loaded by URL, and each of its tabs in turn.
 A page counts as drawn when its script has finished, nothing on it is stale or a placeholder, its
 charts are on screen and nothing changed for 0.5 s (that quiet time is part of every figure).
 The large store comes from benchmarks/analysis.py's generator (steps only: no collectives, GPU or
@@ -38,6 +39,17 @@ from perfscope.store.open import open_store  # noqa: E402
 
 #: navigation label, charts the page draws on these stores (at least)
 PAGES = (("Overview", 0), ("Scaling", 3), ("Run", 1), ("Batch size", 0), ("Compare", 1), ("SQL", 0))
+#: the Run page's tabs after the one it opens on (Steps), then Steps again, with the charts each draws
+#: at least: the large store has no collectives, GPU or host samples, and the what-if needs a layout
+RUN_TABS = (
+    ("Phases", 1),
+    ("Stragglers", 1),
+    ("Communication", 1),
+    ("Telemetry", 1),
+    ("Timeline", 1),
+    ("What-if", 0),
+    ("Steps", 1),
+)
 
 
 def _generator() -> ModuleType:
@@ -78,10 +90,10 @@ def measure(store: Path, log: Path) -> dict[str, float]:
             page.goto(f"{url}/run?run={_largest_run(store)}")
             settle(page, 1, timeout_s=600)
             out["Run page of the largest run, by URL"] = time.perf_counter() - t
-            for tab in ("Stragglers", "Telemetry"):
+            for tab, charts in RUN_TABS:
                 t = time.perf_counter()
                 page.get_by_role("tab", name=tab, exact=True).click()
-                settle(page, 1, timeout_s=600)
+                settle(page, charts, timeout_s=600)
                 out[f"  its {tab} tab"] = time.perf_counter() - t
         finally:
             browser.close()
@@ -93,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=float, default=1e7, help="step rows of the large store (default 1e7)")
     p.add_argument("--dir", default="/tmp/perfscope-bench-dashboard", help="where the large store is written")
     p.add_argument("--keep", action="store_true", help="keep the generated store")
+    p.add_argument("--sample-only", action="store_true", help="the sample traces alone, no large store")
     args = p.parse_args(argv)
     base = Path(args.dir)
     base.mkdir(parents=True, exist_ok=True)
@@ -100,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     columns: dict[str, dict[str, float]] = {}
     try:
         columns["sample traces (seed-study)"] = measure(sample_traces.path(), base / "sample.log")
-        if not (large / "runs").is_dir():
-            t = time.perf_counter()
-            rows = _generator().generate(large, int(args.rows))
-            print(f"generated {rows:,} step rows in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-        columns[f"{args.rows:.0e} step rows"] = measure(large, base / "large.log")
+        if not args.sample_only:
+            if not (large / "runs").is_dir():
+                t = time.perf_counter()
+                rows = _generator().generate(large, int(args.rows))
+                print(f"generated {rows:,} step rows in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+            columns[f"{args.rows:.0e} step rows"] = measure(large, base / "large.log")
     finally:
         if not args.keep:
             shutil.rmtree(large, ignore_errors=True)

@@ -101,12 +101,27 @@ def _headline(summary: pa.Table) -> None:
     cols[0].metric("Runs", len(vals), help="runs in the selection")
     cols[1].metric("Measured / simulated", f"{len(vals) - sim} / {sim}")
     cols[2].metric("Experiments", len({r["experiment"] for r in vals}))
-    cols[3].metric(
-        "World sizes", f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else str(sizes[0]) if sizes else "–"
-    )
+    cols[3].metric(*world_sizes(sizes))
     cols[4].metric(
         "Clusters × backends", f"{len({r['cluster'] for r in vals})} × {len({r['backend'] for r in vals})}"
     )
+
+
+#: world sizes the overview lists one by one; more are said as their range (all of them in its help)
+LISTED_SIZES = 3
+
+
+def world_sizes(sizes: list[int]) -> tuple[str, str, str]:
+    """The overview's world-size metric (label, value, help): the sizes themselves, never a count to
+    misread (issue 34: "World sizes 2" read as two sizes). One size is "World size N = 2"; a few are
+    listed, "1, 2, 4"; more are their range, "1–12", with every size in the help."""
+    listed = ", ".join(map(str, sizes))
+    if not sizes:
+        return "World size", "–", "no run in the selection records its world size"
+    if len(sizes) == 1:
+        return "World size", f"N = {sizes[0]}", "ranks; every run in the selection has this world size"
+    shown = listed if len(sizes) <= LISTED_SIZES else f"{sizes[0]}–{sizes[-1]}"
+    return "World sizes", shown, f"ranks; the runs in the selection have {len(sizes)} sizes: {listed}"
 
 
 #: Findings shown open; the rest are listed by title, one click away.

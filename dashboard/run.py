@@ -27,7 +27,20 @@ from perfscope.words import counted, joined, known
 
 from . import links, what_if
 from .state import Context
-from .widgets import Col, chart, charts, definition_note, ms, no_runs, num, one_row, pct, show_table, tabbed
+from .widgets import (
+    Col,
+    chart,
+    charts,
+    definition_note,
+    ms,
+    no_runs,
+    num,
+    one_row,
+    pct,
+    show_table,
+    tabbed,
+    wide_chart,
+)
 
 RANK_COLUMNS = {
     "rank": Col("rank", fmt="%d"),
@@ -102,8 +115,11 @@ def render(ctx: Context) -> None:
         return
     runs = rows(summary)
     by_id = {r["run_id"]: r for r in runs}
-    if st.session_state.get(links.RUN) not in by_id:
-        st.session_state.pop(links.RUN, None)  # a run outside the selection (or gone): start afresh
+    held = st.session_state.get(links.RUN)
+    if held is not None and held not in by_id:
+        # a run outside the selection, gone, or another store's: show the first, and set it, since
+        # the widget keeps showing the id it last had when its key is only dropped (issue 34)
+        st.session_state[links.RUN] = next(iter(by_id))
     # the options are the run ids themselves: a bound widget's URL value is the option's label
     run_id = st.selectbox(
         "Run", list(by_id), key=links.RUN, bind="query-params", help="runs in the sidebar's selection"
@@ -126,7 +142,7 @@ def render(ctx: Context) -> None:
 
 
 def _steps(ctx: Context, run_id: str) -> None:
-    chart(step_series_chart(ctx.table("step_series", ctx.refine(run_ids=(run_id,)))))
+    wide_chart(step_series_chart(ctx.table("step_series", ctx.refine(run_ids=(run_id,)))))
     definition_note("run_summary", "step_series")
 
 
@@ -347,5 +363,5 @@ def _timeline(ctx: Context, run_id: str) -> None:
             f"Showing steps {shown[0]}–{shown[1]} of the {window[0]}–{window[1]} chosen: a window holds at "
             f"most {MAX_WINDOW_STEPS} steps and {MAX_INTERVALS:,} intervals."
         )
-    chart(rank_timeline_chart(table, run_id))
+    wide_chart(rank_timeline_chart(table, run_id))
     definition_note("rank_timeline")

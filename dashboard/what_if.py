@@ -22,7 +22,7 @@ from perfscope.report.text import literal as md
 from perfscope.report.what_if import CAUSE_WORDS
 
 from .state import Context
-from .widgets import Col, charts, definition_note, ms, num, show_table
+from .widgets import Col, charts, definition_note, ms, num, show_table, wide_chart
 
 WORKER_COLUMNS = {
     "dp_rank": Col("dp rank", fmt="%d"),
@@ -59,16 +59,17 @@ def render(ctx: Context, run_id: str) -> None:
         st.warning(
             f"**{md(f.title)}.** {md(f.text)} {md(f.recommendation)}", icon=":material/model_training:"
         )
-    cols = st.columns(4)
+    cols = st.columns(3)
     cols[0].metric("Recorded step", ms(row["actual_step_ns"]), help="mean over the run's steps")
     cols[1].metric(
         "Ideal step", ms(row["ideal_step_ns"]), help="every op at its typical time at its dp peers"
     )
     cols[2].metric("Slowdown S", num(row["slowdown"], ".3f"), help="recorded / ideal step")
-    cols[3].metric("Cause", str(row.get("cause") or "none"))
     cause = str(row.get("cause") or "none")
+    # the cause in words, never in a metric: a metric's large type cut it off ("stage-imbal…", issue 34)
     words = [
-        f"{CAUSE_WORDS.get(cause, md(cause)).capitalize()}. The replay of the recorded times is off by "
+        f"**Cause: {md(cause)}.** {CAUSE_WORDS.get(cause, md(cause)).capitalize()}. The replay of the "
+        "recorded times is off by "
         f"{float(row['replay_error'] or 0.0) * 100:.2g}% over {row['steps']} steps."
     ]
     workers = row.get("by_worker") or []
@@ -84,9 +85,9 @@ def render(ctx: Context, run_id: str) -> None:
             f"The costliest op type, {md(ops[0]['op_type'])}, costs {ms(cost_ns(row, ops[0]['slowdown']))}."
         )
     st.markdown(" ".join(words))
+    charts(what_if_steps(table, run_id))
+    wide_chart(what_if_timeline_chart(ctx.table("what_if_timeline", one), run_id))
     charts(
-        what_if_steps(table, run_id),
-        what_if_timeline_chart(ctx.table("what_if_timeline", one), run_id),
         what_if_heatmap(table, run_id),
         what_if_step_heatmap(table, run_id),
         what_if_attribution(table, run_id),

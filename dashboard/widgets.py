@@ -27,6 +27,13 @@ def chart(c: Any, key: str | None = None) -> None:
     )
 
 
+def wide_chart(c: Any, key: str | None = None) -> None:
+    """Draw a timeline's chart (its builder makes it twice a chart's width, as the report prints it)
+    as wide as the page and never wider: Streamlit fits it, title and legends included, into the
+    container, so a narrower window does not cut it off at the right edge (issue 34)."""
+    st.altair_chart(c, theme=None, key=key, width="stretch")
+
+
 def charts(*cs: Any) -> None:
     """Charts side by side while they fit the page, the next row when they do not.
 

@@ -157,6 +157,8 @@ def last_rank_chart(stragglers: pa.Table | None, run_id: str | None = None) -> C
                 "status:N",
                 title=None,
                 scale=alt.Scale(domain=["rank", "straggler"], range=["#4C78A8", THRESHOLD_COLOUR]),
+                # below the plot: at its right it covered the 1/n label when 1/n is high (N = 2, issue 34)
+                legend=alt.Legend(orient="bottom"),
             ),
             tooltip=[
                 alt.Tooltip("rank:O"),
