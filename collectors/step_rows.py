@@ -285,7 +285,7 @@ def write_frozen(
             moved.append((CANONICAL.get(phase, -1), exposed))
         put_comm(
             (rank, index, seq, op, bucket, nbytes, start_host + shift + queued, dur - queued, clock, peer,
-             group_size, exposed, is_async, phase, group_ranks, None)  # name: not recorded
+             group_size, exposed, is_async, phase, group_ranks, None, None)  # name, group_id: the writer's
         )  # fmt: skip
         n_comm_rows += 1
     if span_rows:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..store.process_groups import GROUP_KEY_SQL, group_members_sql
 from ..store.reader import Store
 from .cache import memo, temp_table
 from .fitting import MIN_POINTS, AlphaBetaFit, fit_alpha_beta
@@ -23,12 +24,13 @@ def instance_rows_table(store: Store, sel: Selection) -> str:
     """The collective rows of the steady steps, each with the key of the instance it is one rank's
     part of: (run, step, grp, nth).
 
-    A call on a recorded process group (`comm.group_ranks`) is matched with its own group's
-    members: grp is the member list and nth the call's order among this rank's calls on that
-    group in the step (by seq), so a tensor-parallel and a data-parallel allreduce of the same op
-    and size, or two replicas' allreduces each on its own group, are never one instance. Without
-    group_ranks (older stores, imports that do not know it) grp is '' and nth the step's seq, the
-    same on every rank: the n-th collective of the step across all ranks. Point-to-point rows (a
+    A call on a recorded process group (`comm.group_id`, or `comm.group_ranks` in older stores)
+    is matched with its own group's members: grp is the group's id (older stores: its member list)
+    and nth the call's order among this rank's calls on that group in the step (by seq), so a
+    tensor-parallel and a data-parallel allreduce of the same op and size, or two replicas'
+    allreduces each on its own group, are never one instance. Without a group (stores before schema
+    3, imports that do not know it) grp is '' and nth the step's seq, the same on every rank: the
+    n-th collective of the step across all ranks. Point-to-point rows (a
     peer) are no instance.
     """
     thr = thresholds_table(store, sel)
@@ -48,9 +50,9 @@ def instance_rows_table(store: Store, sel: Selection) -> str:
 COLLECTIVE_SQL = "c.peer IS NULL"
 #: grp and nth of an instance's key (run_id, step, grp, nth) for collective rows of comm (alias c,
 #: filtered by COLLECTIVE_SQL in the same SELECT: the order on a group counts collectives only)
-INSTANCE_KEY_SQL = """coalesce(c.group_ranks, '') AS grp,
-               CASE WHEN c.group_ranks IS NULL THEN c.seq
-                    ELSE row_number() OVER (PARTITION BY c.run_id, c.rank, c.step, c.group_ranks
+INSTANCE_KEY_SQL = f"""coalesce({GROUP_KEY_SQL}, '') AS grp,
+               CASE WHEN {GROUP_KEY_SQL} IS NULL THEN c.seq
+                    ELSE row_number() OVER (PARTITION BY c.run_id, c.rank, c.step, {GROUP_KEY_SQL}
                                             ORDER BY c.seq, c.start_ns) - 1
                END AS nth"""
 
@@ -77,16 +79,19 @@ def group_kinds_table(store: Store, sel: Selection) -> str:
     gradient group under context parallelism) 'data-parallel', tp alone 'tensor-parallel', pp alone
     'pipeline', cp alone 'context'; any other set that holds every rank of the run 'world', else
     'mixed'. 'unknown' when a member has no coordinates or the group has one member. Groups not
-    listed (grp '', no group_ranks) are 'unknown' too (`kind_sql`)."""
+    listed (grp '', no group recorded) or without members (their process_groups row lost) are
+    'unknown' too (`kind_sql`)."""
     rows = instance_rows_table(store, sel)
     return temp_table(
         store,
         ("group_kinds", sel),
         f"""
         WITH g AS (SELECT DISTINCT run_id, grp FROM {rows} WHERE grp <> ''),
+        gm AS (SELECT run_id, grp, group_ranks
+               FROM ({group_members_sql("(SELECT run_id FROM g)")}) JOIN g USING (run_id, grp)),
         m AS (  -- a member that is no rank number (a hostile import) makes the group unknown
             SELECT run_id, grp, TRY_CAST(trim(member) AS INTEGER) AS rank
-            FROM (SELECT run_id, grp, unnest(string_split(grp, ',')) AS member FROM g)
+            FROM (SELECT run_id, grp, unnest(string_split(group_ranks, ',')) AS member FROM gm)
         ),
         r AS (
             SELECT run_id, rank, max(dp_rank) AS dp, max(pp_stage) AS pp, max(tp_rank) AS tp,

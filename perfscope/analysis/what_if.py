@@ -827,7 +827,7 @@ def _run_ops(
             FROM spans WHERE run_id = {run} AND depth = 1 AND step >= {first} AND {keep}
             UNION ALL
             SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(peer, -1),
-                   group_ranks, op IN ('send', 'isend'), false,
+                   coalesce(group_id, group_ranks), op IN ('send', 'isend'), false,
                    CASE WHEN coalesce(name, '') LIKE 'backward%' THEN 1 ELSE 0 END
             FROM comm WHERE run_id = {run} AND step >= {first} AND {keep}
         )
@@ -889,8 +889,8 @@ def _staged_ops_sql(run: str, first_step: int, roles: str, *, laid: bool = False
     it is cut at them into pieces of compute, each waiting for the transfer before it, all one op
     (`unit`) to the ideal. A point-to-point transfer is named by its phase and function
     ('forward-send', 'backward-recv', as Megatron-LM names them), a collective by its function; a
-    collective is matched across its process group's members (comm.group_ranks, which the recorder
-    writes since schema 3; a sub-group's call without it is not matched). `laid`: the ranks' recorded
+    collective is matched across its process group's members (comm.group_id, or comm.group_ranks in
+    stores written before it; a sub-group's call without either is not matched). `laid`: the ranks' recorded
     coordinates (profile(parallel=...)) give their stage and dp rank instead of their roles."""
     kd = (
         f"""kd AS (SELECT rank, any_value(pp_stage) AS pp_stage, any_value(dp_rank) AS dp_rank FROM ranks
@@ -914,7 +914,7 @@ def _staged_ops_sql(run: str, first_step: int, roles: str, *, laid: bool = False
                       coalesce(name, CASE WHEN peer IS NOT NULL OR op IN {P2P_OPS}
                                           THEN coalesce(phase, 'other') || '-' || op ELSE op END) AS name,
                       CASE WHEN peer IS NULL AND NOT op IN {P2P_OPS}
-                           THEN coalesce(group_ranks, CASE WHEN group_size = (SELECT world FROM w)
+                           THEN coalesce(group_id, group_ranks, CASE WHEN group_size = (SELECT world FROM w)
                                                            OR group_size IS NULL THEN 'world' END) END AS grp
                FROM comm
                WHERE run_id = {run} AND step >= {first_step} AND {keep} AND start_ns IS NOT NULL

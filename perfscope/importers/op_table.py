@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -401,6 +402,42 @@ def import_op_table(
         inner = r % (tp * cp)
         return (s * dp + d) * tp * cp + inner
 
+    #: each process group's size and members' text, made once: spelled out for each of its calls, a
+    #: group of 262,144 data-parallel ranks took 1.7 MB and a list of as many ints per row
+    groups: dict[tuple[Any, ...], tuple[int, str]] = {}
+
+    def group(kind: str, r: int, d: int, s: int, peer: int | None) -> tuple[int, str]:
+        """The size and members' text of the group of rank `r` (dp rank `d`, stage `s`) for a call of
+        `kind` ('p2p' with `peer`, 'dp', 'embedding', 'tp', else the world)."""
+        inner = r % (tp * cp)
+        key: tuple[Any, ...]
+        if kind == "p2p" and peer is not None:
+            key = (kind, min(r, peer), max(r, peer))
+        elif kind in ("dp", "embedding", "tp"):
+            key = (
+                (kind, s, inner)
+                if kind == "dp"
+                else (kind, d, inner)
+                if kind == "embedding"
+                else (kind, r - r % tp)
+            )
+        else:
+            key = ("world",)
+        got = groups.get(key)
+        if got is None:
+            if key[0] == "p2p":
+                members = list(key[1:])
+            elif kind == "dp":
+                members = [rank_of(k, s, r) for k in range(dp)]
+            elif kind == "embedding":
+                members = sorted({rank_of(d, 0, r), rank_of(d, pp - 1, r)})
+            elif kind == "tp":
+                members = [r - r % tp + k for k in range(tp)]
+            else:
+                members = list(range(world))
+            got = groups[key] = (len(members), ",".join(map(str, members)))
+        return got
+
     with RunImport(opts, ORIGIN, run_id) as imp:
         for r in sorted(coords):
             d, s = coords[r]
@@ -464,22 +501,13 @@ def import_op_table(
                     sender, receiver = (r, peer) if fn == "send" else (peer, r)
                     key = (st, sender, receiver, op.startswith("forward"))
                     balance[key] = balance.get(key, 0) + (1 if fn == "send" else -1)
-                    members = sorted((r, peer))
-                elif kind == "dp":
-                    members = [rank_of(k, s, r) for k in range(dp)]
-                elif kind == "embedding":
-                    members = sorted({rank_of(d, 0, r), rank_of(d, pp - 1, r)})
-                elif kind == "tp":
-                    members = [r - r % tp + k for k in range(tp)]
-                else:
-                    members = list(range(world))
+                size, members = group(kind, r, d, s, peer)
                 comm_iv.append((start_ns[i], start_ns[i] + dur_ns[i]))
                 comm_total += int(dur_ns[i])
                 imp.comm(
                     r, st, seq, str(fn), None, int(start_ns[i]), int(dur_ns[i]), clock="cuda",
-                    extra={"peer": peer, "group_size": len(members), "exposed_ns": int(dur_ns[i]),
-                           "is_async": False, "phase": phase, "name": op,
-                           "group_ranks": ",".join(map(str, members))},
+                    extra={"peer": peer, "group_size": size, "exposed_ns": int(dur_ns[i]),
+                           "is_async": False, "phase": phase, "name": op, "group_ranks": members},
                 )  # fmt: skip
                 seq += 1
             last = int((start_ns[chunk] + dur_ns[chunk]).max())

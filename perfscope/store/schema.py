@@ -434,7 +434,8 @@ COMM = Table(
             s,
             "",
             "the process group the call ran on: its members' global ranks, ascending, comma-separated "
-            "(a point-to-point transfer: both sides); NULL when not recorded (match by group_size then)",
+            "(a point-to-point transfer: both sides), in stores written before group_id; since then NULL, "
+            "the members being in process_groups. NULL when not recorded (match by group_size then)",
             since=3,
         ),
         _c(
@@ -445,6 +446,35 @@ COMM = Table(
             "...); NULL when only the torch.distributed function is known",
             since=3,
         ),
+        _c(
+            "group_id",
+            s,
+            "",
+            "the process group the call ran on, as its row in `process_groups` (its members listed once "
+            "per run, not on every call); group_ranks is then NULL. NULL in stores written before it",
+            since=3,
+        ),
+    ),
+)
+
+PROCESS_GROUPS = Table(
+    "process_groups",
+    "The process groups a run's calls ran on, each listed once per writer (a rank's recorder, an "
+    "import): comm.group_id names one. The same group written by several writers is the same id. Every "
+    "call with its members: `SELECT c.* REPLACE (coalesce(c.group_ranks, g.group_ranks) AS group_ranks) "
+    "FROM comm c LEFT JOIN (SELECT DISTINCT run_id, group_id, group_ranks FROM process_groups) g "
+    "USING (run_id, group_id)`.",
+    (
+        _c(
+            "rank",
+            i32,
+            "",
+            "the first rank this writer saw calling on the group (a recorder: its own rank), so that "
+            "the rows of several ranks' writers are never byte-identical copies of one segment",
+        ),
+        _c("group_id", s, "", "the group's id: 'g' and 16 hex digits of a hash of group_ranks"),
+        _c("group_size", i32, "", "members of the group"),
+        _c("group_ranks", s, "", "its members' global ranks, ascending, comma-separated"),
     ),
 )
 
@@ -610,6 +640,7 @@ TABLES: dict[str, Table] = {
         STEPS,
         SPANS,
         COMM,
+        PROCESS_GROUPS,
         GPU_SAMPLES,
         HOST_SAMPLES,
         PROC_MEMORY,

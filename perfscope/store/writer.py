@@ -37,6 +37,7 @@ import pyarrow as pa
 from ..errors import warn_once
 from . import leftovers
 from .live import LIVE_SUFFIX, LiveSegment, read_live, twin
+from .process_groups import GroupIds
 from .schema import PARTITION_KEY, TABLES, run_id_size_problem
 from .segments import LIVE_MAX_AGE_S, write_segment
 
@@ -246,6 +247,7 @@ class StoreWriter:
         self._clean_leftovers = clean_leftovers
         self._closed = False
         self._sources: list[tuple[Callable[[], Mapping[str, Any]], bool]] = []  # (pull, flat)
+        self._groups = GroupIds()  # comm's members become ids, each group written once (process_groups)
         self._thread = threading.Thread(target=self._run, name="perfscope-writer", daemon=True)
         self._thread.start()
 
@@ -511,6 +513,10 @@ class StoreWriter:
         n = self._rows(table, data)
         self._not_yet_written.discard(table)  # tried: a failing disk is not retried every poll
         try:
+            if table == "comm":  # the groups first: a call never names a group not yet written
+                data, groups = self._groups.take_members(data)
+                if groups:
+                    self._write("process_groups", groups)
             arrow = data if isinstance(data, pa.Table) else flat_to_table(table, data)
             live = self._append(table, arrow)
         except Exception as exc:  # disk full, read-only store, a bug of ours: never the job's problem

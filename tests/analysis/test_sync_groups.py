@@ -26,6 +26,7 @@ from collect_helpers import results_ok, run_ranks
 
 from perfscope.analysis import run_analysis
 from perfscope.store.open import open_store
+from perfscope.store.process_groups import COMM_MEMBERS_SQL
 
 WORLD = 4
 TP = ((0, 1), (2, 3))
@@ -103,7 +104,8 @@ def test_groups_are_recorded(job: tuple[Path, dict[int, Any]]) -> None:
     store, _ = job
     with open_store(store) as s:
         got = s.query(
-            "SELECT rank, list(DISTINCT group_ranks ORDER BY group_ranks) AS g FROM comm GROUP BY rank"
+            "SELECT rank, list(DISTINCT group_ranks ORDER BY group_ranks) AS g "
+            f"FROM ({COMM_MEMBERS_SQL}) comm GROUP BY rank"
         )
     groups = {r["rank"]: r["g"] for r in got.to_pylist()}
     for r in range(WORLD):

@@ -19,6 +19,7 @@ import pytest
 from perfscope.analysis import Selection, run_analysis
 from perfscope.explain import explain
 from perfscope.store.open import open_store
+from perfscope.store.process_groups import COMM_MEMBERS_SQL
 
 STUDY = Path("/work/shared/traces/straggler-study")
 if not STUDY.exists():  # the repository's copy, wherever the checkout is
@@ -83,7 +84,7 @@ def test_straggler_study_stage_imbalance(tmp_path: Path) -> None:
         ).to_pylist()
         runs = s.query("SELECT dp_size, pp_size, tp_size, cp_size FROM runs").to_pylist()
         groups = s.query(
-            "SELECT DISTINCT group_ranks FROM comm WHERE name = 'grads-reduce-scatter'"
+            f"SELECT DISTINCT group_ranks FROM ({COMM_MEMBERS_SQL}) comm WHERE name = 'grads-reduce-scatter'"
         ).to_pylist()
     assert [(r["dp_rank"], r["pp_stage"]) for r in ranks] == [(r % 2, r // 2) for r in range(8)]
     assert runs == [{"dp_size": 2, "pp_size": 4, "tp_size": 1, "cp_size": 1}]
@@ -493,7 +494,9 @@ def test_version_2_stores_read_the_layout_as_null(tmp_path: Path) -> None:
             pq.write_table(t.replace_schema_metadata(meta), seg)
     with open_store(store) as s:
         ranks = s.query("SELECT count(*) AS n, count(dp_rank) AS laid FROM ranks").to_pylist()
-        comm = s.query("SELECT count(*) AS n, count(group_ranks) AS grouped FROM comm").to_pylist()
+        comm = s.query(
+            "SELECT count(*) AS n, count(coalesce(group_id, group_ranks)) AS grouped FROM comm"
+        ).to_pylist()
         runs = s.query("SELECT dp_size, pp_size FROM runs").to_pylist()
         assert run_analysis("what_if", s, Selection()).num_rows == 0
     assert ranks == [{"n": 4, "laid": 0}] and comm[0]["n"] > 0 and comm[0]["grouped"] == 0

@@ -278,3 +278,36 @@ def test_tied_ops_phases_never_exceed_their_step(tmp_path: Path) -> None:
     assert st["step_ns"] == 1_000_000
     assert st["forward_ns"] + st["backward_ns"] + st["optimizer_ns"] <= st["step_ns"]
     assert st["forward_ns"] == 2 * st["backward_ns"]  # 1 ms and 0.5 ms, scaled together to the step
+
+
+def test_a_group_of_262144_ranks_is_stored_once(tmp_path: Path) -> None:
+    """Item 4: 200 rows of a gradient-norm all-reduce over the whole world with --dp 262144 (a 9.6 KB
+    table) spelled all 262,144 members out on every comm row (1.7 MB a row): the import took 1.8 GB and
+    wrote 228 MB, `analyze` ran 244 s and ran out of memory. The group is now one process_groups row
+    and each call names it by id."""
+    rows = [
+        (d, 0, d, step, "optimizer-clip-main-grad", 0.0, 0.001, 0) for step in range(100) for d in range(2)
+    ]
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({n: list(c) for n, c in zip(OP_COLUMNS, zip(*rows, strict=True), strict=True)}), path
+    )
+    store = tmp_path / "store"
+    rc, peak, err = _peak_rss_mb("import", "op-table", path, "--dp", 262144, "--pp", 1, "--store", store)
+    assert rc == 0, err
+    assert peak < 700, peak
+    with open_store(store) as s:
+        (comm,) = s.query(
+            "SELECT count(*) AS n, count(group_ranks) AS spelled, count(DISTINCT group_id) AS ids FROM comm"
+        ).to_pylist()
+        groups = s.query(
+            "SELECT DISTINCT group_id, group_size, length(group_ranks) AS text FROM process_groups"
+        )
+    assert comm == {"n": 200, "spelled": 0, "ids": 1}
+    (group,) = groups.to_pylist()
+    assert group["group_size"] == 262144 and group["text"] > 1_700_000
+    on_disk = sum(f.stat().st_size for f in (store / "comm").rglob("*.parquet"))
+    assert on_disk < 2**20, on_disk  # before: 228 MB
+    rc, peak, err = _peak_rss_mb("analyze", store, "--json")
+    assert rc == 0, err
+    assert peak < 1000, peak

@@ -34,6 +34,7 @@ from collect_helpers import results_ok, run_ranks
 
 from perfscope import open_store
 from perfscope.cli import main
+from perfscope.store.process_groups import COMM_MEMBERS_SQL
 
 WORLD = 4
 #: the pipeline's steps: the steady state drops 10 warm-up steps
@@ -219,6 +220,8 @@ def _query(store: Path, sql: str) -> list[dict[str, Any]]:
         return list(st.query(sql).to_pylist())
 
 
+#: comm with each call's group members (the store keeps them once per group: process_groups)
+COMM = f"({COMM_MEMBERS_SQL}) comm"
 _COORDS = "SELECT rank, dp_rank, pp_stage, tp_rank, cp_rank FROM ranks ORDER BY rank"
 _SIZES = "SELECT DISTINCT dp_size, pp_size, tp_size, cp_size FROM runs"
 
@@ -276,7 +279,7 @@ def test_collectives_record_their_process_group(recorded: tuple[Path, dict[int, 
     root, _ = recorded
     rows = _query(
         root / "degrees",
-        "SELECT rank, op, peer, group_size, group_ranks, count(*) AS n FROM comm "
+        f"SELECT rank, op, peer, group_size, group_ranks, count(*) AS n FROM {COMM} "
         "GROUP BY ALL ORDER BY rank, op",
     )
     seen = {(r["rank"], r["op"]): (r["peer"], r["group_size"], r["group_ranks"]) for r in rows}
@@ -287,19 +290,24 @@ def test_collectives_record_their_process_group(recorded: tuple[Path, dict[int, 
         for op in ("send", "recv"):  # the default group's size; the transfer's two sides
             assert seen[(rank, op)] == (rank ^ 1, WORLD, pair)
     buckets = _query(
-        root / "ddp", "SELECT DISTINCT rank, group_size, group_ranks FROM comm WHERE bucket IS NOT NULL"
+        root / "ddp",
+        f"SELECT DISTINCT rank, group_size, group_ranks FROM {COMM} WHERE bucket IS NOT NULL",
     )
     assert sorted((b["rank"], b["group_size"], b["group_ranks"]) for b in buckets) == [
         (r, 2, "0,2" if r % 2 == 0 else "1,3") for r in range(WORLD)
     ]
     manual = _query(
-        root / "ddp", "SELECT DISTINCT rank, group_size, group_ranks FROM comm WHERE bucket IS NULL"
+        root / "ddp",
+        f"SELECT DISTINCT rank, group_size, group_ranks FROM {COMM} WHERE bucket IS NULL",
     )
     assert sorted((m["rank"], m["group_size"], m["group_ranks"]) for m in manual) == [
         (r, 2, "0,2" if r % 2 == 0 else "1,3") for r in range(WORLD)
     ]
     # the default group is every rank
-    world = _query(root / "mesh", "SELECT DISTINCT group_ranks, group_size FROM comm WHERE op = 'allreduce'")
+    world = _query(
+        root / "mesh",
+        f"SELECT DISTINCT group_ranks, group_size FROM {COMM} WHERE op = 'allreduce'",
+    )
     assert world == [{"group_ranks": "0,1,2,3", "group_size": WORLD}]
 
 
@@ -361,7 +369,7 @@ def test_functional_collectives_are_recorded_and_the_job_is_unchanged(tmp_path: 
     # each rank: three functional all-reduces (async: issued, then waited) beside three torch.distributed ones
     ops = _query(
         store,
-        "SELECT rank, op, is_async, group_ranks, count(*) AS n, sum(bytes) AS bytes FROM comm "
+        f"SELECT rank, op, is_async, group_ranks, count(*) AS n, sum(bytes) AS bytes FROM {COMM} "
         "WHERE exposed_ns <= dur_ns GROUP BY ALL ORDER BY ALL",
     )
     assert [(o["rank"], o["op"], o["is_async"], o["group_ranks"], o["n"], o["bytes"]) for o in ops] == [

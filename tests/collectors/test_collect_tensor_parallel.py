@@ -27,6 +27,7 @@ from collect_helpers import results_ok, run_ranks
 from perfscope import open_store
 from perfscope.analysis import run_analysis
 from perfscope.analysis.selection import Selection
+from perfscope.store.process_groups import COMM_MEMBERS_SQL
 
 WORLD = 4
 STEPS = 8
@@ -111,7 +112,7 @@ def test_tensor_parallel_collectives_are_recorded_on_their_group(
         store,
         "SELECT rank, op, phase, group_ranks, group_size, count(*) AS n, sum(bytes)::BIGINT AS bytes, "
         "sum(dur_ns)::BIGINT AS total, sum(exposed_ns)::BIGINT AS exposed, bool_and(is_async) AS async "
-        "FROM comm GROUP BY ALL ORDER BY ALL",
+        f"FROM ({COMM_MEMBERS_SQL}) comm GROUP BY ALL ORDER BY ALL",
     )
     for rank in range(WORLD):
         res = results[rank]
@@ -153,7 +154,8 @@ def test_tensor_parallel_traffic_is_its_own_figure_beside_gradient_sync(
         r["exposed"]
         for r in _q(
             store,
-            "SELECT rank, step, sum(exposed_ns) AS exposed FROM comm WHERE group_ranks IN ('0,1', '2,3') "
+            f"SELECT rank, step, sum(exposed_ns) AS exposed FROM ({COMM_MEMBERS_SQL}) comm "
+            "WHERE group_ranks IN ('0,1', '2,3') "
             "GROUP BY ALL",
         )
     ]

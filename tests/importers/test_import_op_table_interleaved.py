@@ -13,6 +13,7 @@ import pytest
 from test_what_if import _cli, synthetic
 
 from perfscope.store.open import open_store
+from perfscope.store.process_groups import COMM_MEMBERS_SQL
 
 DP, PP, VPP, M, STEPS = 2, 4, 2, 8, 3
 
@@ -31,10 +32,10 @@ def _import(
 def _transfers(store: Path) -> list[dict]:
     with open_store(store) as s:
         return s.query(
-            """
+            f"""
             SELECT c.rank, c.step, c.name, c.op, c.peer, c.group_ranks, k.pp_stage AS stage, k.dp_rank,
                    p.pp_stage AS peer_stage, p.dp_rank AS peer_dp
-            FROM comm c JOIN ranks k USING (rank) LEFT JOIN ranks p ON p.rank = c.peer
+            FROM ({COMM_MEMBERS_SQL}) c JOIN ranks k USING (rank) LEFT JOIN ranks p ON p.rank = c.peer
             WHERE c.name LIKE '%-send' OR c.name LIKE '%-recv'
             """
         ).to_pylist()
