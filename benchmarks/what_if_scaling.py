@@ -7,9 +7,13 @@ double (issue 33: "the replay linear in ops, its memory from the ranks and steps
 Each size is a GPipe job of --pp stages (dp = ranks / pp) and --micro micro-batches, --steps steps, written
 vectorised (numpy) as an op table: per rank, step and micro-batch a forward and a backward compute and
 their point-to-point transfers to the neighbouring stages (Megatron-LM's op names), times from the GPipe
-schedule with a little noise, the last stage's compute 20% longer. Only
-point-to-point transfers: a data-parallel collective's row would list all its members (issue 33, item
-4, not this benchmark's subject). The steps are the same at every size, so ops grow with the ranks.
+schedule with a little noise, the last stage's compute 20% longer. Only point-to-point transfers (a
+collective's members are stored once since issue 33's item 4, tested on its own). The steps are the same
+at every size, so ops grow with the ranks.
+
+    .venv/bin/python benchmarks/what_if_scaling.py --ranks 1064,2128,4256,8512,17024
+
+reaches 1,021,440 ops at 17,024 ranks, under the what-if's MAX_OPS (2^20), past which steps are sampled.
 
 Per size, `perfscope import op-table` and then `perfscope analyze --json` (every analysis and the
 findings), each the only child of a fresh Python (benchmarks/analysis.py's `_measure`): wall time, CPU
