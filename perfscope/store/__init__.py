@@ -3,8 +3,9 @@ engine reads as it is. Its modules are read in the order of LAYERS; each imports
 (and never perfscope.analysis and the rooms above it), which tests/project/test_layers.py checks.
 
 What it promises, and where each promise is kept:
-- The contract: every table, column, type and unit (schema.py); the warm-up cut the rollups and the
-  analysis share (warmup.py).
+- The contract: every table, column, type and unit (schema.py); each process group's members stored
+  once, its calls naming it by id (process_groups.py); the warm-up cut the rollups and the analysis
+  share (warmup.py).
 - Crash safety: a killed process loses at most its last interval of rows; the live Arrow stream is
   readable up to its last complete batch (live.py), a sealed file appears whole or not at all
   (segments.write_segment), an import is published whole or not at all (imports.py), compaction
@@ -30,6 +31,7 @@ from .writer import StoreWriter
 #: the store's modules, earliest first: each imports only modules before it
 LAYERS = (
     "schema",
+    "process_groups",
     "warmup",
     "live",
     "segments",
