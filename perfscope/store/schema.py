@@ -462,8 +462,8 @@ PROCESS_GROUPS = Table(
     "The process groups a run's calls ran on, each listed once per writer (a rank's recorder, an "
     "import): comm.group_id names one. The same group written by several writers is the same id. Every "
     "call with its members: `SELECT c.* REPLACE (coalesce(c.group_ranks, g.group_ranks) AS group_ranks) "
-    "FROM comm c LEFT JOIN (SELECT DISTINCT run_id, group_id, group_ranks FROM process_groups) g "
-    "USING (run_id, group_id)`.",
+    "FROM comm c LEFT JOIN (SELECT run_id, group_id, min(group_ranks) AS group_ranks FROM process_groups "
+    "GROUP BY run_id, group_id) g USING (run_id, group_id)` (process_groups.COMM_MEMBERS_SQL).",
     (
         _c(
             "rank",
