@@ -280,6 +280,11 @@ def fit_alpha_beta(
         coef[col] = c
         candidates.append(coef)
     best = min(candidates, key=lambda c: float(np.sum((x @ c - y) ** 2)))
+    ceiling = float(np.min(y / x1)) if np.all(x1 > 0) else None
+    if ceiling is not None and ceiling < best[0] <= ALPHA_CEILING_FACTOR * ceiling:
+        # a little above what the cheapest collective took per hop (noise in the small messages'
+        # times): no collective takes less than its latency, so α is that time (far above: refused)
+        best = np.array([ceiling, best[1]])
     yhat = x @ best
     return AlphaBetaFit(
         alpha_s=float(best[0]),
@@ -287,5 +292,5 @@ def fit_alpha_beta(
         points=len(y),
         smape_pct=smape_pct(y, yhat),
         r2_adj=adjusted_r2(y, yhat, 2),
-        alpha_ceiling_s=float(np.min(y / x1)) if np.all(x1 > 0) else None,
+        alpha_ceiling_s=ceiling,
     )

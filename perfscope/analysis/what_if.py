@@ -848,28 +848,56 @@ def _dp_ops_sql(run: str, first_step: int, keep: str = "true") -> str:
     communication left out): data, forward and backward one after the other from the step's start,
     the optimizer ending at the step's end (the exposed sync wait and the rest of the step before it,
     between the last collective and the optimizer). The comm rows (DDP buckets, allreduces) are
-    collectives of the whole world, matched across ranks by their index in the step (`seq`)."""
+    collectives of the whole world, matched across ranks by their index in the step (`seq`).
+
+    A collective issued inside backward (a DDP bucket: its gradients are ready) waits for the
+    backward's compute before it, not for the whole phase: the backward is cut at those issue times
+    (clamped to its own span) into pieces, one op to the ideal (`unit`), each collective after the
+    piece that ends where it starts. Without the cut, a bucket issued at about the end of the
+    phase's own time would follow the backward in some steps and the forward in others (its launch
+    gap then holding the whole backward), and a typical launch gap taken over such steps is noise
+    of the size of the backward, in every peer's ideal."""
     return f"""
         WITH s AS (SELECT rank, step, start_ns AS t0, step_ns,
                           coalesce(data_ns, 0) AS d, coalesce(forward_ns, 0) AS f,
                           coalesce(backward_ns, 0) AS b, coalesce(optimizer_ns, 0) AS o
                    FROM steps WHERE run_id = {run} AND start_ns IS NOT NULL AND step_ns IS NOT NULL
                          AND step >= {first_step} AND {keep}),
-        ops AS (
-            SELECT rank, step, 'data' AS name, t0 AS start_ns, d AS dur_ns, 0 AS ord, true AS compute FROM s
-            UNION ALL SELECT rank, step, 'forward', t0 + d, f, 0, true FROM s
-            UNION ALL SELECT rank, step, 'backward', t0 + d + f, b, 0, true FROM s
-            UNION ALL SELECT rank, step, 'optimizer', t0 + greatest(step_ns - o, d + f + b), o, 0, true FROM s
+        cm AS (SELECT rank, step, coalesce(name, op) AS name, start_ns, dur_ns, coalesce(seq, 0) AS ord,
+                      bucket IS NOT NULL OR phase = 'backward' AS in_backward
+               FROM comm WHERE run_id = {run} AND step >= {first_step} AND {keep}),
+        bw AS (SELECT row_number() OVER (ORDER BY rank, step) AS unit, rank, step,
+                      t0 + d + f AS b0, t0 + d + f + b AS b1 FROM s),
+        cut AS (SELECT bw.unit, least(greatest(cm.start_ns, bw.b0), bw.b1) AS c
+                FROM bw JOIN cm ON bw.rank = cm.rank AND bw.step = cm.step
+                WHERE cm.in_backward AND cm.start_ns IS NOT NULL),
+        pieces AS (
+            SELECT unit, lag(c) OVER (PARTITION BY unit ORDER BY c) AS p0, c AS p1 FROM cut
             UNION ALL
-            SELECT rank, step, coalesce(name, op), start_ns, dur_ns, coalesce(seq, 0), false FROM comm
-            WHERE run_id = {run} AND step >= {first_step} AND {keep}
+            SELECT bw.unit, max(cut.c), bw.b1 FROM bw LEFT JOIN cut USING (unit) GROUP BY bw.unit, bw.b1
+        ),
+        ops AS (
+            SELECT rank, step, 'data' AS name, t0 AS start_ns, d AS dur_ns, 0 AS ord, true AS compute,
+                   NULL AS unit FROM s
+            UNION ALL SELECT rank, step, 'forward', t0 + d, f, 0, true, NULL FROM s
+            UNION ALL
+            SELECT bw.rank, bw.step, 'backward', coalesce(p.p0, bw.b0), p.p1 - coalesce(p.p0, bw.b0), 0, true,
+                   bw.unit
+            FROM pieces p JOIN bw USING (unit)
+            UNION ALL
+            SELECT rank, step, 'optimizer', t0 + greatest(step_ns - o, d + f + b), o, 0, true, NULL FROM s
+            UNION ALL
+            SELECT rank, step, name, start_ns, dur_ns, ord, false, NULL FROM cm
         )
         SELECT rank, step, name, start_ns, dur_ns, -1 AS peer, true AS anchor,
                CASE WHEN compute THEN NULL ELSE 'world' END AS grp, false AS is_send,
                compute AND name <> 'data' AS compute,
                rank AS dp_rank, 0 AS pp_stage,
-               row_number() OVER (PARTITION BY step, rank, name ORDER BY ord, start_ns, dur_ns) - 1 AS nth,
-               0 AS pnth
+               CASE WHEN unit IS NULL
+                    THEN row_number() OVER (PARTITION BY step, rank, name, unit IS NULL
+                                            ORDER BY ord, start_ns, dur_ns) - 1
+                    ELSE 0 END AS nth,
+               0 AS pnth, unit
         FROM ops
         WHERE start_ns IS NOT NULL AND dur_ns IS NOT NULL AND step IS NOT NULL
         ORDER BY step, rank, start_ns, dur_ns, name

@@ -30,3 +30,15 @@ def test_a_consistent_alpha_is_kept() -> None:
     assert fit is not None and not fit.alpha_refused
     assert fit.alpha_s == pytest.approx(alpha, rel=1e-3)
     assert fit.alpha_ceiling_s is not None and fit.alpha_s <= fit.alpha_ceiling_s * (1 + 1e-9)
+
+
+def test_an_alpha_a_little_above_the_cheapest_collective_is_that_collectives_time() -> None:
+    # the smallest message's time per hop came out under the line's intercept (noise on a loaded host):
+    # the latency is what that collective took, never more
+    p, n, k = [2.0, 2.0, 2.0], [4.0, 1e6, 4e6], [1.0, 1.0, 1.0]
+    fit = fit_alpha_beta(p, n, k, [0.10e-3, 1.24e-3, 4.30e-3])  # the free fit: α 71 µs
+    assert fit is not None and fit.alpha_ceiling_s == pytest.approx(0.05e-3)
+    assert not fit.alpha_refused and fit.alpha_s == fit.alpha_ceiling_s
+    assert fit.bandwidth_gb_per_s == pytest.approx(0.96, rel=0.05)
+    exact = fit_alpha_beta(p, n, k, [0.10e-3, 1.10e-3, 4.10e-3])
+    assert exact is not None and exact.alpha_s == pytest.approx(0.05e-3, rel=1e-3)
