@@ -58,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PCT",
         type=_pct,
         help="exit 1 when the candidate's step time is more than PCT%% slower with confidence (the 95%% "
-        "interval's lower end above 1 + PCT/100), 0 otherwise; one line on stderr says why",
+        "interval's lower end above 1 + PCT/100), with sets of runs at any world size, 0 otherwise; one "
+        "line on stderr says why",
     )
     p.add_argument(
         "--threshold",
