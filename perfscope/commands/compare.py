@@ -1,7 +1,10 @@
 """Compare a candidate run with a base run: slower, faster or no change beyond the runs' own noise (a
 confidence interval from a block bootstrap of the steady steps), and where the difference went: by
 phase, by rank (the rank whose own work changed), by collective and by op type, with what changed in
-the set-up listed first. --fail-if-slower PCT makes it a CI gate (exit 1)."""
+the set-up listed first. --fail-if-slower PCT makes it a CI gate (exit 1).
+
+--base-experiment / --base-group (and the candidate's) compare two sets of runs instead, world size by
+world size (analysis/compare_sets.py): did a change make scaling worse?"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import sys
 from typing import Any
 
 from ..analysis.compare import DEFAULT_THRESHOLD, PHASE_LABELS, Comparison, compare, pick_run
+from ..analysis.compare_sets import SetComparison, compare_sets, pick_set
 from ..errors import PerfscopeError, shown
 from ..store.open import open_store
 from ..terminal import format_rows, heading, printable, terminal_width, use_colour, wrap
@@ -37,11 +41,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-run", metavar="ID", help="the base run in BASE (needed when it holds several)")
     p.add_argument("--candidate-run", metavar="ID", help="the candidate run in CANDIDATE")
     p.add_argument(
+        "--base-experiment",
+        metavar="NAME",
+        help="compare the runs of experiment NAME in BASE with the candidate's set, world size by world size",
+    )
+    p.add_argument("--candidate-experiment", metavar="NAME", help="the candidate's experiment in CANDIDATE")
+    p.add_argument(
+        "--base-group",
+        metavar="ID",
+        help="compare the runs of scaling group ID in BASE (as `perfscope analyze` names it: "
+        "experiment/cluster/backend/model/mode:batch) with the candidate's set",
+    )
+    p.add_argument("--candidate-group", metavar="ID", help="the candidate's scaling group in CANDIDATE")
+    p.add_argument(
         "--fail-if-slower",
         metavar="PCT",
         type=_pct,
         help="exit 1 when the candidate's step time is more than PCT%% slower with confidence (the 95%% "
-        "interval's lower end above 1 + PCT/100), 0 otherwise; one line on stderr says why",
+        "interval's lower end above 1 + PCT/100), with sets of runs at any world size, 0 otherwise; one "
+        "line on stderr says why",
     )
     p.add_argument(
         "--threshold",
@@ -54,13 +72,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
+def _chosen(args: argparse.Namespace, side: str) -> tuple[str, str] | None:
+    """The one option that picks `side`'s runs ("run" / "experiment" / "group" and its value), None for
+    none; a PerfscopeError when several do."""
+    given = [
+        (kind, v)
+        for kind in ("run", "experiment", "group")
+        if (v := getattr(args, f"{side}_{kind}")) is not None
+    ]
+    if len(given) > 1:
+        names = " and ".join(f"--{side}-{kind}" for kind, _ in given)
+        raise PerfscopeError(
+            f"{names}: pick {side.upper()}'s runs by one of --{side}-run, --{side}-experiment, --{side}-group"
+        )
+    return given[0] if given else None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threshold >= 100:
         raise PerfscopeError(f"--threshold {args.threshold:g}: a percentage under 100")
+    picks = {side: _chosen(args, side) for side in ("base", "candidate")}
+    kinds = {side: p[0] if p else "run" for side, p in picks.items()}
+    if (kinds["base"] == "run") != (kinds["candidate"] == "run"):
+        one, other = ("base", "candidate") if kinds["base"] != "run" else ("candidate", "base")
+        how = (
+            f"--{other}-run picks one run"
+            if picks[other]
+            else f"{other.upper()} is one run without --{other}-experiment or --{other}-group"
+        )
+        raise PerfscopeError(
+            f"--{one}-{kinds[one]} picks a set of runs but {how}: compare a set with a set, or a run with "
+            "a run"
+        )
     with contextlib.ExitStack() as stack:
         base_store = stack.enter_context(open_store(args.base, warn=False))
         same = args.candidate == args.base
         cand_store = base_store if same else stack.enter_context(open_store(args.candidate, warn=False))
+        base_pick, cand_pick = picks["base"], picks["candidate"]
+        if kinds["base"] != "run" and base_pick and cand_pick:
+            sc = compare_sets(
+                pick_set(base_store, *base_pick, "BASE"),
+                pick_set(cand_store, *cand_pick, "CANDIDATE"),
+                threshold=args.threshold / 100,
+            )
+            _print(sc.as_dict() if args.json else sets_text(sc, colour=use_colour(), width=terminal_width()))
+            return 0 if args.fail_if_slower is None else sets_gate(sc, args.fail_if_slower)
         base = pick_run(base_store, args.base_run, "BASE", "--base-run")
         cand = pick_run(cand_store, args.candidate_run, "CANDIDATE", "--candidate-run")
         if same and base.run_id == cand.run_id:
@@ -69,19 +125,24 @@ def run(args: argparse.Namespace) -> int:
                 "--base-run and --candidate-run"
             )
         c = compare(base, cand, threshold=args.threshold / 100)
-        if args.json:
-            json.dump(_finite(c.as_dict()), sys.stdout, indent=2)
-            print()
-        else:
-            print(text(c, colour=use_colour(), width=terminal_width()))
+        _print(c.as_dict() if args.json else text(c, colour=use_colour(), width=terminal_width()))
     if args.fail_if_slower is None:
         return 0
     return gate(c, args.fail_if_slower)
 
 
+def _print(out: str | dict[str, Any]) -> None:
+    """The text, or the JSON object (without NaN or infinity), on stdout."""
+    if isinstance(out, str):
+        print(out)
+    else:
+        json.dump(_finite(out), sys.stdout, indent=2)
+        print()
+
+
 def gate(c: Comparison, pct: float) -> int:
     """--fail-if-slower: 1 when slower by more than `pct` with confidence, else 0; says why on stderr."""
-    ratio = f"{_ratio(c.step_ratio)} (95% interval {_interval(c.ci)})"
+    ratio = _ratio_ci(c)
     if c.slower_beyond(pct):
         print(
             f"perfscope compare: FAIL: the candidate's step time is {ratio}, slower than +{pct:g}%",
@@ -91,6 +152,32 @@ def gate(c: Comparison, pct: float) -> int:
     why = "no interval (too few steady steps)" if c.ci is None else f"not above +{pct:g}% with confidence"
     print(f"perfscope compare: pass: the candidate's step time is {ratio}: {why}", file=sys.stderr)
     return 0
+
+
+def sets_gate(sc: SetComparison, pct: float) -> int:
+    """--fail-if-slower for sets: 1 when any world size is slower by more than `pct` with confidence
+    (the largest such is named), else 0; says why on stderr in one line."""
+    slow = sc.slower_beyond(pct)
+    if slow:
+        n = slow[0]
+        more = f" (also at world size {', '.join(map(str, slow[1:]))})" if slow[1:] else ""
+        print(
+            f"perfscope compare: FAIL: at world size {n} the candidate's step time is "
+            f"{_ratio_ci(sc.comparisons[n])}, slower than +{pct:g}%{more}",
+            file=sys.stderr,
+        )
+        return 1
+    n = sc.decided_by
+    print(
+        f"perfscope compare: pass: no world size of {', '.join(map(str, sorted(sc.comparisons)))} is slower "
+        f"than +{pct:g}% with confidence (world size {n}: {_ratio_ci(sc.comparisons[n])})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _ratio_ci(c: Comparison) -> str:
+    return f"{_ratio(c.step_ratio)} (95% interval {_interval(c.ci)})"
 
 
 def _finite(v: Any) -> Any:
@@ -146,6 +233,46 @@ def where_lines(c: Comparison) -> list[str]:
                 f"{_ms(cul['delta_own_ns'], sign=True)} per step, most in {ph}{waits}"
             )
     return lines
+
+
+def _decides(sc: SetComparison) -> str:
+    n = sc.decided_by
+    if sc.verdict == "slower":
+        return f"world size {n} decides, the largest slower beyond the noise"
+    if sc.verdict == "faster":
+        return f"world size {n} decides, the largest faster beyond the noise; none is slower"
+    return f"no world size is slower or faster beyond the noise; world size {n}, the largest, is shown below"
+
+
+def sets_text(sc: SetComparison, *, colour: bool = False, width: int | None = None) -> str:
+    """The world sizes' table, what is on one side only, then the single-run section of the world size
+    that decides."""
+    out = [
+        heading(f"compare: base {sc.base.what} ({sc.base.store.root})", colour=colour),
+        heading(f"    candidate {sc.candidate.what} ({sc.candidate.store.root})", colour=colour),
+        "",
+        heading(f"verdict: {sc.verdict}", colour=colour),
+        wrap(_decides(sc), width, hang="  "),
+        format_rows(
+            ["world size", "base run", "cand. run", "verdict", "step ratio", "95% interval", "base eff.",
+             "cand. eff."],
+            [
+                [r["world_size"], printable(r["base_run_id"]), printable(r["candidate_run_id"]), r["verdict"],
+                 r["step_ratio"], _interval(sc.comparisons[r["world_size"]].ci), r["base_efficiency"],
+                 r["candidate_efficiency"]]
+                for r in sc.by_world_size
+            ],
+            width=width,
+        ),
+    ]  # fmt: skip
+    for label, sizes in (("BASE", sc.only_in_base), ("CANDIDATE", sc.only_in_candidate)):
+        if sizes:
+            out.append(f"only in {label}, not compared: world size {', '.join(map(str, sizes))}")
+    out.extend(wrap(f"note: {n}", width, hang="  ") for n in sc.notes)
+    out.append("")
+    out.append(heading(f"world size {sc.decided_by}, base and candidate run compared", colour=colour))
+    out.append(text(sc.comparisons[sc.decided_by], colour=colour, width=width))
+    return "\n".join(out)
 
 
 def text(c: Comparison, *, colour: bool = False, width: int | None = None) -> str:
