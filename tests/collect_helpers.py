@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
+import random
 import socket
 import sys
 import traceback
@@ -17,8 +18,38 @@ JOIN_TIMEOUT_S = 120.0
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "perfscope", "collect_helpers"]
 
 
+#: ports handed out in this process: never twice (a job's store may still hold its port)
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (where a connecting socket's port comes from)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free port below the ephemeral range. A port the kernel hands out (bind to 0) is free when
+    asked, but between that and the job's bind, the many sockets of gloo jobs running beside it (each
+    connection takes an ephemeral port) can take it: EADDRINUSE in init_process_group. Ports below the
+    range are only ever taken by a bind that names them."""
+    rnd = random.SystemRandom()
+    high = _ephemeral_low() - 1
+    for _ in range(200):
+        port = rnd.randint(max(1024, high - 12000), high)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    with socket.socket() as s:  # the range below is full: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
